@@ -1,0 +1,71 @@
+"""circuits: transformers as immutable trees of small named nodes.
+
+Build, print, parse, rewrite and evaluate circuits; see README.md.
+"""
+
+from circuits.errors import (
+    BroadcastError,
+    CircuitError,
+    ConcatError,
+    EinsumError,
+    FunctionSpecError,
+    IndexSpecError,
+    LeafError,
+    MissingTensorError,
+    NodeTypeError,
+    ParseError,
+    RearrangeError,
+    StoreError,
+)
+from circuits.functions import FunctionSpec, get_function, register_function, registered_names
+from circuits.nodes import (
+    Add,
+    Array,
+    Circuit,
+    Concat,
+    Einsum,
+    GeneralFunction,
+    Index,
+    Rearrange,
+    Scalar,
+    Symbol,
+)
+from circuits.parsing import parse, parse_many
+from circuits.printing import repr_many
+from circuits.store import TensorStore
+from circuits.traversal import postorder, unique_nodes
+
+__all__ = [
+    "Add",
+    "Array",
+    "BroadcastError",
+    "Circuit",
+    "CircuitError",
+    "Concat",
+    "ConcatError",
+    "Einsum",
+    "EinsumError",
+    "FunctionSpec",
+    "FunctionSpecError",
+    "GeneralFunction",
+    "Index",
+    "IndexSpecError",
+    "LeafError",
+    "MissingTensorError",
+    "NodeTypeError",
+    "ParseError",
+    "Rearrange",
+    "RearrangeError",
+    "Scalar",
+    "StoreError",
+    "Symbol",
+    "TensorStore",
+    "get_function",
+    "parse",
+    "parse_many",
+    "postorder",
+    "register_function",
+    "registered_names",
+    "repr_many",
+    "unique_nodes",
+]

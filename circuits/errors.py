@@ -1,0 +1,66 @@
+"""The library's exception types.
+
+Every error a user can provoke is a ``CircuitError``; the subclasses say what
+kind of mistake it was, so notebooks can catch precisely, and every message
+names the node (or text line) at fault.
+"""
+
+from __future__ import annotations
+
+
+class CircuitError(Exception):
+    """Base class of every error raised by ``circuits``."""
+
+
+class NodeTypeError(CircuitError, TypeError):
+    """A name that is not a string, or a child that is not a circuit."""
+
+
+class EinsumError(CircuitError, ValueError):
+    """A malformed einsum spec, or operands that do not fit it."""
+
+
+class BroadcastError(CircuitError, ValueError):
+    """Add operands whose shapes do not broadcast."""
+
+
+class IndexSpecError(CircuitError, ValueError):
+    """An Index whose index does not fit its child (bad type or out of range)."""
+
+
+class FunctionSpecError(CircuitError, ValueError):
+    """An unknown GeneralFunction spec, or children that do not fit it."""
+
+
+class RearrangeError(CircuitError, ValueError):
+    """An einops pattern that is malformed or does not fit its child."""
+
+
+class ConcatError(CircuitError, ValueError):
+    """Concat operands whose shapes cannot be joined along the axis."""
+
+
+class LeafError(CircuitError, ValueError):
+    """An Array, Scalar or Symbol given an invalid value or shape."""
+
+
+class ParseError(CircuitError, ValueError):
+    """Malformed circuit text; carries the line number and the line."""
+
+    def __init__(self, message: str, line_number: int | None = None, line: str | None = None):
+        self.message = message
+        self.line_number = line_number
+        self.line = line
+        if line_number is None:
+            text = message
+        else:
+            text = f"line {line_number}: {message}\n    {line!r}"
+        super().__init__(text)
+
+
+class StoreError(CircuitError):
+    """A tensor store lookup that is missing, ambiguous or corrupted."""
+
+
+class MissingTensorError(CircuitError):
+    """An Array parsed without its tensor was asked for its value."""

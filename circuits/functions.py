@@ -1,0 +1,239 @@
+"""GeneralFunction specs: what a function computes, and the shape it gives.
+
+A spec is looked up by its registered name, which is what the text format
+prints; so a user's own function round-trips through text once registered.
+The ``gen_index_at_D[_batch_x][_no_batch_index][_c]`` family is an infinite
+set of names, so it is built on demand from the name instead of listed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Callable, Sequence
+
+import attrs
+import torch
+
+from circuits.errors import FunctionSpecError
+
+Shape = tuple[int, ...]
+
+_SPEC_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
+GEN_INDEX_NAME = re.compile(
+    r"gen_index_at_(?P<dim>-?\d+)(?P<batch_x>_batch_x)?(?P<no_batch_index>_no_batch_index)?(?P<check>_c)?"
+)
+
+
+@attrs.frozen
+class FunctionSpec:
+    """A named function of ``num_inputs`` tensors.
+
+    ``shape_fn`` maps the input shapes to the output shape and raises
+    ``ValueError`` with a readable reason when they do not fit; ``function``
+    computes the value with torch.
+    """
+
+    name: str
+    num_inputs: int
+    shape_fn: Callable[[Sequence[Shape]], Shape]
+    function: Callable[..., torch.Tensor]
+
+    def __attrs_post_init__(self):
+        if not _SPEC_NAME.fullmatch(self.name):
+            raise FunctionSpecError(
+                f"function name {self.name!r} must be letters, digits, '_', '.' or '-' "
+                "(it is printed bare in the text format)"
+            )
+
+
+_REGISTRY: dict[str, FunctionSpec] = {}
+
+
+def register_function(spec: FunctionSpec, *, replace: bool = False) -> FunctionSpec:
+    """Make ``spec`` printable and parseable by its name."""
+    existing = _REGISTRY.get(spec.name)
+    if existing is not None and existing != spec and not replace:
+        raise FunctionSpecError(
+            f"a different function is already registered as {spec.name!r}; "
+            "pass replace=True to override it"
+        )
+    if GEN_INDEX_NAME.fullmatch(spec.name):
+        raise FunctionSpecError(f"{spec.name!r} is reserved for the gen_index family")
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def get_function(name: str) -> FunctionSpec:
+    """The spec registered as ``name`` (gen_index names are built on demand)."""
+    spec = _REGISTRY.get(name)
+    if spec is not None:
+        return spec
+    match = GEN_INDEX_NAME.fullmatch(name)
+    if match:
+        return gen_index_spec(
+            int(match["dim"]),
+            batch_x=bool(match["batch_x"]),
+            batch_index=not match["no_batch_index"],
+            check_index=bool(match["check"]),
+        )
+    raise FunctionSpecError(
+        f"no GeneralFunction named {name!r}; registered: {', '.join(sorted(_REGISTRY))}, "
+        "and gen_index_at_D[_batch_x][_no_batch_index][_c]"
+    )
+
+
+def registered_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+# ----------------------------------------------------------------- elementwise
+
+def _same_shape(shapes: Sequence[Shape]) -> Shape:
+    return shapes[0]
+
+
+def _last_axis(shapes: Sequence[Shape]) -> Shape:
+    if len(shapes[0]) == 0:
+        raise ValueError("works over the last axis, but the input is rank 0")
+    return shapes[0]
+
+
+def _drop_last_axis(shapes: Sequence[Shape]) -> Shape:
+    if len(shapes[0]) == 0:
+        raise ValueError("drops the last axis, but the input is rank 0")
+    return shapes[0][:-1]
+
+
+def _last_dim_size(x: torch.Tensor) -> torch.Tensor:
+    dtype = x.dtype if x.dtype.is_floating_point else torch.get_default_dtype()
+    return torch.full(x.shape[:-1], x.shape[-1], dtype=dtype, device=x.device)
+
+
+def _gelu_new(x: torch.Tensor) -> torch.Tensor:
+    """GPT-2's tanh approximation of gelu (``gelu_new`` in transformers)."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3))))
+
+
+_ELEMENTWISE: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "rsqrt": torch.rsqrt,
+    "reciprocal": torch.reciprocal,
+    "gelu": torch.nn.functional.gelu,
+    "gelu_new": _gelu_new,
+    "relu": torch.relu,
+    "silu": torch.nn.functional.silu,
+    "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh,
+    "exp": torch.exp,
+    "log": torch.log,
+    "sqrt": torch.sqrt,
+    "sin": torch.sin,
+    "cos": torch.cos,
+    "abs": torch.abs,
+}
+
+for _name, _fn in _ELEMENTWISE.items():
+    register_function(FunctionSpec(_name, 1, _same_shape, _fn))
+register_function(FunctionSpec("softmax", 1, _last_axis, lambda x: torch.softmax(x, dim=-1)))
+register_function(
+    FunctionSpec("log_softmax", 1, _last_axis, lambda x: torch.log_softmax(x, dim=-1))
+)
+register_function(FunctionSpec("last_dim_size", 1, _drop_last_axis, _last_dim_size))
+
+
+# ------------------------------------------------------------------- gen_index
+
+@attrs.frozen
+class GenIndexLayout:
+    """Where a gen_index's axes go, worked out once from the input shapes.
+
+    ``x`` is ``batch + rest``; axis ``dim`` of ``rest`` is looked up.  With
+    ``batch_index`` the looked-up index axes come first in the output (after
+    the batch); without it they replace the looked-up axis in place.
+    """
+
+    batch_rank: int
+    axis: int  # absolute axis of x that is indexed
+    out_shape: Shape
+
+
+def gen_index_layout(
+    x_shape: Shape, index_shape: Shape, dim: int, batch_x: bool, batch_index: bool
+) -> GenIndexLayout:
+    if batch_x:
+        batch_rank = len(index_shape) if batch_index else len(index_shape) - 1
+        if batch_rank < 0:
+            raise ValueError("_batch_x_no_batch_index needs an index of rank >= 1")
+        if tuple(x_shape[:batch_rank]) != tuple(index_shape[:batch_rank]):
+            raise ValueError(
+                f"_batch_x needs x's leading axes {list(x_shape[:batch_rank])} "
+                f"to equal the index's batch axes {list(index_shape[:batch_rank])}"
+            )
+    else:
+        batch_rank = 0
+    rest = tuple(x_shape[batch_rank:])
+    if not -len(rest) <= dim < len(rest):
+        raise ValueError(
+            f"axis {dim} is out of range for x's {'non-batch ' if batch_x else ''}"
+            f"axes {list(rest)}"
+        )
+    d = dim % len(rest)
+    batch = tuple(x_shape[:batch_rank])
+    looked_up = tuple(index_shape[batch_rank:])
+    if batch_index:
+        out = batch + looked_up + rest[:d] + rest[d + 1 :]
+    else:
+        out = batch + rest[:d] + looked_up + rest[d + 1 :]
+    return GenIndexLayout(batch_rank, batch_rank + d, out)
+
+
+def gen_index_spec(dim: int, batch_x: bool, batch_index: bool, check_index: bool) -> FunctionSpec:
+    """The spec for one member of the gen_index family (see FORMAT.md)."""
+    name = (
+        f"gen_index_at_{dim}"
+        + ("_batch_x" if batch_x else "")
+        + ("" if batch_index else "_no_batch_index")
+        + ("_c" if check_index else "")
+    )
+
+    def shape_fn(shapes: Sequence[Shape]) -> Shape:
+        x_shape, index_shape = shapes
+        return gen_index_layout(x_shape, index_shape, dim, batch_x, batch_index).out_shape
+
+    def function(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        layout = gen_index_layout(tuple(x.shape), tuple(index.shape), dim, batch_x, batch_index)
+        size = x.shape[layout.axis]
+        if index.dtype.is_floating_point or index.dtype == torch.bool:
+            raise ValueError(f"index tensor has dtype {index.dtype}, not an integer type")
+        index = index.long()
+        if check_index:
+            bad = (index < 0) | (index >= size)
+            if bool(bad.any()):
+                raise ValueError(
+                    f"index values {index[bad][:8].tolist()} are out of range [0, {size})"
+                )
+        else:
+            index = torch.where(index < 0, index + size, index)
+        return _gather(x, index, layout, batch_index)
+
+    return FunctionSpec(name, 2, shape_fn, function)
+
+
+def _gather(x: torch.Tensor, index: torch.Tensor, layout: GenIndexLayout, batch_index: bool):
+    b, axis = layout.batch_rank, layout.axis
+    if b == 0:
+        picked = torch.index_select(x, axis, index.reshape(-1))
+        picked = picked.reshape(x.shape[:axis] + index.shape + x.shape[axis + 1 :])
+        if batch_index:
+            picked = picked.movedim(tuple(range(axis, axis + index.ndim)), tuple(range(index.ndim)))
+        return picked
+    looked_up = index.shape[b:]  # () with batch_index, (k,) without
+    view = list(index.shape[:b]) + [1] * (x.ndim - b)
+    expand = list(x.shape)
+    if looked_up:
+        view[axis] = looked_up[0]
+        expand[axis] = looked_up[0]
+    else:
+        expand[axis] = 1
+    gathered = torch.gather(x, axis, index.reshape(view).expand(expand))
+    return gathered if looked_up else gathered.squeeze(axis)

@@ -1,0 +1,41 @@
+"""Content hashes: of tensors (dtype, shape, bytes) and of node structure.
+
+One place decides how bytes are fed to blake2b, so that the printed 24-hex
+prefix of an Array, the store's file names and structural node hashes all
+agree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+DIGEST_SIZE = 32
+PRINTED_HEX_DIGITS = 24
+
+
+def tensor_content_hash(tensor: torch.Tensor) -> str:
+    """Hex digest of a tensor's dtype, shape and bytes (device-independent)."""
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+    hasher = hashlib.blake2b(digest_size=DIGEST_SIZE)
+    hasher.update(f"{flat.dtype}|{list(tensor.shape)}|".encode())
+    if flat.numel():
+        hasher.update(flat.view(torch.uint8).numpy().data)
+    return hasher.hexdigest()
+
+
+def node_hash(kind: str, name: str | None, shape: tuple, extra: str, children) -> bytes:
+    """Structural hash: everything the printed line says, plus the children.
+
+    Two nodes hash alike exactly when they print alike (same variant, name,
+    shape and EXTRA) and their children hash alike, so ``parse(c.repr())``
+    equals ``c`` even when array tensors are not at hand.
+    """
+    hasher = hashlib.blake2b(digest_size=DIGEST_SIZE)
+    named = "\x00" if name is None else "\x01" + name
+    header = f"{kind}\x1f{len(named)}\x1f{named}\x1f{shape}\x1f{len(extra)}\x1f{extra}\x1f{len(children)}"
+    hasher.update(header.encode("utf-8", "surrogatepass"))
+    for child in children:
+        hasher.update(child.hash)
+    return hasher.digest()

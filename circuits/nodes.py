@@ -1,0 +1,506 @@
+"""The circuit node classes.
+
+Every node is a frozen attrs class.  Its ``shape``, its printed ``extra``
+(the text after the variant in FORMAT.md) and its structural ``hash`` are
+computed once, at construction, from the node's own fields and its
+children's hashes; so equality and hashing are O(1) and never walk the
+tree, however deep.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable, Sequence
+
+import attrs
+import einops
+import numpy as np
+import torch
+
+from circuits import spec as spec_rules
+from circuits.errors import (
+    CircuitError,
+    ConcatError,
+    EinsumError,
+    FunctionSpecError,
+    LeafError,
+    MissingTensorError,
+    NodeTypeError,
+    RearrangeError,
+)
+from circuits.functions import FunctionSpec, get_function
+from circuits.hashing import PRINTED_HEX_DIGITS, node_hash, tensor_content_hash
+
+Shape = tuple[int, ...]
+
+
+def _check_name(instance, attribute, value):
+    if value is not None and not isinstance(value, str):
+        raise NodeTypeError(
+            f"{type(instance).__name__} name must be a str or None, got {type(value).__name__} "
+            f"{value!r}"
+        )
+
+
+def _check_children(instance, attribute, value):
+    for position, child in enumerate(value):
+        if not isinstance(child, Circuit):
+            raise NodeTypeError(
+                f"{spec_rules.describe(type(instance).__name__, instance.name)}: child "
+                f"{position} is a {type(child).__name__}, not a circuit node"
+            )
+
+
+def _check_shape(shape: Any, where: str) -> Shape:
+    try:
+        result = tuple(int(size) for size in shape)
+    except (TypeError, ValueError):
+        raise LeafError(f"{where}: shape {shape!r} is not a sequence of ints") from None
+    if any(size < 0 for size in result):
+        raise LeafError(f"{where}: shape {list(result)} has a negative size")
+    return result
+
+
+@attrs.frozen(init=False, eq=False, repr=False)
+class Circuit:
+    """Base of every node: a name, children, and derived shape and hash.
+
+    Subclasses implement ``_derive()``, returning ``(shape, extra)``: the
+    output shape after checking the node's fields against its children, and
+    the EXTRA text the printer writes for it.
+    """
+
+    children: tuple[Circuit, ...] = attrs.field(validator=_check_children)
+    name: str | None = attrs.field(validator=_check_name)
+    shape: Shape = attrs.field(init=False)
+    extra: str = attrs.field(init=False)
+    hash: bytes = attrs.field(init=False)
+
+    def __attrs_post_init__(self):
+        shape, extra = self._derive()
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "extra", extra)
+        object.__setattr__(self, "hash", node_hash(self.kind, self.name, shape, extra, self.children))
+
+    def _derive(self) -> tuple[Shape, str]:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ identity
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Circuit):
+            return NotImplemented
+        return self.hash == other.hash
+
+    def __hash__(self) -> int:
+        return int.from_bytes(self.hash[:8], "little")
+
+    @property
+    def kind(self) -> str:
+        """The variant name printed in FORMAT.md (``Einsum``, ``Add``, ...)."""
+        return type(self).__name__
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    def describe(self) -> str:
+        """How messages name this node: ``Einsum 'a.q'`` or ``unnamed Einsum``."""
+        return spec_rules.describe(self.kind, self.name)
+
+    def __repr__(self) -> str:
+        return f"<{self.describe()} {spec_rules.format_shape(self.shape)}>"
+
+    # ------------------------------------------------------------- rebuild
+
+    def evolve(self, **changes: Any) -> Circuit:
+        """A new node of the same class with some init fields changed.
+
+        Validation and derived data are recomputed, so an evolved node is
+        checked exactly like a freshly built one.
+        """
+        cls = type(self)
+        fields = {f.name: getattr(self, f.name) for f in attrs.fields(cls) if f.init}
+        unknown = set(changes) - set(fields)
+        if unknown:
+            raise TypeError(f"{cls.__name__} has no fields {sorted(unknown)}")
+        fields.update(changes)
+        node = object.__new__(cls)
+        node.__attrs_init__(**fields)
+        return node
+
+    def rename(self, name: str | None) -> Circuit:
+        return self if name == self.name else self.evolve(name=name)
+
+    def with_children(self, children: Sequence[Circuit]) -> Circuit:
+        children = tuple(children)
+        if len(children) == len(self.children) and all(
+            new is old for new, old in zip(children, self.children)
+        ):
+            return self
+        return self.evolve(children=children)
+
+    # ------------------------------------------------------------- text
+
+    def repr(self, **options: Any) -> str:
+        """This circuit in the FORMAT.md text (see ``circuits.printing.repr_many``)."""
+        from circuits.printing import repr_many
+
+        return repr_many([self], **options)
+
+    def print(self, **options: Any) -> None:
+        print(self.repr(**options))
+
+
+def _leaf_where(kind: str, name: str | None) -> str:
+    return spec_rules.describe(kind, name)
+
+
+@attrs.frozen(init=False, eq=False, repr=False)
+class Array(Circuit):
+    """A tensor leaf.  Its identity is its content hash, not the tensor object.
+
+    ``value`` is None for an array parsed without its tensor at hand: it still
+    knows its shape and hash, prints identically, and raises
+    ``MissingTensorError`` only when its value is asked for.  The tensor is
+    kept as given (not copied), so that gradients flow to the caller's
+    tensor; mutating it in place afterwards makes the hash stale.
+    """
+
+    value: torch.Tensor | None = attrs.field()
+    content_hash: str = attrs.field()
+    declared_shape: Shape = attrs.field()
+
+    def __init__(self, value: Any, name: str | None = None):
+        where = _leaf_where("Array", name)
+        if not isinstance(value, torch.Tensor):
+            try:
+                value = torch.as_tensor(value)
+            except Exception as error:
+                raise LeafError(f"{where}: value of type {type(value).__name__} is not a tensor ({error})") from None
+        self.__attrs_init__(
+            children=(),
+            name=name,
+            value=value,
+            content_hash=tensor_content_hash(value),
+            declared_shape=tuple(value.shape),
+        )
+
+    @classmethod
+    def from_hash(cls, shape: Sequence[int], content_hash: str, name: str | None = None) -> Array:
+        """An array known only by shape and (a prefix of) its content hash."""
+        where = _leaf_where("Array", name)
+        if not re.fullmatch(r"[0-9a-f]{%d,}" % PRINTED_HEX_DIGITS, content_hash):
+            raise LeafError(
+                f"{where}: content hash {content_hash!r} is not at least "
+                f"{PRINTED_HEX_DIGITS} lowercase hex digits"
+            )
+        node = object.__new__(cls)
+        node.__attrs_init__(
+            children=(),
+            name=name,
+            value=None,
+            content_hash=content_hash,
+            declared_shape=_check_shape(shape, where),
+        )
+        return node
+
+    def _derive(self):
+        if self.children:
+            raise LeafError(f"{self.describe()}: an Array has no children")
+        return self.declared_shape, self.content_hash[:PRINTED_HEX_DIGITS]
+
+    @property
+    def is_loaded(self) -> bool:
+        return self.value is not None
+
+    def tensor(self) -> torch.Tensor:
+        """The tensor, or a clear error if it was never loaded."""
+        if self.value is None:
+            raise MissingTensorError(
+                f"{self.describe()} {spec_rules.format_shape(self.shape)} with hash "
+                f"{self.content_hash[:PRINTED_HEX_DIGITS]} has no tensor: it was parsed "
+                "without a tensor store holding it (pass store= to parse)"
+            )
+        return self.value
+
+
+def format_scalar(value: float) -> str:
+    """Shortest decimal that reads back to the same float, never in exponent form."""
+    return np.format_float_positional(np.float64(value), trim="-")
+
+
+@attrs.frozen(init=False, eq=False, repr=False)
+class Scalar(Circuit):
+    """A constant of any shape: every element equals ``value``."""
+
+    value: float = attrs.field()
+    declared_shape: Shape = attrs.field()
+
+    def __init__(self, value: float, shape: Sequence[int] = (), name: str | None = None):
+        where = _leaf_where("Scalar", name)
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+            raise LeafError(f"{where}: value {value!r} is not a real number")
+        self.__attrs_init__(
+            children=(), name=name, value=float(value), declared_shape=_check_shape(shape, where)
+        )
+
+    def _derive(self):
+        if self.children:
+            raise LeafError(f"{self.describe()}: a Scalar has no children")
+        return self.declared_shape, format_scalar(self.value)
+
+
+@attrs.frozen(init=False, eq=False, repr=False)
+class Symbol(Circuit):
+    """An input placeholder: a shape and a name, no value.
+
+    Two Symbols with the same name and shape are the same input.
+    """
+
+    declared_shape: Shape = attrs.field()
+
+    def __init__(self, shape: Sequence[int], name: str | None = None):
+        self.__attrs_init__(
+            children=(), name=name, declared_shape=_check_shape(shape, _leaf_where("Symbol", name))
+        )
+
+    def _derive(self):
+        if self.children:
+            raise LeafError(f"{self.describe()}: a Symbol has no children")
+        return self.declared_shape, ""
+
+
+@attrs.frozen(init=False, eq=False, repr=False)
+class Einsum(Circuit):
+    """Elementwise product over all axes, summed over axes not in the output.
+
+    Axes are integers 0-51, printed as the letters a-z, A-Z.
+    """
+
+    operand_axes: tuple[tuple[int, ...], ...] = attrs.field()
+    out_axes: tuple[int, ...] = attrs.field()
+
+    def __init__(self, *args: tuple[Circuit, Sequence[int] | str], out_axes, name: str | None = None):
+        where = spec_rules.describe("Einsum", name)
+        nodes, axes = [], []
+        for position, arg in enumerate(args):
+            if not (isinstance(arg, tuple) and len(arg) == 2):
+                raise EinsumError(f"{where}: operand {position} must be a (node, axes) pair, got {arg!r}")
+            nodes.append(arg[0])
+            axes.append(spec_rules.normalize_axes(arg[1], where))
+        self.__attrs_init__(
+            children=tuple(nodes),
+            name=name,
+            operand_axes=tuple(axes),
+            out_axes=spec_rules.normalize_axes(out_axes, where),
+        )
+
+    @classmethod
+    def from_einsum_string(cls, string: str, *nodes: Circuit, name: str | None = None) -> Einsum:
+        """``Einsum.from_einsum_string("qc,kc,,qk->qk", q, k, scale, mask)``."""
+        where = spec_rules.describe("Einsum", name)
+        operands, out = spec_rules.parse_einsum_string(string.replace(" ", ""), where)
+        if len(operands) != len(nodes):
+            raise EinsumError(
+                f"{where}: einsum string {string!r} has {len(operands)} operands but "
+                f"{len(nodes)} nodes were given"
+            )
+        return cls(*zip(nodes, operands), out_axes=out, name=name)
+
+    def _derive(self):
+        where = self.describe()
+        if len(self.operand_axes) != len(self.children):
+            raise EinsumError(
+                f"{where}: {len(self.operand_axes)} operand axes for {len(self.children)} children"
+            )
+        shape = spec_rules.einsum_shape(
+            [c.shape for c in self.children], self.operand_axes, self.out_axes, where
+        )
+        return shape, self.einsum_string
+
+    @property
+    def einsum_string(self) -> str:
+        inputs = ",".join(spec_rules.axes_to_letters(axes) for axes in self.operand_axes)
+        return f"{inputs}->{spec_rules.axes_to_letters(self.out_axes)}"
+
+
+@attrs.frozen(init=False, eq=False, repr=False)
+class Add(Circuit):
+    """Sum of the children, broadcast as in numpy (right-aligned)."""
+
+    def __init__(self, *nodes: Circuit, name: str | None = None):
+        self.__attrs_init__(children=tuple(nodes), name=name)
+
+    def _derive(self):
+        return spec_rules.broadcast_shapes([c.shape for c in self.children], self.describe()), ""
+
+
+@attrs.frozen(init=False, eq=False, repr=False)
+class GeneralFunction(Circuit):
+    """A registered function of its children, printed by the function's name."""
+
+    spec: FunctionSpec = attrs.field()
+
+    def __init__(self, *nodes: Circuit, spec: FunctionSpec | str, name: str | None = None):
+        if isinstance(spec, str):
+            try:
+                spec = get_function(spec)
+            except FunctionSpecError as error:
+                raise FunctionSpecError(f"{spec_rules.describe('GeneralFunction', name)}: {error}") from None
+        if not isinstance(spec, FunctionSpec):
+            raise FunctionSpecError(
+                f"{spec_rules.describe('GeneralFunction', name)}: spec {spec!r} is not a FunctionSpec"
+            )
+        self.__attrs_init__(children=tuple(nodes), name=name, spec=spec)
+
+    @classmethod
+    def new_by_name(cls, *nodes: Circuit, spec_name: str, name: str | None = None) -> GeneralFunction:
+        return cls(*nodes, spec=spec_name, name=name)
+
+    def _derive(self):
+        where = f"{self.describe()} ({self.spec.name})"
+        shapes = [c.shape for c in self.children]
+        if len(shapes) != self.spec.num_inputs:
+            raise FunctionSpecError(
+                f"{where}: takes {self.spec.num_inputs} children, got {len(shapes)} "
+                f"with shapes {[list(s) for s in shapes]}"
+            )
+        try:
+            shape = tuple(self.spec.shape_fn(shapes))
+        except (ValueError, TypeError, IndexError) as error:
+            raise FunctionSpecError(
+                f"{where}: children shapes {[list(s) for s in shapes]} do not fit: {error}"
+            ) from None
+        return shape, self.spec.name
+
+
+@attrs.frozen(init=False, eq=False, repr=False)
+class Index(Circuit):
+    """Per axis an int (drops the axis), a step-less slice, or a 1-D int tensor.
+
+    The index is padded with full slices to the child's rank.
+    """
+
+    index: tuple = attrs.field()
+
+    def __init__(self, node: Circuit, index: Any, name: str | None = None):
+        if not isinstance(node, Circuit):
+            raise NodeTypeError(
+                f"{spec_rules.describe('Index', name)}: child is a {type(node).__name__}, not a circuit node"
+            )
+        items = spec_rules.normalize_index(index, node.shape, spec_rules.describe("Index", name))
+        self.__attrs_init__(children=(node,), name=name, index=items)
+
+    def _derive(self):
+        if len(self.children) != 1:
+            raise CircuitError(f"{self.describe()}: an Index has exactly one child")
+        child_shape = self.children[0].shape
+        if len(self.index) != len(child_shape):
+            raise CircuitError(
+                f"{self.describe()}: index has {len(self.index)} items for child shape {list(child_shape)}"
+            )
+        return spec_rules.index_shape(self.index, child_shape), spec_rules.format_index(self.index)
+
+    @property
+    def node(self) -> Circuit:
+        return self.children[0]
+
+
+def _normalize_pattern(pattern: str) -> str:
+    spaced = pattern.replace("(", " ( ").replace(")", " ) ").replace("->", " -> ")
+    return " ".join(spaced.split()).replace("( ", "(").replace(" )", ")")
+
+
+@attrs.frozen(init=False, eq=False, repr=False)
+class Rearrange(Circuit):
+    """An einops rearrangement (``einops.repeat`` patterns, so new axes are allowed).
+
+    Axis sizes given as keywords are kept and printed after the pattern
+    (``a (b c) -> a b c, b=2``) so that the text reads back to the same node.
+    """
+
+    pattern: str = attrs.field()
+    sizes: tuple[tuple[str, int], ...] = attrs.field()
+
+    def __init__(self, node: Circuit, pattern: str, name: str | None = None, **sizes: int):
+        where = spec_rules.describe("Rearrange", name)
+        if not isinstance(pattern, str):
+            raise RearrangeError(f"{where}: pattern {pattern!r} is not a string")
+        for axis, size in sizes.items():
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise RearrangeError(f"{where}: size {axis}={size!r} is not a positive int")
+        self.__attrs_init__(
+            children=(node,),
+            name=name,
+            pattern=_normalize_pattern(pattern),
+            sizes=tuple(sorted(sizes.items())),
+        )
+
+    def _derive(self):
+        if len(self.children) != 1:
+            raise RearrangeError(f"{self.describe()}: a Rearrange has exactly one child")
+        child_shape = self.children[0].shape
+        probe = torch.empty(child_shape, device="meta")
+        try:
+            shape = tuple(einops.repeat(probe, self.pattern, **dict(self.sizes)).shape)
+        except einops.EinopsError as error:
+            reason = " ".join(str(error).split())
+            raise RearrangeError(
+                f"{self.describe()}: pattern {self.pattern!r} with sizes {dict(self.sizes)} does not "
+                f"fit child shape {list(child_shape)}: {reason}"
+            ) from None
+        extra = self.pattern + "".join(f", {axis}={size}" for axis, size in self.sizes)
+        return shape, extra
+
+    @property
+    def node(self) -> Circuit:
+        return self.children[0]
+
+
+@attrs.frozen(init=False, eq=False, repr=False)
+class Concat(Circuit):
+    """Children joined along ``axis``; every other axis must agree."""
+
+    axis: int = attrs.field()
+
+    def __init__(self, *nodes: Circuit, axis: int, name: str | None = None):
+        where = spec_rules.describe("Concat", name)
+        if not nodes:
+            raise ConcatError(f"{where}: needs at least one child")
+        if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+            raise ConcatError(f"{where}: axis {axis!r} is not an int")
+        rank = len(nodes[0].shape) if isinstance(nodes[0], Circuit) else 0
+        if not -rank <= axis < rank:
+            raise ConcatError(f"{where}: axis {axis} is out of range for rank {rank} children")
+        self.__attrs_init__(children=tuple(nodes), name=name, axis=int(axis) % rank)
+
+    def _derive(self):
+        shapes = [c.shape for c in self.children]
+        first = shapes[0]
+        for position, shape in enumerate(shapes):
+            others_match = len(shape) == len(first) and all(
+                a == b for i, (a, b) in enumerate(zip(shape, first)) if i != self.axis
+            )
+            if not others_match:
+                raise ConcatError(
+                    f"{self.describe()}: child {position} has shape {list(shape)} but child 0 has "
+                    f"{list(first)}; all axes but {self.axis} must agree "
+                    f"(shapes {[list(s) for s in shapes]})"
+                )
+        total = sum(shape[self.axis] for shape in shapes)
+        return first[: self.axis] + (total,) + first[self.axis + 1 :], str(self.axis)
+
+
+NODE_CLASSES: dict[str, type[Circuit]] = {
+    cls.__name__: cls
+    for cls in (Array, Scalar, Symbol, Einsum, Add, GeneralFunction, Index, Rearrange, Concat)
+}
+
+
+def iter_unique(nodes: Iterable[Circuit]) -> list[Circuit]:
+    """Distinct nodes (by structure) in first-seen order."""
+    seen: dict[bytes, Circuit] = {}
+    for node in nodes:
+        seen.setdefault(node.hash, node)
+    return list(seen.values())

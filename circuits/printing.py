@@ -1,0 +1,83 @@
+"""The FORMAT.md writer.
+
+One line per node occurrence, pre-order; a node already written in full is
+written again as its reference alone.  Which nodes carry serial numbers
+depends on the whole printout (a name shared by two distinct nodes needs
+them), so the writer first collects the distinct nodes, then writes.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Iterable
+
+from circuits.nodes import Array, Circuit, Index, Scalar, Symbol
+from circuits.spec import format_shape
+from circuits.store import TensorStore
+from circuits.traversal import unique_nodes
+
+# Variants whose shape FORMAT.md prints by default: it does not follow from children.
+SHAPED_KINDS = (Array, Scalar, Symbol, Index)
+
+
+def quote_name(name: str) -> str:
+    """``'name'`` with quote and backslash escaped (and newline, to stay on one line)."""
+    escaped = name.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n")
+    return f"'{escaped}'"
+
+
+def repr_many(
+    circuits: Iterable[Circuit],
+    *,
+    depth: int | None = None,
+    shapes: bool = False,
+    serials: bool = False,
+    store: TensorStore | None = None,
+) -> str:
+    """Print several circuits together, sharing references and serial numbers.
+
+    ``depth`` stops below that depth, writing ``...`` where children were left
+    out (such text is for reading, not parsing); ``shapes`` writes every
+    node's shape; ``serials`` gives every node a serial number; ``store``
+    saves the tensor of every array written.
+    """
+    roots = list(circuits)
+    distinct_by_name: dict[str, set[bytes]] = defaultdict(set)
+    for node in unique_nodes(roots):
+        if node.name is not None:
+            distinct_by_name[node.name].add(node.hash)
+
+    references: dict[bytes, str] = {}
+    lines: list[str] = []
+    next_serial = 0
+    stack: list[tuple[Circuit, int]] = [(root, 0) for root in reversed(roots)]
+    while stack:
+        node, level = stack.pop()
+        indent = "  " * level
+        reference = references.get(node.hash)
+        if reference is not None:
+            lines.append(indent + reference)
+            continue
+        if node.name is None:
+            reference = str(next_serial)
+            next_serial += 1
+        elif serials or len(distinct_by_name[node.name]) > 1:
+            reference = f"{next_serial} {quote_name(node.name)}"
+            next_serial += 1
+        else:
+            reference = quote_name(node.name)
+        references[node.hash] = reference
+        line = indent + reference
+        if shapes or isinstance(node, SHAPED_KINDS):
+            line += " " + format_shape(node.shape)
+        line += " " + node.kind
+        if node.extra:
+            line += " " + node.extra
+        lines.append(line)
+        if store is not None and isinstance(node, Array) and node.is_loaded:
+            store.save(node.value, node.content_hash)
+        if depth is not None and level >= depth and node.children:
+            lines.append(indent + f"  ... {len(node.children)} children not shown")
+            continue
+        stack.extend((child, level + 1) for child in reversed(node.children))
+    return "\n".join(lines)

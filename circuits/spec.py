@@ -1,0 +1,226 @@
+"""Shape rules shared by the node classes: einsum axes, broadcasting, indices.
+
+Kept apart from ``nodes`` so that the rules can be read (and tested) without
+the node machinery, and so that the parser can reuse the einsum and index
+syntax that the printer writes.
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Sequence
+
+import torch
+
+from circuits.errors import BroadcastError, EinsumError, IndexSpecError
+
+Shape = tuple[int, ...]
+
+# torch.einsum accepts exactly these 52 letters; axis integer i prints as
+# EINSUM_LETTERS[i], so "ih,h->ih" reads back to the same integers.
+EINSUM_LETTERS = string.ascii_lowercase + string.ascii_uppercase
+_LETTER_TO_AXIS = {letter: i for i, letter in enumerate(EINSUM_LETTERS)}
+
+
+def describe(kind: str, name: str | None) -> str:
+    """How error messages name a node: ``Einsum 'a.q'`` or ``unnamed Einsum``."""
+    return f"{kind} {name!r}" if name is not None else f"unnamed {kind}"
+
+
+def format_shape(shape: Sequence[int]) -> str:
+    """FORMAT.md's shape syntax: ``[50259,256]``, ``[]`` for rank 0."""
+    return "[" + ",".join(str(size) for size in shape) + "]"
+
+
+def letters_to_axes(letters: str, where: str) -> tuple[int, ...]:
+    """``"qk"`` -> ``(16, 10)``; any character outside a-z, A-Z is an error."""
+    try:
+        return tuple(_LETTER_TO_AXIS[letter] for letter in letters)
+    except KeyError as missing:
+        raise EinsumError(
+            f"{where}: einsum axis {missing.args[0]!r} is not a letter a-z or A-Z"
+        ) from None
+
+
+def axes_to_letters(axes: Sequence[int]) -> str:
+    return "".join(EINSUM_LETTERS[axis] for axis in axes)
+
+
+def parse_einsum_string(spec: str, where: str) -> tuple[list[tuple[int, ...]], tuple[int, ...]]:
+    """Split ``"qc,kc,,qk->qk"`` into per-operand axes and output axes."""
+    if spec.count("->") != 1:
+        raise EinsumError(f"{where}: einsum string {spec!r} needs exactly one '->'")
+    inputs, output = spec.split("->")
+    operands = [letters_to_axes(part, where) for part in inputs.split(",")]
+    return operands, letters_to_axes(output, where)
+
+
+def normalize_axes(axes: Sequence[int] | str, where: str) -> tuple[int, ...]:
+    """Accept axes as a letter string or a sequence of ints in [0, 52)."""
+    if isinstance(axes, str):
+        return letters_to_axes(axes, where)
+    try:
+        normalized = tuple(int(axis) for axis in axes)
+    except (TypeError, ValueError):
+        raise EinsumError(f"{where}: axes {axes!r} are neither letters nor integers") from None
+    for axis in normalized:
+        if not 0 <= axis < len(EINSUM_LETTERS):
+            raise EinsumError(
+                f"{where}: axis integer {axis} is outside [0, {len(EINSUM_LETTERS)}), "
+                "the 52 letters torch.einsum accepts"
+            )
+    return normalized
+
+
+def einsum_shape(
+    operand_shapes: Sequence[Shape],
+    operand_axes: Sequence[tuple[int, ...]],
+    out_axes: tuple[int, ...],
+    where: str,
+) -> Shape:
+    """Check letter sizes agree everywhere and return the output shape."""
+    spec = ",".join(axes_to_letters(a) for a in operand_axes) + "->" + axes_to_letters(out_axes)
+    sizes: dict[int, int] = {}
+    for position, (shape, axes) in enumerate(zip(operand_shapes, operand_axes)):
+        if len(shape) != len(axes):
+            raise EinsumError(
+                f"{where}: operand {position} has shape {list(shape)} (rank {len(shape)}) "
+                f"but {spec!r} gives it {len(axes)} axes {axes_to_letters(axes)!r}"
+            )
+        for axis, size in zip(axes, shape):
+            known = sizes.setdefault(axis, size)
+            if known != size:
+                raise EinsumError(
+                    f"{where}: letter {EINSUM_LETTERS[axis]!r} of {spec!r} has size {known} "
+                    f"in one place and {size} in operand {position} (shape {list(shape)}); "
+                    f"operand shapes {[list(s) for s in operand_shapes]}"
+                )
+    if len(set(out_axes)) != len(out_axes):
+        raise EinsumError(f"{where}: output of {spec!r} repeats a letter")
+    missing = [EINSUM_LETTERS[a] for a in out_axes if a not in sizes]
+    if missing:
+        raise EinsumError(
+            f"{where}: output letters {''.join(missing)!r} of {spec!r} appear in no operand"
+        )
+    return tuple(sizes[axis] for axis in out_axes)
+
+
+def broadcast_shapes(shapes: Sequence[Shape], where: str) -> Shape:
+    """numpy broadcasting (right-aligned); an error lists every operand shape."""
+    rank = max((len(s) for s in shapes), default=0)
+    result = [1] * rank
+    for shape in shapes:
+        offset = rank - len(shape)
+        for i, size in enumerate(shape):
+            current = result[offset + i]
+            if current == 1:
+                result[offset + i] = size
+            elif size != 1 and size != current:
+                raise BroadcastError(
+                    f"{where}: operand shapes {[list(s) for s in shapes]} do not broadcast "
+                    f"(axis {offset + i - rank} has sizes {current} and {size}); "
+                    "shapes are right-aligned and each size must match or be 1"
+                )
+    return tuple(result)
+
+
+IndexItem = "int | slice | torch.Tensor"
+
+
+def normalize_index(index, shape: Shape, where: str) -> tuple:
+    """Check an index against ``shape`` and pad it with full slices to full rank.
+
+    Items keep the spelling the user gave (``-2`` stays ``-2``) so that the
+    printed form is what was written; only out-of-range items are refused,
+    since silently clamped slices hide off-by-one mistakes.
+    """
+    if not isinstance(index, tuple):
+        index = (index,)
+    if len(index) > len(shape):
+        raise IndexSpecError(
+            f"{where}: index has {len(index)} items but the child has shape {list(shape)} "
+            f"(rank {len(shape)})"
+        )
+    items = []
+    for axis, item in enumerate(index):
+        size = shape[axis]
+        items.append(_normalize_item(item, axis, size, shape, where))
+    items.extend(slice(None, None) for _ in range(len(shape) - len(index)))
+    return tuple(items)
+
+
+def _normalize_item(item, axis: int, size: int, shape: Shape, where: str):
+    context = f"{where}: axis {axis} of child shape {list(shape)}"
+    if isinstance(item, bool):
+        raise IndexSpecError(f"{context}: a bool is not an index")
+    if isinstance(item, slice):
+        if item.step not in (None, 1):
+            raise IndexSpecError(f"{context}: slice step {item.step} is not supported")
+        start, stop = item.start, item.stop
+        for bound in (start, stop):
+            if bound is not None and not isinstance(bound, int):
+                raise IndexSpecError(f"{context}: slice bound {bound!r} is not an int")
+            if bound is not None and not -size <= bound <= size:
+                raise IndexSpecError(
+                    f"{context}: slice {_slice_text(item)} is out of range for size {size}"
+                )
+        begin = 0 if start is None else start % size if start < 0 else start
+        end = size if stop is None else stop + size if stop < 0 else stop
+        if end < begin:
+            raise IndexSpecError(
+                f"{context}: slice {_slice_text(item)} ends before it starts for size {size}"
+            )
+        return slice(start, stop)
+    if isinstance(item, (list, torch.Tensor)) or hasattr(item, "__array__"):
+        tensor = torch.as_tensor(item)
+        if tensor.dtype.is_floating_point or tensor.dtype.is_complex or tensor.dtype == torch.bool:
+            raise IndexSpecError(f"{context}: tensor index has dtype {tensor.dtype}, not integer")
+        if tensor.ndim != 1:
+            raise IndexSpecError(
+                f"{context}: tensor index has shape {list(tensor.shape)}; only 1-D is supported"
+            )
+        tensor = tensor.to(torch.int64).cpu()
+        if tensor.numel() and (tensor.min() < -size or tensor.max() >= size):
+            raise IndexSpecError(
+                f"{context}: tensor index values {tensor.tolist()} are out of range for size {size}"
+            )
+        return tensor
+    try:
+        value = int(item)  # numpy and torch integer scalars
+    except (TypeError, ValueError):
+        raise IndexSpecError(f"{context}: {item!r} is not an int, slice or 1-D int tensor") from None
+    if value != item:
+        raise IndexSpecError(f"{context}: {item!r} is not an integer")
+    if not -size <= value < size:
+        raise IndexSpecError(f"{context}: index {value} is out of range for size {size}")
+    return value
+
+
+def _slice_text(item: slice) -> str:
+    start = "" if item.start is None else str(item.start)
+    stop = "" if item.stop is None else str(item.stop)
+    return f"{start}:{stop}"
+
+
+def index_shape(items: tuple, shape: Shape) -> Shape:
+    """Output shape of a normalized index: ints drop axes, slices and tensors keep them."""
+    result = []
+    for item, size in zip(items, shape):
+        if isinstance(item, slice):
+            result.append(len(range(size)[item]))
+        elif isinstance(item, torch.Tensor):
+            result.append(item.numel())
+    return tuple(result)
+
+
+def format_index(items: tuple) -> str:
+    """FORMAT.md's index syntax; a tensor index is written inline, ``[0,[3,1],:]``."""
+    parts = []
+    for item in items:
+        if isinstance(item, slice):
+            parts.append(_slice_text(item))
+        elif isinstance(item, torch.Tensor):
+            parts.append("[" + ",".join(str(v) for v in item.tolist()) + "]")
+        else:
+            parts.append(str(item))
+    return "[" + ",".join(parts) + "]"
