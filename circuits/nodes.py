@@ -151,6 +151,45 @@ class Circuit:
     def print(self, **options: Any) -> None:
         print(self.repr(**options))
 
+    # ------------------------------------------------- evaluate and rewrite
+    # Thin delegations so notebooks can write ``c.evaluate()``, ``c.get(...)``;
+    # the work lives in its own module.
+
+    def evaluate(self, **options: Any):
+        """This circuit's value as a torch.Tensor (see ``circuits.evaluate.evaluate``)."""
+        from circuits.evaluate import evaluate
+
+        return evaluate(self, **options)
+
+    def get(self, matcher: Any) -> set[Circuit]:
+        """Every distinct node matching ``matcher`` (see ``circuits.matching``)."""
+        from circuits.matching import get
+
+        return get(self, matcher)
+
+    def get_unique(self, matcher: Any) -> Circuit:
+        """The one node matching ``matcher``; zero or several is an error."""
+        from circuits.matching import get_unique
+
+        return get_unique(self, matcher)
+
+    def are_any_found(self, matcher: Any) -> bool:
+        from circuits.matching import are_any_found
+
+        return are_any_found(self, matcher)
+
+    def update(self, matcher: Any, fn: Any, **options: Any) -> Circuit:
+        """Every matching node replaced by ``fn(node)`` (see ``circuits.rewrite.update``)."""
+        from circuits.rewrite import update
+
+        return update(self, matcher, fn, **options)
+
+    def replace(self, mapping: Any) -> Circuit:
+        """Nodes replaced by ``mapping[node]`` (see ``circuits.rewrite.replace``)."""
+        from circuits.rewrite import replace
+
+        return replace(self, mapping)
+
 
 def _leaf_where(kind: str, name: str | None) -> str:
     return spec_rules.describe(kind, name)
