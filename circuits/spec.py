@@ -172,7 +172,13 @@ def _normalize_item(item, axis: int, size: int, shape: Shape, where: str):
             )
         return slice(start, stop)
     if isinstance(item, (list, torch.Tensor)) or hasattr(item, "__array__"):
-        tensor = torch.as_tensor(item)
+        if isinstance(item, (list, tuple)) and len(item) == 0:
+            tensor = torch.empty(0, dtype=torch.int64)  # as_tensor([]) would be float
+        else:
+            try:
+                tensor = torch.as_tensor(item)
+            except (TypeError, ValueError, RuntimeError, OverflowError) as error:
+                raise IndexSpecError(f"{context}: {item!r} is not a 1-D int tensor ({error})") from None
         if tensor.dtype.is_floating_point or tensor.dtype.is_complex or tensor.dtype == torch.bool:
             raise IndexSpecError(f"{context}: tensor index has dtype {tensor.dtype}, not integer")
         if tensor.ndim != 1:
