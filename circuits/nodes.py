@@ -9,6 +9,7 @@ tree, however deep.
 
 from __future__ import annotations
 
+import operator
 import re
 from typing import Any, Iterable, Sequence
 
@@ -53,7 +54,9 @@ def _check_children(instance, attribute, value):
 
 def _check_shape(shape: Any, where: str) -> Shape:
     try:
-        result = tuple(int(size) for size in shape)
+        if isinstance(shape, str) or any(isinstance(size, bool) for size in shape):
+            raise TypeError
+        result = tuple(operator.index(size) for size in shape)  # 2.5 is refused, not truncated
     except (TypeError, ValueError):
         raise LeafError(f"{where}: shape {shape!r} is not a sequence of ints") from None
     if any(size < 0 for size in result):
@@ -322,6 +325,9 @@ class Einsum(Circuit):
 
     def __init__(self, *args: tuple[Circuit, Sequence[int] | str], out_axes, name: str | None = None):
         where = spec_rules.describe("Einsum", name)
+        if not args:
+            # "->" reads back as one rank-0 operand, so an empty Einsum has no text form
+            raise EinsumError(f"{where}: needs at least one (node, axes) operand, got none")
         nodes, axes = [], []
         for position, arg in enumerate(args):
             if not (isinstance(arg, tuple) and len(arg) == 2):
@@ -339,11 +345,15 @@ class Einsum(Circuit):
     def from_einsum_string(cls, string: str, *nodes: Circuit, name: str | None = None) -> Einsum:
         """``Einsum.from_einsum_string("qc,kc,,qk->qk", q, k, scale, mask)``."""
         where = spec_rules.describe("Einsum", name)
-        operands, out = spec_rules.parse_einsum_string(string.replace(" ", ""), where)
+        shapes = [list(n.shape) if isinstance(n, Circuit) else type(n).__name__ for n in nodes]
+        try:
+            operands, out = spec_rules.parse_einsum_string(string.replace(" ", ""), where)
+        except EinsumError as error:
+            raise EinsumError(f"{error}; operand shapes {shapes}") from None
         if len(operands) != len(nodes):
             raise EinsumError(
                 f"{where}: einsum string {string!r} has {len(operands)} operands but "
-                f"{len(nodes)} nodes were given"
+                f"{len(nodes)} nodes were given, with shapes {shapes}"
             )
         return cls(*zip(nodes, operands), out_axes=out, name=name)
 
@@ -386,7 +396,10 @@ class GeneralFunction(Circuit):
             try:
                 spec = get_function(spec)
             except FunctionSpecError as error:
-                raise FunctionSpecError(f"{spec_rules.describe('GeneralFunction', name)}: {error}") from None
+                shapes = [list(n.shape) if isinstance(n, Circuit) else type(n).__name__ for n in nodes]
+                raise FunctionSpecError(
+                    f"{spec_rules.describe('GeneralFunction', name)} of children shapes {shapes}: {error}"
+                ) from None
         if not isinstance(spec, FunctionSpec):
             raise FunctionSpecError(
                 f"{spec_rules.describe('GeneralFunction', name)}: spec {spec!r} is not a FunctionSpec"
@@ -480,11 +493,11 @@ class Rearrange(Circuit):
         if len(self.children) != 1:
             raise RearrangeError(f"{self.describe()}: a Rearrange has exactly one child")
         child_shape = self.children[0].shape
-        probe = torch.empty(child_shape, device="meta")
         try:
+            probe = torch.empty(child_shape, device="meta")
             shape = tuple(einops.repeat(probe, self.pattern, **dict(self.sizes)).shape)
-        except einops.EinopsError as error:
-            reason = " ".join(str(error).split())
+        except (einops.EinopsError, RuntimeError, TypeError, ValueError, OverflowError) as error:
+            reason = " ".join(str(error).split("Exception raised from")[0].split())  # no C++ trace
             raise RearrangeError(
                 f"{self.describe()}: pattern {self.pattern!r} with sizes {dict(self.sizes)} does not "
                 f"fit child shape {list(child_shape)}: {reason}"
@@ -509,9 +522,15 @@ class Concat(Circuit):
             raise ConcatError(f"{where}: needs at least one child")
         if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
             raise ConcatError(f"{where}: axis {axis!r} is not an int")
-        rank = len(nodes[0].shape) if isinstance(nodes[0], Circuit) else 0
+        for position, node in enumerate(nodes):
+            if not isinstance(node, Circuit):
+                raise NodeTypeError(f"{where}: child {position} is a {type(node).__name__}, not a circuit node")
+        rank = len(nodes[0].shape)
         if not -rank <= axis < rank:
-            raise ConcatError(f"{where}: axis {axis} is out of range for rank {rank} children")
+            raise ConcatError(
+                f"{where}: axis {axis} is out of range for rank {rank} children "
+                f"(shapes {[list(n.shape) for n in nodes]})"
+            )
         self.__attrs_init__(children=tuple(nodes), name=name, axis=int(axis) % rank)
 
     def _derive(self):
