@@ -8,6 +8,7 @@ from circuits.errors import (
     CircuitError,
     ConcatError,
     EinsumError,
+    EvaluationError,
     FunctionSpecError,
     IndexSpecError,
     LeafError,
@@ -17,6 +18,7 @@ from circuits.errors import (
     RearrangeError,
     StoreError,
 )
+from circuits.evaluate import evaluate, evaluate_many
 from circuits.functions import FunctionSpec, get_function, register_function, registered_names
 from circuits.nodes import (
     Add,
@@ -45,6 +47,7 @@ __all__ = [
     "ConcatError",
     "Einsum",
     "EinsumError",
+    "EvaluationError",
     "FunctionSpec",
     "FunctionSpecError",
     "GeneralFunction",
@@ -60,6 +63,8 @@ __all__ = [
     "StoreError",
     "Symbol",
     "TensorStore",
+    "evaluate",
+    "evaluate_many",
     "get_function",
     "parse",
     "parse_many",

@@ -64,3 +64,20 @@ class StoreError(CircuitError):
 
 class MissingTensorError(CircuitError):
     """An Array parsed without its tensor was asked for its value."""
+
+
+class EvaluationError(CircuitError):
+    """A circuit that could not be evaluated.
+
+    Raised for an unbound or mis-shaped Symbol, an Array without its tensor,
+    a device mismatch, an out-of-range checked index, or any exception from
+    a torch op or function spec while evaluating.  ``node`` is the node at
+    fault and ``path`` the nodes from a root down to it (both None for a bad
+    argument to ``evaluate`` itself); the original exception, if any, is the
+    ``__cause__``.
+    """
+
+    def __init__(self, message: str, node=None, path=None):
+        super().__init__(message)
+        self.node = node
+        self.path = path

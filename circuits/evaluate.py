@@ -1,0 +1,570 @@
+"""Torch evaluation of circuits.
+
+``evaluate(c)`` compiles the circuit into a flat schedule and runs it:
+
+- The schedule is an iterative post-order over *distinct* nodes (equal
+  structure, names included, is one node), so a shared subtree is computed
+  once per call, however many parents or roots use it.  Nothing recurses,
+  so a circuit may be any depth.
+- Compilation turns every node into one step ``(fn, argument slots, output
+  slot)``, with ``fn`` chosen once per node (a dict lookup by node type, not
+  an isinstance chain) and the values held in a flat list of slots.  Each
+  step also lists the slots whose last consumer it is; those are dropped
+  right after it runs, so peak memory is the live set of the schedule, not
+  the sum over all nodes.  Roots are kept.
+- ``device`` and ``dtype`` apply to the whole computation: an Array that
+  needs moving or casting is converted once, as a step of its own placed
+  just before its first consumer (and released after its last); integer
+  tensors (token ids, indices) keep their dtype.  With no ``dtype``,
+  Scalars take the promoted floating dtype of the Arrays and inputs (the
+  default dtype if there are none), so a float64 circuit stays float64.
+- Errors raised while compiling or running (an unbound or mis-shaped
+  Symbol, an Array without its tensor, a device mismatch, an out-of-range
+  ``gen_index..._c`` index, any exception from a torch op or a function
+  spec) become ``EvaluationError`` naming the node at fault and its path
+  from a root.
+
+Autograd is untouched: tensors are used as given, so gradients flow back to
+the tensors inside Arrays and to bound inputs.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+from typing import Any, Callable, Iterable, Mapping
+
+import einops
+import torch
+
+from circuits.errors import EvaluationError, MissingTensorError, NodeTypeError
+from circuits.nodes import (
+    Add,
+    Array,
+    Circuit,
+    Concat,
+    Einsum,
+    GeneralFunction,
+    Index,
+    Rearrange,
+    Scalar,
+    Symbol,
+)
+from circuits.spec import format_shape
+
+__all__ = ["evaluate", "evaluate_many"]
+
+Inputs = Mapping["Circuit | str", Any]
+
+
+def evaluate(
+    circuit: Circuit,
+    inputs: Inputs | None = None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """The value of ``circuit`` as a torch.Tensor.
+
+    ``inputs`` binds Symbols to tensors, keyed by the Symbol node or by its
+    name.  ``device`` and ``dtype`` (a floating dtype) apply to the whole
+    computation; see the module docstring.
+    """
+    return evaluate_many([circuit], inputs=inputs, device=device, dtype=dtype)[0]
+
+
+def evaluate_many(
+    circuits: Iterable[Circuit],
+    inputs: Inputs | None = None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+) -> list[torch.Tensor]:
+    """The values of several circuits, computing their common subtrees once."""
+    roots = list(circuits)
+    for position, root in enumerate(roots):
+        if not isinstance(root, Circuit):
+            raise NodeTypeError(
+                f"evaluate: root {position} is a {type(root).__name__}, not a circuit node"
+            )
+    # Compiling allocates a few small objects per node and frees none, which
+    # makes the cyclic collector rescan the whole (large, acyclic) circuit
+    # again and again; it is paused for the compile only.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        plan = _compile(roots, inputs, device, dtype)
+    finally:
+        if collecting:
+            gc.enable()
+    return plan.run()
+
+
+# --------------------------------------------------------------------- plan
+
+
+class _Plan:
+    """A compiled schedule: leaf values pre-filled, one step per computed node."""
+
+    __slots__ = ("order", "values", "steps", "root_slots")
+
+    def __init__(self, order, values, steps, root_slots):
+        self.order = order  # slot -> node
+        self.values = values  # slot -> tensor (leaves) or None (computed)
+        self.steps = steps  # [(fn, argument slots, output slot, slots to release)]
+        self.root_slots = root_slots
+
+    def run(self) -> list[torch.Tensor]:
+        values = self.values
+        self.values = None  # a plan runs once; its slots are released as it goes
+        step = None
+        try:
+            for step in self.steps:
+                fn, args, out, release = step
+                # unrolled for the common arities: this loop is the per-node cost of running
+                if len(args) == 2:
+                    values[out] = fn(values[args[0]], values[args[1]])
+                elif len(args) == 1:
+                    values[out] = fn(values[args[0]])
+                else:
+                    values[out] = fn(*[values[arg] for arg in args])
+                for slot in release:
+                    values[slot] = None
+        except EvaluationError:
+            raise
+        except Exception as error:
+            node = self.order[step[2]]
+            raise _error_at(node, step[2], self.order, self.steps, _failure_text(node, error)) from error
+        results = []
+        for slot in self.root_slots:
+            value = values[slot]
+            node = self.order[slot]
+            if type(node) is Scalar:  # scalars run as expanded 0-d tensors; a root gets its own storage
+                value = value.contiguous()
+            results.append(value)
+        return results
+
+
+def _failure_text(node: Circuit, error: Exception) -> str:
+    what = node.describe()
+    if isinstance(node, GeneralFunction):
+        what += f" (function {node.spec.name})"
+    child_shapes = ", ".join(format_shape(c.shape) for c in node.children)
+    return (
+        f"evaluating {what} {format_shape(node.shape)} on children of shapes [{child_shapes}] "
+        f"failed: {type(error).__name__}: {error}"
+    )
+
+
+# ------------------------------------------------------------- compilation
+
+
+class _Context:
+    """What leaf handling needs to know about the call."""
+
+    __slots__ = (
+        "device",
+        "dtype",
+        "by_hash",
+        "by_name",
+        "used_keys",
+        "float_dtypes",
+        "devices",
+        "scalar_slots",
+        "symbol_slots",
+        "missing",
+    )
+
+    def __init__(self, device, dtype, inputs):
+        self.device = device
+        self.dtype = dtype
+        self.by_hash: dict[bytes, tuple[Any, Any]] = {}
+        self.by_name: dict[str, tuple[Any, Any]] = {}
+        self.used_keys: set[int] = set()
+        self.float_dtypes: set[torch.dtype] = set()
+        self.devices: list[torch.device] = []
+        self.scalar_slots: list[int] = []
+        self.symbol_slots: list[int] = []
+        self.missing: list[int] = []
+        for key, value in (inputs or {}).items():
+            if isinstance(key, str):
+                self.by_name[key] = (key, value)
+            elif isinstance(key, Symbol):
+                self.by_hash[key.hash] = (key, value)
+            elif isinstance(key, Circuit):
+                raise EvaluationError(
+                    f"inputs binds Symbols, but key {key.describe()} {format_shape(key.shape)} is a "
+                    f"{key.kind}; bind a Symbol (by node or by name)"
+                )
+            else:
+                raise EvaluationError(
+                    f"inputs keys are Symbol nodes or names (str), got {type(key).__name__} {key!r}"
+                )
+
+
+def _compile(roots, inputs, device, dtype) -> _Plan:
+    if device is not None:
+        try:
+            device = torch.device(device)
+        except (RuntimeError, TypeError) as error:
+            raise EvaluationError(f"evaluate: device {device!r} is not a torch device ({error})") from None
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and (dtype.is_floating_point or dtype.is_complex)):
+        raise EvaluationError(
+            f"evaluate: dtype {dtype!r} is not a floating torch dtype (it casts floating tensors only; "
+            "integer tensors such as token ids keep their dtype)"
+        )
+    if inputs is not None and not isinstance(inputs, Mapping):
+        raise EvaluationError(f"evaluate: inputs must be a mapping, got {type(inputs).__name__}")
+    ctx = _Context(device, dtype, inputs)
+
+    # One pass: an iterative post-order over distinct nodes that assigns each
+    # node a slot and turns it into a step as soon as its children have slots.
+    # (Unrolled for one and two children, the common cases: this loop is
+    # most of the per-node cost of a call.)
+    slot_of: dict[bytes, int] = {}
+    order: list[Circuit] = []
+    leaf_values: dict[int, Any] = {}
+    last_use: dict[int, list] = {}  # slot -> the last step that consumes it
+    steps: list[list] = []
+    step_fns = _STEP_FNS
+    stack = list(reversed(roots))
+    pop, push, lookup = stack.pop, stack.extend, slot_of.get
+    add_step, add_node = steps.append, order.append
+    while stack:
+        node = stack[-1]
+        key = node.hash
+        if key in slot_of:
+            pop()
+            continue
+        children = node.children
+        count = len(children)
+        if count == 2:
+            first = lookup(children[0].hash)
+            second = lookup(children[1].hash)
+            if first is None:
+                push(children[::-1] if second is None else children[:1])
+                continue
+            if second is None:
+                push(children[1:])
+                continue
+            pop()
+            slot = len(order)
+            step = [(step_fns.get(type(node)) or _maker_for(type(node)))(node), (first, second), slot, ()]
+            last_use[first] = last_use[second] = step
+        elif count == 1:
+            first = lookup(children[0].hash)
+            if first is None:
+                push(children)
+                continue
+            pop()
+            slot = len(order)
+            step = [(step_fns.get(type(node)) or _maker_for(type(node)))(node), (first,), slot, ()]
+            last_use[first] = step
+        elif count:
+            args = tuple([lookup(child.hash) for child in children])
+            if None in args:
+                push(children[::-1])
+                continue
+            pop()
+            slot = len(order)
+            step = [(step_fns.get(type(node)) or _maker_for(type(node)))(node), args, slot, ()]
+            for arg in args:
+                last_use[arg] = step
+        else:
+            pop()
+            slot = len(order)
+            _LEAF_HANDLERS.get(type(node), _leaf_without_children)(node, slot, ctx, leaf_values, steps)
+            slot_of[key] = slot
+            add_node(node)
+            continue
+        add_step(step)
+        slot_of[key] = slot
+        add_node(node)
+
+    root_slots = [slot_of[root.hash] for root in roots]
+    if ctx.missing:
+        slot = ctx.missing[0]
+        node = order[slot]
+        try:
+            node.tensor()
+        except MissingTensorError as error:
+            raise _error_at(node, slot, order, steps, f"cannot evaluate: {error}") from error
+    values: list[Any] = [None] * len(order)
+    for slot, value in leaf_values.items():
+        values[slot] = value
+    _finish_leaves(ctx, order, values, steps)
+
+    # Release every value right after its last consumer; roots are kept.
+    for slot in root_slots:
+        last_use.pop(slot, None)
+    for slot, step in last_use.items():
+        step[3] += (slot,)
+    return _Plan(order, values, steps, root_slots)
+
+
+# ---------------------------------------------------------------- leaves
+
+
+def _array_leaf(node: Array, slot, ctx: _Context, values, steps):
+    tensor = node.value
+    if tensor is None:
+        ctx.missing.append(slot)
+        return
+    target_dtype = ctx.dtype if ctx.dtype is not None and tensor.is_floating_point() else None
+    moves = ctx.device is not None and not _same_device(tensor.device, ctx.device)
+    if (target_dtype is not None and target_dtype != tensor.dtype) or moves:
+        # converted once, as a step just before its first consumer
+        steps.append([functools.partial(tensor.to, device=ctx.device, dtype=target_dtype), (), slot, ()])
+        if tensor.is_floating_point():
+            ctx.float_dtypes.add(target_dtype or tensor.dtype)
+        ctx.devices.append(ctx.device)
+        return
+    if tensor.is_floating_point():
+        ctx.float_dtypes.add(tensor.dtype)
+    ctx.devices.append(tensor.device)
+    values[slot] = tensor
+
+
+def _scalar_leaf(node: Scalar, slot, ctx: _Context, values, steps):
+    ctx.scalar_slots.append(slot)
+
+
+def _symbol_leaf(node: Symbol, slot, ctx: _Context, values, steps):
+    ctx.symbol_slots.append(slot)
+    bound = ctx.by_hash.get(node.hash)
+    if bound is None and node.name is not None:
+        bound = ctx.by_name.get(node.name)
+    if bound is None:
+        return
+    key, value = bound
+    ctx.used_keys.add(id(key))
+    if not isinstance(value, torch.Tensor):
+        try:
+            value = torch.as_tensor(value)
+        except Exception as error:  # noqa: BLE001 - reported below with the node
+            value = error
+    elif value.is_floating_point():
+        if ctx.dtype is not None and value.dtype != ctx.dtype:
+            value = value.to(ctx.dtype)
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point():
+            ctx.float_dtypes.add(value.dtype)
+    values[slot] = value
+
+
+def _leaf_without_children(node: Circuit, slot, ctx: _Context, values, steps):
+    """Add() and Einsum('->') with no operands, and unknown leaf types."""
+    kind = type(node)
+    if kind in _LEAF_HANDLERS:
+        return _LEAF_HANDLERS[kind](node, slot, ctx, values, steps)
+    for base in kind.__mro__[1:]:
+        if base in _LEAF_HANDLERS:
+            return _LEAF_HANDLERS[base](node, slot, ctx, values, steps)
+    maker = _STEP_FNS.get(kind) or _maker_for(kind)
+    steps.append([maker(node), (), slot, ()])
+
+
+_LEAF_HANDLERS: dict[type, Callable] = {Array: _array_leaf, Scalar: _scalar_leaf, Symbol: _symbol_leaf}
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
+
+
+def _finish_leaves(ctx: _Context, order, values, steps) -> None:
+    """Scalars and bound Symbols, once the call's device and dtype are known."""
+    device = ctx.device
+    if device is None:
+        device = ctx.devices[0] if ctx.devices else None
+    # Symbols: bound, the right shape, on the computation's device.
+    for slot in ctx.symbol_slots:
+        node = order[slot]
+        value = values[slot]
+        if value is None:
+            raise _error_at(
+                node, slot, order, steps,
+                f"{node.describe()} {format_shape(node.shape)} is not bound: pass "
+                f"inputs={{{node.name!r}: tensor}} (or the Symbol node as the key)"
+                if node.name is not None
+                else f"{node.describe()} {format_shape(node.shape)} is not bound: pass "
+                "inputs={symbol_node: tensor}",
+            )
+        if isinstance(value, Exception):
+            raise _error_at(node, slot, order, steps, f"{node.describe()}: bound value is not a tensor ({value})")
+        if tuple(value.shape) != node.shape:
+            raise _error_at(
+                node, slot, order, steps,
+                f"{node.describe()} has shape {format_shape(node.shape)} but the tensor bound to it has "
+                f"shape {format_shape(value.shape)}",
+            )
+        if device is None:
+            device = value.device
+        elif not _same_device(value.device, device):
+            source = "the device= option" if ctx.device is not None else "the circuit's Arrays"
+            raise _error_at(
+                node, slot, order, steps,
+                f"{node.describe()} is bound to a tensor on device {value.device}, but the computation "
+                f"runs on {device} ({source}); move the input with .to({str(device)!r})",
+            )
+    unused = [
+        key for key, _ in list(ctx.by_hash.values()) + list(ctx.by_name.values()) if id(key) not in ctx.used_keys
+    ]
+    if unused:
+        symbols = sorted({order[s].describe() + " " + format_shape(order[s].shape) for s in ctx.symbol_slots})
+        names = [k.describe() if isinstance(k, Circuit) else repr(k) for k in unused]
+        raise EvaluationError(
+            f"inputs binds {', '.join(names)}, which matches no Symbol in the circuit; its Symbols are: "
+            f"{', '.join(symbols) if symbols else 'none'}"
+        )
+    # Scalars: full tensors of their shape, as an expanded 0-d tensor (no
+    # memory per element), in the promoted floating dtype of the call.
+    if ctx.scalar_slots:
+        dtype = ctx.dtype
+        if dtype is None:
+            dtype = functools.reduce(torch.promote_types, ctx.float_dtypes) if ctx.float_dtypes else None
+        if dtype is None:
+            dtype = torch.get_default_dtype()
+        made: dict[float, torch.Tensor] = {}
+        for slot in ctx.scalar_slots:
+            node = order[slot]
+            base = made.get(node.value)
+            if base is None:
+                base = made[node.value] = torch.tensor(node.value, dtype=dtype, device=device)
+            values[slot] = base.expand(node.shape)
+
+
+# ----------------------------------------------------------------- steps
+
+
+@functools.lru_cache(maxsize=4096)
+def _einsum_fn(equation: str) -> Callable:
+    return functools.partial(torch.einsum, equation)
+
+
+def _einsum_step(node: Einsum) -> Callable:
+    if not node.children:
+        return functools.partial(torch.ones, ())
+    return _einsum_fn(node.extra)  # extra is the einsum string, computed at construction
+
+
+def _add_many(*tensors: torch.Tensor) -> torch.Tensor:
+    result = tensors[0] + tensors[1]
+    for tensor in tensors[2:]:
+        result = result + tensor
+    return result
+
+
+def _identity(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
+def _add_step(node: Add) -> Callable:
+    count = len(node.children)
+    if count == 2:
+        return torch.add
+    if count == 1:
+        return _identity
+    if count == 0:
+        return functools.partial(torch.zeros, ())
+    return _add_many
+
+
+def _function_step(node: GeneralFunction) -> Callable:
+    return node.spec.function
+
+
+def _index_step(node: Index) -> Callable:
+    """Outer (orthogonal) indexing: each tensor index picks along its own axis."""
+    items = node.index
+    child_shape = node.children[0].shape
+    basic = []
+    selects = []  # (axis in the basic-indexed result, non-negative int64 index)
+    kept_axes = 0
+    for item, size in zip(items, child_shape):
+        if isinstance(item, torch.Tensor):
+            basic.append(slice(None))
+            selects.append((kept_axes, torch.where(item < 0, item + size, item)))
+            kept_axes += 1
+        elif isinstance(item, slice):
+            basic.append(item)
+            kept_axes += 1
+        else:
+            basic.append(item)
+    basic_index = tuple(basic)
+    trivial = all(isinstance(item, slice) and item.start is None and item.stop is None for item in basic)
+    moved: dict[torch.device, list] = {}
+
+    def index(tensor: torch.Tensor) -> torch.Tensor:
+        result = tensor if trivial else tensor[basic_index]
+        if selects:
+            device = tensor.device
+            picks = moved.get(device)
+            if picks is None:
+                picks = moved[device] = [(axis, idx.to(device)) for axis, idx in selects]
+            for axis, idx in picks:
+                result = torch.index_select(result, axis, idx)
+        return result
+
+    return index
+
+
+def _rearrange_step(node: Rearrange) -> Callable:
+    return functools.partial(einops.repeat, pattern=node.pattern, **dict(node.sizes))
+
+
+def _concat_step(node: Concat) -> Callable:
+    axis = node.axis
+
+    def concat(*tensors: torch.Tensor) -> torch.Tensor:
+        return torch.cat(tensors, dim=axis)
+
+    return concat
+
+
+_STEP_FNS: dict[type, Callable[[Any], Callable]] = {
+    Einsum: _einsum_step,
+    Add: _add_step,
+    GeneralFunction: _function_step,
+    Index: _index_step,
+    Rearrange: _rearrange_step,
+    Concat: _concat_step,
+}
+
+
+def _maker_for(kind: type) -> Callable:
+    """Subclasses of the node classes evaluate as their base; anything else is an error."""
+    for base in kind.__mro__[1:]:
+        if base in _STEP_FNS:
+            return _STEP_FNS[base]
+
+    def unknown(node: Circuit) -> Callable:
+        def fail(*_):
+            raise TypeError(f"no evaluation rule for node type {kind.__name__}")
+
+        return fail
+
+    return unknown
+
+
+# ---------------------------------------------------------------- errors
+
+_PATH_HEAD, _PATH_TAIL = 4, 8
+
+
+def _error_at(node: Circuit, slot: int, order, steps, message: str) -> EvaluationError:
+    """An EvaluationError naming ``node`` and its path from a root (found iteratively)."""
+    parent: dict[int, int] = {}
+    for step in steps:
+        out = step[2]
+        for arg in step[1]:
+            parent.setdefault(arg, out)
+    chain = [slot]
+    seen = {slot}
+    while chain[-1] in parent and parent[chain[-1]] not in seen:
+        chain.append(parent[chain[-1]])
+        seen.add(chain[-1])
+    path = [order[s] for s in reversed(chain)]
+    described = [n.describe() for n in path]
+    if len(described) > _PATH_HEAD + _PATH_TAIL + 1:
+        skipped = len(described) - _PATH_HEAD - _PATH_TAIL
+        described = described[:_PATH_HEAD] + [f"... ({skipped} more) ..."] + described[-_PATH_TAIL:]
+    text = f"{message}\n  at {node.describe()}, path from the root: {' > '.join(described)}"
+    return EvaluationError(text, node=node, path=tuple(path))
