@@ -33,6 +33,7 @@ from circuits.functions import FunctionSpec, get_function
 from circuits.hashing import PRINTED_HEX_DIGITS, node_hash, tensor_content_hash
 
 Shape = tuple[int, ...]
+_HASH_HEX = re.compile(r"[0-9a-f]{%d,}" % PRINTED_HEX_DIGITS)
 
 
 def _check_name(instance, attribute, value):
@@ -98,10 +99,9 @@ class Circuit:
     def __hash__(self) -> int:
         return int.from_bytes(self.hash[:8], "little")
 
-    @property
-    def kind(self) -> str:
-        """The variant name printed in FORMAT.md (``Einsum``, ``Add``, ...)."""
-        return type(self).__name__
+    def __init_subclass__(cls, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        cls.kind = cls.__name__  # the variant printed in FORMAT.md; a class attribute, read often
 
     @property
     def rank(self) -> int:
@@ -232,7 +232,7 @@ class Array(Circuit):
     def from_hash(cls, shape: Sequence[int], content_hash: str, name: str | None = None) -> Array:
         """An array known only by shape and (a prefix of) its content hash."""
         where = _leaf_where("Array", name)
-        if not re.fullmatch(r"[0-9a-f]{%d,}" % PRINTED_HEX_DIGITS, content_hash):
+        if not _HASH_HEX.fullmatch(content_hash):
             raise LeafError(
                 f"{where}: content hash {content_hash!r} is not at least "
                 f"{PRINTED_HEX_DIGITS} lowercase hex digits"
@@ -370,8 +370,7 @@ class Einsum(Circuit):
 
     @property
     def einsum_string(self) -> str:
-        inputs = ",".join(spec_rules.axes_to_letters(axes) for axes in self.operand_axes)
-        return f"{inputs}->{spec_rules.axes_to_letters(self.out_axes)}"
+        return spec_rules.einsum_text(self.operand_axes, self.out_axes)
 
 
 @attrs.frozen(init=False, eq=False, repr=False)

@@ -8,6 +8,7 @@ number, the line, and what was expected.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Callable
 
@@ -15,6 +16,7 @@ import attrs
 import torch
 
 from circuits.errors import CircuitError, ParseError
+from circuits.gcpause import gc_paused
 from circuits.nodes import (
     Add,
     Array,
@@ -29,14 +31,26 @@ from circuits.nodes import (
 )
 from circuits.store import TensorStore
 
+_INDENT = re.compile(r" *")
 _SERIAL = re.compile(r"\d+")
 _NAME = re.compile(r"'((?:[^'\\]|\\.)*)'")
 _ESCAPE = re.compile(r"\\(.)")
 _ESCAPES = {"\\": "\\", "'": "'", "n": "\n"}
 _SHAPE = re.compile(r"\[([0-9 ,]*)\]")
 _VARIANT = re.compile(r"[A-Za-z]+")
+# Exactly what the printer writes: [serial] ['name'] [ [shape]] [ Variant [extra]].
+_PRINTED_LINE = re.compile(
+    r"(?P<serial>\d+)?"
+    r"(?:(?(serial) )'(?P<name>(?:[^'\\]|\\.)*)')?"
+    r"(?: (?:\[(?P<shape>(?:\d+(?:,\d+)*)?)\] )?(?P<kind>[A-Za-z]+)(?: (?P<extra>[^#]*[^# ]))?)?"
+)
 _HEX = re.compile(r"[0-9a-f]{24,64}")
-_SIZE = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(\d+)\s*")
+_INT = re.compile(r"-?\d+")
+_DECIMAL = re.compile(r"-?(\d+(\.\d*)?|\.\d+|inf|nan)")
+_SLICE = re.compile(r"(-?\d+)?:(-?\d+)?")
+_INT_LIST = re.compile(r"-?\d+(,-?\d+)*")
+_INDEX_PART = re.compile(r"\[[^\[\]]*\]|[^,]+")
+_SIZE = re.compile(r"\s*([^\W\d]\w*)\s*=\s*(\d+)\s*")  # einops axis names are identifiers
 
 LEAF_KINDS = ("Array", "Scalar", "Symbol")
 
@@ -46,36 +60,58 @@ class _Line:
     """One parsed line, waiting for its children (if it is not a repeat)."""
 
     number: int
-    text: str
-    depth: int
+    spaces: int
+    body: str
     serial: int | None
     name: str | None
+    depth: int = attrs.field(init=False)
     shape: tuple[int, ...] | None = None
     kind: str | None = None
     extra: str = ""
     children: list[Circuit] = attrs.field(factory=list)
+
+    def __attrs_post_init__(self):
+        self.depth = self.spaces // 2
 
     @property
     def is_repeat(self) -> bool:
         return self.kind is None
 
     def error(self, message: str) -> ParseError:
-        return ParseError(message, self.number, self.text)
+        return ParseError(message, self.number, _shown_line(self.spaces, self.body))
 
 
 def parse(text: str, store: TensorStore | None = None) -> Circuit:
     """Read exactly one circuit."""
     roots = parse_many(text, store=store)
-    if len(roots) != 1:
-        raise ParseError(f"expected one circuit, found {len(roots)} top-level circuits")
+    if len(roots) > 1:
+        number, line = _top_level_lines(text)[1]
+        raise ParseError(
+            f"expected one circuit, found {len(roots)} top-level circuits; the second starts here "
+            "(use parse_many to read several)",
+            number,
+            line,
+        )
+    if not roots:
+        raise ParseError("expected one circuit, found none (the text is empty or all comments)")
     return roots[0]
+
+
+def _top_level_lines(text: str) -> list[tuple[int, str]]:
+    """(line number, line) of each unindented line that is not blank or a comment."""
+    return [
+        (number, line)
+        for number, line in enumerate(text.split("\n"), start=1)
+        if line.strip() and not line.startswith((" ", "#"))
+    ]
 
 
 def parse_many(text: str, store: TensorStore | None = None) -> list[Circuit]:
     """Read every top-level circuit in ``text``, in order."""
     if not isinstance(text, str):
         raise ParseError(f"expected text (str), got {type(text).__name__}")
-    return _Reader(store).read(text)
+    with gc_paused():
+        return _Reader(store).read(text)
 
 
 class _Reader:
@@ -88,8 +124,8 @@ class _Reader:
 
     def read(self, text: str) -> list[Circuit]:
         last: _Line | None = None
-        for number, raw in enumerate(text.split("\n"), start=1):
-            line = self._split(number, raw)
+        for number, spaces, body in _lines(text):
+            line = self._split(number, spaces, body)
             if line is None:
                 continue
             if last is not None and last.is_repeat and line.depth > last.depth:
@@ -101,6 +137,9 @@ class _Reader:
                     f"indented to depth {line.depth} but the enclosing node is at depth {parent_depth}; "
                     "a child is indented two spaces more than its parent"
                 )
+            if line.depth and self.pending[-1].kind in LEAF_KINDS:
+                parent = self.pending[-1]
+                raise line.error(f"indented under line {parent.number}, a {parent.kind}, which is a leaf")
             if line.is_repeat:
                 self._attach(self._resolve(line))
             else:
@@ -115,12 +154,30 @@ class _Reader:
 
     # ------------------------------------------------------------ lines
 
-    def _split(self, number: int, raw: str) -> _Line | None:
-        """Take a line apart into reference, shape, variant and extra."""
-        body = raw.lstrip(" ")
+    def _split(self, number: int, spaces: int, body: str) -> _Line | None:
+        """Take a line apart into reference, shape, variant and extra.
+
+        One regex reads every line the printer writes; anything else (comments,
+        spaces in shapes, mistakes) goes the slower way that explains errors.
+        """
         if not body.strip() or body.startswith("#"):
             return None
-        spaces = len(raw) - len(body)
+        match = _PRINTED_LINE.fullmatch(body)
+        if match is None or spaces % 2:
+            return self._split_slowly(number, spaces, body)
+        serial, name, shape, kind, extra = match.group("serial", "name", "shape", "kind", "extra")
+        if name is not None and "\\" in name:
+            name = self._unescape(name, number, _shown_line(spaces, body))
+        line = _Line(number, spaces, body, None if serial is None else int(serial), name)
+        if kind is not None:
+            line.kind, line.extra = kind, extra or ""
+            if shape is not None:
+                line.shape = tuple(int(size) for size in shape.split(",")) if shape else ()
+            self._check_variant(line)
+        return line
+
+    def _split_slowly(self, number: int, spaces: int, body: str) -> _Line:
+        raw = _shown_line(spaces, body)
         if spaces % 2:
             raise ParseError(f"indented by {spaces} spaces; indent is two spaces per depth", number, raw)
         if body[0] == "\t":
@@ -145,7 +202,7 @@ class _Reader:
         if serial is None and name is None:
             raise ParseError("expected a reference: a serial number, a 'quoted name', or both", number, raw)
         rest = body[position:].split("#", 1)[0].rstrip()
-        line = _Line(number, raw, spaces // 2, serial, name)
+        line = _Line(number, spaces, body, serial, name)
         if not rest:
             return line
         if not rest.startswith(" ") and name is not None:
@@ -160,11 +217,15 @@ class _Reader:
             raise line.error(f"expected a variant name (Array, Einsum, ...) but found {rest!r}")
         line.kind = match.group()
         line.extra = rest[match.end():].strip(" ")
+        self._check_variant(line)
+        return line
+
+    @staticmethod
+    def _check_variant(line: _Line) -> None:
         if line.kind not in _BUILDERS:
             raise line.error(f"unknown variant {line.kind!r}; expected one of {', '.join(_BUILDERS)}")
         if line.kind in LEAF_KINDS and line.shape is None:
             raise line.error(f"{line.kind} needs its shape, e.g. [300,256], before the variant")
-        return line
 
     @staticmethod
     def _unescape(escaped: str, number: int, raw: str) -> str:
@@ -250,6 +311,28 @@ class _Reader:
         return next(iter(candidates.values()))
 
 
+def _lines(text: str):
+    """Yield ``(line number, indent width, text after the indent)`` for each line.
+
+    Scans with ``find`` instead of ``split`` so that deep text, whose
+    indentation grows quadratically with depth, is never copied.
+    """
+    position, number, length = 0, 0, len(text)
+    while position <= length:
+        end = text.find("\n", position)
+        if end < 0:
+            end = length
+        number += 1
+        body_start = _INDENT.match(text, position, end).end()
+        yield number, body_start - position, text[body_start:end]
+        position = end + 1
+
+
+def _shown_line(spaces: int, body: str) -> str:
+    """The line as error messages show it; a very deep indent is abbreviated."""
+    return " " * spaces + body if spaces <= 120 else f"<{spaces} spaces>{body}"
+
+
 # ------------------------------------------------------------------ builders
 
 
@@ -278,7 +361,7 @@ def _build_array(line: _Line, store: TensorStore | None) -> Circuit:
 
 def _build_scalar(line: _Line, store: TensorStore | None) -> Circuit:
     _no_children(line)
-    if not re.fullmatch(r"-?(\d+(\.\d*)?|\.\d+|inf|nan)", line.extra):
+    if not _DECIMAL.fullmatch(line.extra):
         raise line.error(f"Scalar needs a decimal value like -1 or 0.00001, found {line.extra!r}")
     return Scalar(float(line.extra), shape=line.shape, name=line.name)
 
@@ -311,26 +394,35 @@ def _build_index(line: _Line, store: TensorStore | None) -> Circuit:
 
 
 def _parse_index(line: _Line) -> tuple:
-    text = line.extra.replace(" ", "")
+    try:
+        return _index_items(line.extra.replace(" ", ""))
+    except ValueError as error:
+        raise line.error(str(error)) from None
+
+
+@functools.lru_cache(maxsize=4096)
+def _index_items(text: str) -> tuple:
+    """``"[0,:-2,[3,1]]"`` -> ``(0, slice(None, -2), tensor([3, 1]))``; cached, as specs repeat."""
     if not (text.startswith("[") and text.endswith("]")):
-        raise line.error(f"Index needs [...] after the variant, found {line.extra!r}")
+        raise ValueError(f"Index needs [...] after the variant, found {text!r}")
+    inner = text[1:-1]
+    parts = _INDEX_PART.findall(inner)
+    if ",".join(parts) != inner:
+        raise ValueError(f"malformed index {text!r}: empty item or stray comma")
     items = []
-    for part in re.findall(r"\[[^\[\]]*\]|[^,]+", text[1:-1]):
+    for part in parts:
         if part.startswith("["):
             values = part[1:-1]
-            if values and not re.fullmatch(r"-?\d+(,-?\d+)*", values):
-                raise line.error(f"malformed tensor index {part!r}: expected [3,1,4]")
+            if values and not _INT_LIST.fullmatch(values):
+                raise ValueError(f"malformed tensor index {part!r}: expected [3,1,4]")
             items.append(torch.tensor([int(v) for v in values.split(",")] if values else [], dtype=torch.int64))
-        elif re.fullmatch(r"-?\d+", part):
+        elif _INT.fullmatch(part):
             items.append(int(part))
-        elif re.fullmatch(r"(-?\d+)?:(-?\d+)?", part):
+        elif _SLICE.fullmatch(part):
             start, stop = part.split(":")
             items.append(slice(int(start) if start else None, int(stop) if stop else None))
         else:
-            raise line.error(f"malformed index item {part!r}: expected an int, start:stop or [i,j,...]")
-    rebuilt = ",".join(re.findall(r"\[[^\[\]]*\]|[^,]+", text[1:-1]))
-    if rebuilt != text[1:-1]:
-        raise line.error(f"malformed index {line.extra!r}: empty item or stray comma")
+            raise ValueError(f"malformed index item {part!r}: expected an int, start:stop or [i,j,...]")
     return tuple(items)
 
 
@@ -348,7 +440,7 @@ def _build_rearrange(line: _Line, store: TensorStore | None) -> Circuit:
 
 
 def _build_concat(line: _Line, store: TensorStore | None) -> Circuit:
-    if not re.fullmatch(r"-?\d+", line.extra):
+    if not _INT.fullmatch(line.extra):
         raise line.error(f"Concat needs its axis as an int, found {line.extra!r}")
     return Concat(*line.children, axis=int(line.extra), name=line.name)
 

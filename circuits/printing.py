@@ -8,9 +8,11 @@ them), so the writer first collects the distinct nodes, then writes.
 
 from __future__ import annotations
 
+import io
 from collections import defaultdict
 from typing import Iterable
 
+from circuits.gcpause import gc_paused
 from circuits.nodes import Array, Circuit, Index, Scalar, Symbol
 from circuits.spec import format_shape
 from circuits.store import TensorStore
@@ -41,14 +43,23 @@ def repr_many(
     node's shape; ``serials`` gives every node a serial number; ``store``
     saves the tensor of every array written.
     """
-    roots = list(circuits)
+    with gc_paused():
+        return _write(list(circuits), depth, shapes, serials, store)
+
+
+def _write(
+    roots: list[Circuit], depth: int | None, shapes: bool, serials: bool, store: TensorStore | None
+) -> str:
     distinct_by_name: dict[str, set[bytes]] = defaultdict(set)
     for node in unique_nodes(roots):
         if node.name is not None:
             distinct_by_name[node.name].add(node.hash)
 
     references: dict[bytes, str] = {}
-    lines: list[str] = []
+    quoted: dict[str, str] = {}
+    out = io.StringIO()  # measured faster than list + join when deep indents make the text huge
+    write = out.write
+    newline = ""
     next_serial = 0
     stack: list[tuple[Circuit, int]] = [(root, 0) for root in reversed(roots)]
     while stack:
@@ -56,28 +67,34 @@ def repr_many(
         indent = "  " * level
         reference = references.get(node.hash)
         if reference is not None:
-            lines.append(indent + reference)
+            write(f"{newline}{indent}{reference}")
+            newline = "\n"
             continue
-        if node.name is None:
+        name = node.name
+        if name is None:
             reference = str(next_serial)
             next_serial += 1
-        elif serials or len(distinct_by_name[node.name]) > 1:
-            reference = f"{next_serial} {quote_name(node.name)}"
-            next_serial += 1
         else:
-            reference = quote_name(node.name)
+            if name not in quoted:
+                quoted[name] = quote_name(name)
+            if serials or len(distinct_by_name[name]) > 1:
+                reference = f"{next_serial} {quoted[name]}"
+                next_serial += 1
+            else:
+                reference = quoted[name]
         references[node.hash] = reference
-        line = indent + reference
-        if shapes or isinstance(node, SHAPED_KINDS):
-            line += " " + format_shape(node.shape)
-        line += " " + node.kind
-        if node.extra:
-            line += " " + node.extra
-        lines.append(line)
+        shape = " " + format_shape(node.shape) if shapes or isinstance(node, SHAPED_KINDS) else ""
+        extra = " " + node.extra if node.extra else ""
+        write(f"{newline}{indent}{reference}{shape} {node.kind}{extra}")
+        newline = "\n"
         if store is not None and isinstance(node, Array) and node.is_loaded:
             store.save(node.value, node.content_hash)
-        if depth is not None and level >= depth and node.children:
-            lines.append(indent + f"  ... {len(node.children)} children not shown")
+        children = node.children
+        if not children:
             continue
-        stack.extend((child, level + 1) for child in reversed(node.children))
-    return "\n".join(lines)
+        if depth is not None and level >= depth:
+            write(f"\n{indent}  ... {len(children)} children not shown")
+            continue
+        below = level + 1
+        stack.extend([(child, below) for child in reversed(children)])
+    return out.getvalue()

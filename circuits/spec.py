@@ -7,6 +7,7 @@ syntax that the printer writes.
 
 from __future__ import annotations
 
+import functools
 import string
 from typing import Sequence
 
@@ -46,13 +47,29 @@ def axes_to_letters(axes: Sequence[int]) -> str:
     return "".join(EINSUM_LETTERS[axis] for axis in axes)
 
 
-def parse_einsum_string(spec: str, where: str) -> tuple[list[tuple[int, ...]], tuple[int, ...]]:
+@functools.lru_cache(maxsize=4096)
+def einsum_text(operand_axes: tuple[tuple[int, ...], ...], out_axes: tuple[int, ...]) -> str:
+    """``"qc,kc,,qk->qk"`` for the given axes (cached: models reuse a few specs)."""
+    return ",".join(axes_to_letters(a) for a in operand_axes) + "->" + axes_to_letters(out_axes)
+
+
+def parse_einsum_string(spec: str, where: str) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
     """Split ``"qc,kc,,qk->qk"`` into per-operand axes and output axes."""
     if spec.count("->") != 1:
         raise EinsumError(f"{where}: einsum string {spec!r} needs exactly one '->'")
+    try:
+        return _parse_einsum_string(spec)
+    except KeyError as missing:
+        raise EinsumError(
+            f"{where}: einsum axis {missing.args[0]!r} in {spec!r} is not a letter a-z or A-Z"
+        ) from None
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_einsum_string(spec: str) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
     inputs, output = spec.split("->")
-    operands = [letters_to_axes(part, where) for part in inputs.split(",")]
-    return operands, letters_to_axes(output, where)
+    operands = tuple(tuple(_LETTER_TO_AXIS[c] for c in part) for part in inputs.split(","))
+    return operands, tuple(_LETTER_TO_AXIS[c] for c in output)
 
 
 def normalize_axes(axes: Sequence[int] | str, where: str) -> tuple[int, ...]:
@@ -79,7 +96,7 @@ def einsum_shape(
     where: str,
 ) -> Shape:
     """Check letter sizes agree everywhere and return the output shape."""
-    spec = ",".join(axes_to_letters(a) for a in operand_axes) + "->" + axes_to_letters(out_axes)
+    spec = einsum_text(tuple(operand_axes), out_axes)
     sizes: dict[int, int] = {}
     for position, (shape, axes) in enumerate(zip(operand_shapes, operand_axes)):
         if len(shape) != len(axes):
