@@ -38,6 +38,11 @@ class FunctionSpec:
     num_inputs: int
     shape_fn: Callable[[Sequence[Shape]], Shape]
     function: Callable[..., torch.Tensor]
+    # For one-input functions: the output's leading ``rank - k`` axes are the
+    # input's leading axes, computed independently (k = 0 elementwise, 1 for
+    # softmax).  Passes use it to move an Index below the function or to add
+    # batch axes; None means nothing is known and they leave the node alone.
+    num_non_batchable_output_dims: int | None = None
 
     def __attrs_post_init__(self):
         if not _SPEC_NAME.fullmatch(self.name):
@@ -133,12 +138,16 @@ _ELEMENTWISE: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 for _name, _fn in _ELEMENTWISE.items():
-    register_function(FunctionSpec(_name, 1, _same_shape, _fn))
-register_function(FunctionSpec("softmax", 1, _last_axis, lambda x: torch.softmax(x, dim=-1)))
+    register_function(FunctionSpec(_name, 1, _same_shape, _fn, num_non_batchable_output_dims=0))
 register_function(
-    FunctionSpec("log_softmax", 1, _last_axis, lambda x: torch.log_softmax(x, dim=-1))
+    FunctionSpec("softmax", 1, _last_axis, lambda x: torch.softmax(x, dim=-1), num_non_batchable_output_dims=1)
 )
-register_function(FunctionSpec("last_dim_size", 1, _drop_last_axis, _last_dim_size))
+register_function(
+    FunctionSpec(
+        "log_softmax", 1, _last_axis, lambda x: torch.log_softmax(x, dim=-1), num_non_batchable_output_dims=1
+    )
+)
+register_function(FunctionSpec("last_dim_size", 1, _drop_last_axis, _last_dim_size, num_non_batchable_output_dims=0))
 
 
 # ------------------------------------------------------------------- gen_index

@@ -412,6 +412,8 @@ def _index_items(text: str) -> tuple:
     items = []
     for part in parts:
         if part.startswith("["):
+            if len(part) < 2 or not part.endswith("]"):  # "[0" must not read as []
+                raise ValueError(f"malformed tensor index {part!r}: expected [3,1,4]")
             values = part[1:-1]
             if values and not _INT_LIST.fullmatch(values):
                 raise ValueError(f"malformed tensor index {part!r}: expected [3,1,4]")
