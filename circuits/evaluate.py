@@ -102,23 +102,30 @@ def evaluate_many(
 
 
 class _Plan:
-    """A compiled schedule: leaf values pre-filled, one step per computed node."""
+    """A compiled schedule: leaf values pre-filled, then one step per computed node.
 
-    __slots__ = ("order", "values", "steps", "root_slots")
+    Steps are held as parallel lists (function, argument slots, output slot,
+    slots to release after it) rather than one object per step: fewer
+    objects to build and for the garbage collector to track.
+    """
 
-    def __init__(self, order, values, steps, root_slots):
+    __slots__ = ("order", "values", "fns", "args", "outs", "releases", "root_slots")
+
+    def __init__(self, order, values, fns, args, outs, releases, root_slots):
         self.order = order  # slot -> node
         self.values = values  # slot -> tensor (leaves) or None (computed)
-        self.steps = steps  # [(fn, argument slots, output slot, slots to release)]
+        self.fns = fns
+        self.args = args
+        self.outs = outs
+        self.releases = releases
         self.root_slots = root_slots
 
     def run(self) -> list[torch.Tensor]:
         values = self.values
         self.values = None  # a plan runs once; its slots are released as it goes
-        step = None
+        out = None
         try:
-            for step in self.steps:
-                fn, args, out, release = step
+            for fn, args, out, release in zip(self.fns, self.args, self.outs, self.releases):
                 # unrolled for the common arities: this loop is the per-node cost of running
                 if len(args) == 2:
                     values[out] = fn(values[args[0]], values[args[1]])
@@ -131,13 +138,12 @@ class _Plan:
         except EvaluationError:
             raise
         except Exception as error:
-            node = self.order[step[2]]
-            raise _error_at(node, step[2], self.order, self.steps, _failure_text(node, error)) from error
+            node = self.order[out]
+            raise _error_at(node, out, self.order, self.args, self.outs, _failure_text(node, error)) from error
         results = []
         for slot in self.root_slots:
             value = values[slot]
-            node = self.order[slot]
-            if type(node) is Scalar:  # scalars run as expanded 0-d tensors; a root gets its own storage
+            if type(self.order[slot]) is Scalar:  # run as expanded 0-d tensors; a root gets its own storage
                 value = value.contiguous()
             results.append(value)
         return results
@@ -222,62 +228,77 @@ def _compile(roots, inputs, device, dtype) -> _Plan:
     slot_of: dict[bytes, int] = {}
     order: list[Circuit] = []
     leaf_values: dict[int, Any] = {}
-    last_use: dict[int, list] = {}  # slot -> the last step that consumes it
-    steps: list[list] = []
+    last_use: dict[int, int] = {}  # slot -> position of the last step that consumes it
+    steps = _Steps()
+    fns, arg_lists, outs = steps.fns, steps.args, steps.outs
+    add_fn, add_args, add_out = fns.append, arg_lists.append, outs.append
     step_fns = _STEP_FNS
-    stack = list(reversed(roots))
-    pop, push, lookup = stack.pop, stack.extend, slot_of.get
-    add_step, add_node = steps.append, order.append
-    while stack:
-        node = stack[-1]
-        key = node.hash
-        if key in slot_of:
-            pop()
+    path: list[Circuit] = []  # the nodes whose children are being computed, innermost last
+    descend, ascend = path.append, path.pop
+    lookup = slot_of.get
+    add_node = order.append
+    slot = position = 0  # the next node's slot, the next step's position
+    for root in roots:
+        if root.hash in slot_of:
             continue
-        children = node.children
-        count = len(children)
-        if count == 2:
-            first = lookup(children[0].hash)
-            second = lookup(children[1].hash)
-            if first is None:
-                push(children[::-1] if second is None else children[:1])
-                continue
-            if second is None:
-                push(children[1:])
-                continue
-            pop()
-            slot = len(order)
-            step = [(step_fns.get(type(node)) or _maker_for(type(node)))(node), (first, second), slot, ()]
-            last_use[first] = last_use[second] = step
-        elif count == 1:
-            first = lookup(children[0].hash)
-            if first is None:
-                push(children)
-                continue
-            pop()
-            slot = len(order)
-            step = [(step_fns.get(type(node)) or _maker_for(type(node)))(node), (first,), slot, ()]
-            last_use[first] = step
-        elif count:
-            args = tuple([lookup(child.hash) for child in children])
-            if None in args:
-                push(children[::-1])
-                continue
-            pop()
-            slot = len(order)
-            step = [(step_fns.get(type(node)) or _maker_for(type(node)))(node), args, slot, ()]
-            for arg in args:
-                last_use[arg] = step
-        else:
-            pop()
-            slot = len(order)
-            _LEAF_HANDLERS.get(type(node), _leaf_without_children)(node, slot, ctx, leaf_values, steps)
-            slot_of[key] = slot
+        node = root
+        while True:
+            # Descend into the first child without a slot; when every child
+            # has one, the node becomes a step and we return to its parent.
+            # A node is only ever entered from a parent that found it
+            # missing, so no visit needs a separate "already done?" check.
+            children = node.children
+            count = len(children)
+            if count == 2:
+                first = lookup(children[0].hash)
+                if first is None:
+                    descend(node)
+                    node = children[0]
+                    continue
+                second = lookup(children[1].hash)
+                if second is None:
+                    descend(node)
+                    node = children[1]
+                    continue
+                last_use[first] = last_use[second] = position
+                add_args((first, second))
+            elif count == 1:
+                first = lookup(children[0].hash)
+                if first is None:
+                    descend(node)
+                    node = children[0]
+                    continue
+                last_use[first] = position
+                add_args((first,))
+            elif count:
+                args = []
+                for child in children:
+                    arg = lookup(child.hash)
+                    if arg is None:
+                        descend(node)
+                        node = child
+                        break
+                    args.append(arg)
+                else:
+                    for arg in args:
+                        last_use[arg] = position
+                    add_args(tuple(args))
+                if arg is None:
+                    continue
+            if count:
+                kind = type(node)
+                add_fn((step_fns.get(kind) or _maker_for(kind))(node))
+                add_out(slot)
+                position += 1
+            else:
+                _LEAF_HANDLERS.get(type(node), _leaf_without_children)(node, slot, ctx, leaf_values, steps)
+                position = len(fns)  # a leaf that is converted (moved or cast) is a step too
+            slot_of[node.hash] = slot
             add_node(node)
-            continue
-        add_step(step)
-        slot_of[key] = slot
-        add_node(node)
+            slot += 1
+            if not path:
+                break
+            node = ascend()
 
     root_slots = [slot_of[root.hash] for root in roots]
     if ctx.missing:
@@ -286,18 +307,35 @@ def _compile(roots, inputs, device, dtype) -> _Plan:
         try:
             node.tensor()
         except MissingTensorError as error:
-            raise _error_at(node, slot, order, steps, f"cannot evaluate: {error}") from error
+            raise _error_at(node, slot, order, arg_lists, outs, f"cannot evaluate: {error}") from error
     values: list[Any] = [None] * len(order)
     for slot, value in leaf_values.items():
         values[slot] = value
-    _finish_leaves(ctx, order, values, steps)
+    _finish_leaves(ctx, order, values, arg_lists, outs)
 
     # Release every value right after its last consumer; roots are kept.
     for slot in root_slots:
         last_use.pop(slot, None)
-    for slot, step in last_use.items():
-        step[3] += (slot,)
-    return _Plan(order, values, steps, root_slots)
+    releases: list[tuple] = [()] * len(fns)
+    for slot, position in last_use.items():
+        releases[position] += (slot,)
+    return _Plan(order, values, fns, arg_lists, outs, releases, root_slots)
+
+
+class _Steps:
+    """The schedule under construction, as parallel lists."""
+
+    __slots__ = ("fns", "args", "outs")
+
+    def __init__(self):
+        self.fns: list[Callable] = []
+        self.args: list[tuple[int, ...]] = []
+        self.outs: list[int] = []
+
+    def add(self, fn: Callable, args: tuple[int, ...], out: int) -> None:
+        self.fns.append(fn)
+        self.args.append(args)
+        self.outs.append(out)
 
 
 # ---------------------------------------------------------------- leaves
@@ -312,7 +350,7 @@ def _array_leaf(node: Array, slot, ctx: _Context, values, steps):
     moves = ctx.device is not None and not _same_device(tensor.device, ctx.device)
     if (target_dtype is not None and target_dtype != tensor.dtype) or moves:
         # converted once, as a step just before its first consumer
-        steps.append([functools.partial(tensor.to, device=ctx.device, dtype=target_dtype), (), slot, ()])
+        steps.add(functools.partial(tensor.to, device=ctx.device, dtype=target_dtype), (), slot)
         if tensor.is_floating_point():
             ctx.float_dtypes.add(target_dtype or tensor.dtype)
         ctx.devices.append(ctx.device)
@@ -329,9 +367,10 @@ def _scalar_leaf(node: Scalar, slot, ctx: _Context, values, steps):
 
 def _symbol_leaf(node: Symbol, slot, ctx: _Context, values, steps):
     ctx.symbol_slots.append(slot)
-    bound = ctx.by_hash.get(node.hash)
-    if bound is None and node.name is not None:
-        bound = ctx.by_name.get(node.name)
+    by_name = ctx.by_name.get(node.name) if node.name is not None else None
+    if by_name is not None:
+        ctx.used_keys.add(id(by_name[0]))
+    bound = ctx.by_hash.get(node.hash) or by_name  # a binding by node wins over one by name
     if bound is None:
         return
     key, value = bound
@@ -359,7 +398,7 @@ def _leaf_without_children(node: Circuit, slot, ctx: _Context, values, steps):
         if base in _LEAF_HANDLERS:
             return _LEAF_HANDLERS[base](node, slot, ctx, values, steps)
     maker = _STEP_FNS.get(kind) or _maker_for(kind)
-    steps.append([maker(node), (), slot, ()])
+    steps.add(maker(node), (), slot)
 
 
 _LEAF_HANDLERS: dict[type, Callable] = {Array: _array_leaf, Scalar: _scalar_leaf, Symbol: _symbol_leaf}
@@ -369,7 +408,7 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
     return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
 
 
-def _finish_leaves(ctx: _Context, order, values, steps) -> None:
+def _finish_leaves(ctx: _Context, order, values, arg_lists, outs) -> None:
     """Scalars and bound Symbols, once the call's device and dtype are known."""
     device = ctx.device
     if device is None:
@@ -380,7 +419,7 @@ def _finish_leaves(ctx: _Context, order, values, steps) -> None:
         value = values[slot]
         if value is None:
             raise _error_at(
-                node, slot, order, steps,
+                node, slot, order, arg_lists, outs,
                 f"{node.describe()} {format_shape(node.shape)} is not bound: pass "
                 f"inputs={{{node.name!r}: tensor}} (or the Symbol node as the key)"
                 if node.name is not None
@@ -388,10 +427,10 @@ def _finish_leaves(ctx: _Context, order, values, steps) -> None:
                 "inputs={symbol_node: tensor}",
             )
         if isinstance(value, Exception):
-            raise _error_at(node, slot, order, steps, f"{node.describe()}: bound value is not a tensor ({value})")
+            raise _error_at(node, slot, order, arg_lists, outs, f"{node.describe()}: bound value is not a tensor ({value})")
         if tuple(value.shape) != node.shape:
             raise _error_at(
-                node, slot, order, steps,
+                node, slot, order, arg_lists, outs,
                 f"{node.describe()} has shape {format_shape(node.shape)} but the tensor bound to it has "
                 f"shape {format_shape(value.shape)}",
             )
@@ -400,7 +439,7 @@ def _finish_leaves(ctx: _Context, order, values, steps) -> None:
         elif not _same_device(value.device, device):
             source = "the device= option" if ctx.device is not None else "the circuit's Arrays"
             raise _error_at(
-                node, slot, order, steps,
+                node, slot, order, arg_lists, outs,
                 f"{node.describe()} is bound to a tensor on device {value.device}, but the computation "
                 f"runs on {device} ({source}); move the input with .to({str(device)!r})",
             )
@@ -549,12 +588,11 @@ def _maker_for(kind: type) -> Callable:
 _PATH_HEAD, _PATH_TAIL = 4, 8
 
 
-def _error_at(node: Circuit, slot: int, order, steps, message: str) -> EvaluationError:
+def _error_at(node: Circuit, slot: int, order, arg_lists, outs, message: str) -> EvaluationError:
     """An EvaluationError naming ``node`` and its path from a root (found iteratively)."""
-    parent: dict[int, int] = {}
-    for step in steps:
-        out = step[2]
-        for arg in step[1]:
+    parent: dict[int, int] = {}  # slot -> the slot of its first consumer
+    for args, out in zip(arg_lists, outs):
+        for arg in args:
             parent.setdefault(arg, out)
     chain = [slot]
     seen = {slot}
