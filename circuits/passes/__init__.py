@@ -1,0 +1,18 @@
+"""Rewrite passes: plain functions from circuit to circuit.
+
+``causal_mask`` and ``split_heads`` rewrite attention; ``push_down_index``
+moves Index nodes toward the leaves so that only the selected work is done.
+"""
+
+from circuits.passes.attention import PassError, causal_mask, layer_of, split_heads
+from circuits.passes.push_down import push_index
+from circuits.matching import Matcher
+from circuits.nodes import Circuit, Index
+
+
+def push_down_index(circuit: Circuit, matcher=True) -> Circuit:
+    """Every Index that ``matcher`` finds moved down as far as it goes (same value)."""
+    return circuit.update(Matcher.types(Index) & Matcher(matcher), push_index)
+
+
+__all__ = ["PassError", "causal_mask", "layer_of", "push_down_index", "push_index", "split_heads"]

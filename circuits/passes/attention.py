@@ -1,0 +1,214 @@
+"""Attention passes: causal (or any) masking, and splitting heads into branches.
+
+Both work on the attention the model builders write, with the names of
+../shared/golden/attn_only_2l.circ: score nodes ``'a.attn_scores'`` (an
+Einsum over query, key and scale whose output ends in head, query, key
+axes), and per layer ``'b{L}.a'``, an Einsum that sums the heads' outputs
+(its operands carry a head axis that is not in its output).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable, Iterable, Sequence, Union
+
+import torch
+
+from circuits.errors import CircuitError
+from circuits.matching import Matcher
+from circuits.nodes import Add, Array, Circuit, Einsum, Index, Scalar
+from circuits.passes.push_down import push_index
+from circuits.traversal import unique_nodes
+
+SCORES = "a.attn_scores"
+RAW_SCORES = "a.attn_scores_raw"
+MASK_NAME = "t.a.c.causal_mask"
+NEG_INF = -10000.0
+
+MaskSpec = Union[None, torch.Tensor, Callable[[int, int], torch.Tensor]]
+
+
+class PassError(CircuitError, ValueError):
+    """A pass applied to a circuit that lacks the structure it rewrites."""
+
+
+# ------------------------------------------------------------------ masking
+
+
+def causal_mask(circuit: Circuit, mask: MaskSpec = None, neg_inf: float = NEG_INF) -> Circuit:
+    """Every ``'a.attn_scores'`` rewritten into the masked form of the golden file.
+
+    ``scores`` becomes ``Add('a.attn_scores_raw', 'a.score_neg_inf_bias')``:
+    the raw scores take the mask as one more Einsum operand (masked pairs
+    score 0) and the bias adds ``neg_inf`` where the mask is 0.  ``mask`` is
+    None for the causal mask, a ``[query, key]`` 0/1 tensor shared by every
+    layer and head, or a function ``mask(layer, head) -> [query, key]``
+    tensor (attention knockout of chosen pairs).  Scores already masked get
+    the new mask instead.
+    """
+    if not circuit.are_any_found(SCORES):
+        raise PassError(f"causal_mask: the circuit has no {SCORES!r} node to mask")
+
+    def masked(scores: Circuit) -> Circuit:
+        raw = _unmasked(scores)
+        heads, queries, keys = raw.shape[-3:]
+        mask_node = _mask_node(mask, scores, heads, queries, keys)
+        letters = raw.out_axes[-3:] if mask_node.rank == 3 else raw.out_axes[-2:]
+        with_mask = Einsum(
+            *zip(raw.children, raw.operand_axes), (mask_node, letters), out_axes=raw.out_axes, name=RAW_SCORES
+        )
+        return Add(with_mask, _neg_inf_bias(mask_node, neg_inf), name=SCORES)
+
+    # update works bottom-up, so a later layer's scores are rebuilt over the earlier, masked ones
+    return circuit.update(SCORES, masked)
+
+
+def _unmasked(scores: Circuit) -> Einsum:
+    """The score Einsum without a mask, whether ``scores`` is masked already or not."""
+    if isinstance(scores, Einsum) and len(scores.out_axes) >= 3:
+        return scores
+    if isinstance(scores, Add) and scores.children and scores.children[0].name == RAW_SCORES:
+        raw = scores.children[0]
+        return Einsum(*zip(raw.children[:-1], raw.operand_axes[:-1]), out_axes=raw.out_axes, name=raw.name)
+    raise PassError(
+        f"causal_mask: {scores.describe()} is neither an Einsum ending in head, query, key axes "
+        f"nor an already masked Add of {RAW_SCORES!r}"
+    )
+
+
+def _mask_node(mask: MaskSpec, scores: Circuit, heads: int, queries: int, keys: int) -> Array:
+    if mask is None:
+        return Array(torch.tril(torch.ones(queries, keys)), name=MASK_NAME)
+    if callable(mask) and not isinstance(mask, torch.Tensor):
+        layer = layer_of(scores)
+        tensor = torch.stack([torch.as_tensor(mask(layer, head)) for head in range(heads)])
+        name = f"t.a{layer}.c.mask"
+    else:
+        tensor, name = torch.as_tensor(mask), MASK_NAME
+    expected = (heads, queries, keys) if tensor.ndim == 3 else (queries, keys)
+    if tuple(tensor.shape) != expected:
+        raise PassError(
+            f"causal_mask: mask for {scores.describe()} {list(scores.shape)} has shape "
+            f"{list(tensor.shape)}, expected {list(expected)} (0/1, 1 = attend)"
+        )
+    if not bool(((tensor == 0) | (tensor == 1)).all()):
+        raise PassError(f"causal_mask: mask values must be 0 or 1 (1 = attend), got {tensor.unique().tolist()[:6]}")
+    return Array(tensor.to(torch.get_default_dtype()), name=name)
+
+
+def _neg_inf_bias(mask: Array, neg_inf: float) -> Circuit:
+    letters = "hqk" if mask.rank == 3 else "qk"
+    plain = "abc"[: mask.rank]  # the golden file's letters for the flip
+    flipped = Einsum.from_einsum_string(
+        f"{plain},->{plain}", mask, Scalar(-1.0, name="neg_one"), name="not_mask.neg_mask"
+    )
+    not_mask = Add(Scalar(1.0, name="one"), flipped, name="a.not_mask")
+    return Einsum.from_einsum_string(
+        f"{letters},->{letters}", not_mask, Scalar(neg_inf, name="a.neg_inf"), name="a.score_neg_inf_bias"
+    )
+
+
+def layer_of(node: Circuit) -> int:
+    """The layer of an attention node: from the shallowest ``a{L}.w.*`` array below it."""
+    frontier, seen = [node], set()
+    while frontier:
+        following = []
+        for current in frontier:
+            match = re.fullmatch(r"a(\d+)\.w\.\w+", current.name or "")
+            if match and isinstance(current, Array):
+                return int(match.group(1))
+            for child in current.children:
+                if child.hash not in seen:
+                    seen.add(child.hash)
+                    following.append(child)
+        frontier = following
+    raise PassError(f"cannot tell the layer of {node.describe()}: no 'a{{L}}.w.*' array below it")
+
+
+# ------------------------------------------------------------- head splitting
+
+HeadGroups = Union[None, Iterable[int], Iterable[Sequence[int]]]
+
+
+def split_heads(circuit: Circuit, layers: Iterable[int] | None = None, heads: HeadGroups = None) -> Circuit:
+    """Each layer's ``'b{L}.a'`` rewritten as an Add of one branch per head.
+
+    Branch ``'b{L}.a.head{h}'`` is the layer's head-summing Einsum over head
+    ``h`` alone: an Index ``[h]`` pushed down through the attention (see
+    ``push_down``) until it rests on the layer's weights, which become
+    ``'a{L}.w.q.head{h}'`` and so on.  ``layers`` picks layers (default all);
+    ``heads`` picks heads (default all), or groups them: ``[[0, 1, 2, 3],
+    [4, 5, 6, 7]]`` gives branches ``'b{L}.a.head0-3'`` and ``'b{L}.a.head4-7'``
+    (a group must be a contiguous range).  Heads left out of ``heads`` are
+    dropped from the sum only if you ask for that by listing the rest: every
+    head must belong to exactly one group.
+    """
+    targets = {node.name: layer for layer, node in _layer_outputs(circuit, layers).items()}
+
+    def split(node: Circuit) -> Circuit:
+        layer = targets[node.name]
+        head_axis = _head_axis(node)
+        head_count = node.children[0].shape[node.operand_axes[0].index(head_axis)]
+        groups = _head_groups(heads, head_count, layer)
+        return Add(*(_head_branch(node, layer, head_axis, group) for group in groups), name=node.name)
+
+    # update works bottom-up, so a later layer is split over the earlier, already split ones
+    return circuit.update(Matcher(set(targets)) & Einsum, split)
+
+
+def _layer_outputs(circuit: Circuit, layers: Iterable[int] | None) -> dict[int, Einsum]:
+    pattern = re.compile(r"b(\d+)\.a")
+    found = {}
+    for node in unique_nodes([circuit]):
+        match = pattern.fullmatch(node.name or "")
+        if match and isinstance(node, Einsum):
+            found[int(match.group(1))] = node
+    if layers is None:
+        if not found:
+            raise PassError("split_heads: no unsplit 'b{L}.a' Einsum in the circuit")
+        return dict(sorted(found.items()))
+    chosen = {}
+    for layer in layers:
+        if layer not in found:
+            raise PassError(
+                f"split_heads: layer {layer} has no unsplit 'b{layer}.a' Einsum; unsplit layers: {sorted(found)}"
+            )
+        chosen[layer] = found[layer]
+    return chosen
+
+
+def _head_axis(node: Einsum) -> int:
+    summed = [a for a in node.operand_axes[0] if a not in node.out_axes and all(a in ax for ax in node.operand_axes)]
+    if not summed:
+        raise PassError(f"split_heads: {node.describe()} sums no axis shared by its operands (no head axis)")
+    return summed[0]
+
+
+def _head_groups(heads: HeadGroups, count: int, layer: int) -> list[list[int]]:
+    if heads is None:
+        return [[h] for h in range(count)]
+    groups = [[int(h)] if isinstance(h, int) else [int(x) for x in h] for h in heads]
+    flat = [h for group in groups for h in group]
+    if sorted(flat) != list(range(count)):
+        raise PassError(
+            f"split_heads: layer {layer} has heads 0-{count - 1}; the groups {groups} must cover each exactly once"
+        )
+    for group in groups:
+        if group != list(range(group[0], group[0] + len(group))):
+            raise PassError(f"split_heads: head group {group} is not a contiguous range")
+    return groups
+
+
+def _head_branch(node: Einsum, layer: int, head_axis: int, group: list[int]) -> Circuit:
+    item = group[0] if len(group) == 1 else slice(group[0], group[-1] + 1)
+    label = f"head{group[0]}" if len(group) == 1 else f"head{group[0]}-{group[-1]}"
+
+    def leaf_name(index: Index) -> str | None:
+        return f"{index.node.name}.{label}" if index.node.name else None
+
+    operands, axes = [], []
+    for child, child_axes in zip(node.children, node.operand_axes):
+        items = tuple(item if a == head_axis else slice(None) for a in child_axes)
+        operands.append(push_index(Index(child, items), leaf_name) if head_axis in child_axes else child)
+        axes.append(tuple(a for a in child_axes if not (a == head_axis and isinstance(item, int))))
+    return Einsum(*zip(operands, axes), out_axes=node.out_axes, name=f"b{layer}.a.{label}")
