@@ -6,6 +6,15 @@ moves Index nodes toward the leaves so that only the selected work is done.
 
 from circuits.passes.attention import PassError, causal_mask, layer_of, split_heads
 from circuits.passes.push_down import push_index
+from circuits.passes.simplify import (
+    flatten_adds,
+    flatten_einsums,
+    fold_scalars,
+    remove_identity_index,
+    remove_identity_rearrange,
+    remove_single_operand,
+    simplify,
+)
 from circuits.matching import Matcher
 from circuits.nodes import Circuit, Index
 
@@ -15,4 +24,18 @@ def push_down_index(circuit: Circuit, matcher=True) -> Circuit:
     return circuit.update(Matcher.types(Index) & Matcher(matcher), push_index)
 
 
-__all__ = ["PassError", "causal_mask", "layer_of", "push_down_index", "push_index", "split_heads"]
+__all__ = [
+    "PassError",
+    "causal_mask",
+    "flatten_adds",
+    "flatten_einsums",
+    "fold_scalars",
+    "layer_of",
+    "push_down_index",
+    "push_index",
+    "remove_identity_index",
+    "remove_identity_rearrange",
+    "remove_single_operand",
+    "simplify",
+    "split_heads",
+]
