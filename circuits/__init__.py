@@ -74,3 +74,22 @@ __all__ = [
     "repr_many",
     "unique_nodes",
 ]
+
+# Finding and rewriting (issue 4): matchers, update/replace/substitute, batching.
+from circuits.batching import expand  # noqa: E402
+from circuits.errors import ExpandError, MatcherError, MatchError, RewriteError  # noqa: E402
+from circuits.matching import IterativeMatcher, Matcher  # noqa: E402
+from circuits.rewrite import replace, substitute, update  # noqa: E402
+
+__all__ += [
+    "ExpandError",
+    "IterativeMatcher",
+    "MatchError",
+    "Matcher",
+    "MatcherError",
+    "RewriteError",
+    "expand",
+    "replace",
+    "substitute",
+    "update",
+]

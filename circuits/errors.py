@@ -81,3 +81,27 @@ class EvaluationError(CircuitError):
         super().__init__(message)
         self.node = node
         self.path = path
+
+class MatcherError(CircuitError, TypeError):
+    """Something that cannot be made into a Matcher, or bad IterativeMatcher limits."""
+
+
+class MatchError(CircuitError, LookupError):
+    """``get_unique`` found no node or several; ``count`` and ``nodes`` say which."""
+
+    def __init__(self, message: str, count: int = 0, nodes=()):
+        super().__init__(message)
+        self.count = count
+        self.nodes = list(nodes)
+
+
+class RewriteError(CircuitError, ValueError):
+    """A rewrite that cannot be done: a replacement that is not a node, a
+    substitution for a Symbol that is not there or has another shape."""
+
+
+class ExpandError(RewriteError):
+    """``expand`` (batching) could not add batch axes: a replacement whose
+    trailing shape differs from the node it replaces, batch shapes that
+    disagree, or a node (a GeneralFunction spec) that cannot carry them."""
+

@@ -43,6 +43,12 @@ class FunctionSpec:
     # softmax).  Passes use it to move an Index below the function or to add
     # batch axes; None means nothing is known and they leave the node alone.
     num_non_batchable_output_dims: int | None = None
+    # For functions of several inputs with num_non_batchable_output_dims set:
+    # which inputs may carry the extra leading (batch) axes, all sharing them
+    # (None: all may).  ``circuits.expand`` repeats an unbatched batchable
+    # input over the batch and refuses a batched non-batchable one; the
+    # gen_index family batches by its own rules (circuits/batching.py).
+    input_batchability: tuple[bool, ...] | None = None
 
     def __attrs_post_init__(self):
         if not _SPEC_NAME.fullmatch(self.name):

@@ -1,0 +1,585 @@
+"""Finding nodes: ``Matcher`` says *what* a node is, ``IterativeMatcher`` *where*.
+
+Matcher
+-------
+A ``Matcher`` is a predicate on one node.  Every function that takes a
+matcher also takes the plain forms it is built from:
+
+=====================  ==================================================
+form                   matches
+=====================  ==================================================
+``"a.q"``              nodes named exactly ``a.q``
+``Matcher.regex(p)``   named nodes whose name contains a match of regex
+                       ``p`` (``re.search``; anchor with ``^``/``$``); a
+                       compiled ``re.Pattern`` is taken as a regex too
+``cc.Einsum``          nodes of that class (``isinstance``)
+``callable``           nodes for which ``callable(node)`` is true
+``{"a", "b"}``         any element (names, nodes, classes, ... mixed)
+a node                 nodes structurally equal to it (names included)
+``True`` / ``False``   every node / no node
+=====================  ==================================================
+
+and they combine with ``&``, ``|`` and ``~`` (``Matcher("a.q") | "a.k"``,
+``cc.Einsum & ~Matcher.regex("^b0")``).
+
+IterativeMatcher: matching restricted to paths
+----------------------------------------------
+A plain matcher finds a node wherever it is.  Experiments such as path
+patching need "this node, but only as reached through that path": the
+value input of one attention head, not its query or key input, although
+all three reach the same ``'a1.norm'`` node.  An ``IterativeMatcher`` is a
+chain of *stages*, each a matcher plus limits on where it may match,
+read from the root down::
+
+    value_path = (
+        cc.IterativeMatcher("b1.a.head0")  # stage 0: the head, anywhere
+        .children(0)                       # stage 1: its child 0 ('a.comb_v')
+        .children(1)                       # stage 2: that one's child 1 ('a.v')
+        .then("a1.norm")                   # stage 3: 'a1.norm' anywhere below it
+    )
+    patched = c.update(value_path, lambda n: corrupted)
+
+Stage 0 starts at the root (depth 0).  Every node a stage matches starts
+the next stage there (depth 0 again, counted down from that node); a node
+matched by the last stage is *found*.  Each stage takes:
+
+- ``min_depth``, ``max_depth``: it matches only nodes at a depth in that
+  range below where the stage started (``then`` defaults to
+  ``min_depth=1``: strictly below; ``max_depth=None`` is unlimited), and
+  does not search deeper than ``max_depth``;
+- ``positions``: the stage descends from its start node only through the
+  children at these positions (negative positions count from the end;
+  positions a node does not have are skipped) - ``children(i, ...)`` is
+  ``then(min_depth=1, max_depth=1, positions=(i, ...))``;
+- ``stop_at_match``: it does not search below a node it matched.
+
+So "below a node" is ``IterativeMatcher(node).then(m)``, "a depth range"
+is ``IterativeMatcher(m, min_depth=2, max_depth=5)``, and "children at
+given positions of a matched node" is ``.children(...)``.
+
+What is found depends on the path, not only on the node: with shared
+subtrees one node may be found along one path and not along another.
+``get`` returns the nodes found along at least one path; rewrites
+(``circuits.rewrite.update``) rewrite a node only where it is reached
+along a path that finds it, un-sharing it from the paths that do not.
+A walk keeps, per node, the set of (stage, depth) pairs still active, so
+it visits each node at most once per distinct set (once, for a plain
+matcher); depths beyond a stage's ``min_depth`` are merged when it has no
+``max_depth``, which keeps that number small.  Nothing recurses.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+from circuits.errors import MatcherError, MatchError
+from circuits.nodes import Circuit
+from circuits.traversal import unique_nodes
+
+__all__ = [
+    "IterativeMatcher",
+    "Matcher",
+    "are_any_found",
+    "as_iterative",
+    "get",
+    "get_unique",
+    "walk",
+]
+
+
+# ----------------------------------------------------------------- Matcher
+
+
+class Matcher:
+    """A predicate on nodes; see the module docstring for the accepted forms.
+
+    ``Matcher(form)`` converts any plain form; a Matcher is callable,
+    ``matcher(node) -> bool``.
+    """
+
+    __slots__ = ("_predicate", "_text")
+
+    def __init__(self, form: Any = True):
+        if isinstance(form, Matcher):
+            predicate, text = form._predicate, form._text
+        else:
+            predicate, text = _convert(form)
+        self._predicate: Callable[[Circuit], bool] = predicate
+        self._text: str = text
+
+    @classmethod
+    def _make(cls, predicate: Callable[[Circuit], bool], text: str) -> Matcher:
+        matcher = object.__new__(cls)
+        matcher._predicate = predicate
+        matcher._text = text
+        return matcher
+
+    # ------------------------------------------------------- constructors
+
+    @classmethod
+    def regex(cls, pattern: str | re.Pattern, flags: int = 0) -> Matcher:
+        """Named nodes whose name contains a match of ``pattern`` (``re.search``)."""
+        try:
+            compiled = re.compile(pattern, flags) if isinstance(pattern, str) else pattern
+        except re.error as error:
+            raise MatcherError(f"Matcher.regex({pattern!r}): not a valid regular expression: {error}") from None
+        if not isinstance(compiled, re.Pattern):
+            raise MatcherError(f"Matcher.regex: pattern {pattern!r} is not a str or re.Pattern")
+        search = compiled.search
+        return cls._make(
+            lambda node: node.name is not None and search(node.name) is not None,
+            f"Matcher.regex({compiled.pattern!r})",
+        )
+
+    @classmethod
+    def types(cls, *classes: type) -> Matcher:
+        """Nodes that are instances of any of ``classes``."""
+        for kind in classes:
+            if not (isinstance(kind, type) and issubclass(kind, Circuit)):
+                raise MatcherError(f"Matcher.types: {kind!r} is not a circuit node class")
+        return cls._make(
+            lambda node: isinstance(node, classes),
+            "Matcher.types(" + ", ".join(kind.__name__ for kind in classes) + ")",
+        )
+
+    @classmethod
+    def any(cls, *forms: Any) -> Matcher:
+        """Nodes matched by any of ``forms`` (the same as a set of them)."""
+        return cls(list(forms))
+
+    # ---------------------------------------------------------------- use
+
+    def __call__(self, node: Circuit) -> bool:
+        return bool(self._predicate(node))
+
+    def __and__(self, other: Any) -> Matcher:
+        other = Matcher(other)
+        a, b = self._predicate, other._predicate
+        return Matcher._make(lambda node: bool(a(node)) and bool(b(node)), f"({self._text} & {other._text})")
+
+    def __rand__(self, other: Any) -> Matcher:
+        return Matcher(other) & self
+
+    def __or__(self, other: Any) -> Matcher:
+        other = Matcher(other)
+        a, b = self._predicate, other._predicate
+        return Matcher._make(lambda node: bool(a(node)) or bool(b(node)), f"({self._text} | {other._text})")
+
+    def __ror__(self, other: Any) -> Matcher:
+        return Matcher(other) | self
+
+    def __invert__(self) -> Matcher:
+        a = self._predicate
+        return Matcher._make(lambda node: not a(node), f"~{self._text}")
+
+    def __repr__(self) -> str:
+        return self._text
+
+
+def _convert(form: Any) -> tuple[Callable[[Circuit], bool], str]:
+    if isinstance(form, bool):
+        return ((lambda node: True) if form else (lambda node: False)), f"Matcher({form})"
+    if isinstance(form, str):
+        return (lambda node: node.name == form), f"Matcher({form!r})"
+    if isinstance(form, re.Pattern):
+        matcher = Matcher.regex(form)
+        return matcher._predicate, matcher._text
+    if isinstance(form, Circuit):
+        target = form.hash
+        return (lambda node: node.hash == target), f"Matcher(<{form.describe()} {list(form.shape)}>)"
+    if isinstance(form, type):
+        if issubclass(form, Circuit):
+            return (lambda node: isinstance(node, form)), f"Matcher({form.__name__})"
+        raise MatcherError(f"Matcher({form.__name__}): a class matcher must be a circuit node class")
+    if isinstance(form, IterativeMatcher):
+        raise MatcherError(
+            f"{form!r} restricts paths and cannot be used as a plain Matcher; "
+            "pass it where an IterativeMatcher is accepted (get, update, ...)"
+        )
+    if isinstance(form, (set, frozenset, list, tuple)):
+        return _convert_collection(form)
+    if callable(form):
+        text = getattr(form, "__name__", None) or type(form).__name__
+        return form, f"Matcher({text})"
+    raise MatcherError(
+        f"cannot make a Matcher from {type(form).__name__} {form!r}: expected a name, a regex "
+        "(Matcher.regex), a node class, a predicate, a set of these, a node, or a bool"
+    )
+
+
+def _convert_collection(forms) -> tuple[Callable[[Circuit], bool], str]:
+    names = frozenset(f for f in forms if isinstance(f, str))
+    hashes = frozenset(f.hash for f in forms if isinstance(f, Circuit))
+    others = [Matcher(f)._predicate for f in forms if not isinstance(f, (str, Circuit))]
+
+    def predicate(node: Circuit) -> bool:
+        return node.name in names or node.hash in hashes or any(p(node) for p in others)
+
+    shown = sorted(names)[:6]
+    text = "{" + ", ".join(repr(n) for n in shown)
+    extra = len(forms) - len(shown)
+    text += (", " if shown and extra else "") + (f"...{extra} more" if extra else "") + "}"
+    return predicate, f"Matcher({text})"
+
+
+# --------------------------------------------------------- IterativeMatcher
+
+
+class _Stage:
+    __slots__ = ("matcher", "min_depth", "max_depth", "positions", "stop_at_match", "cap")
+
+    def __init__(self, matcher, min_depth, max_depth, positions, stop_at_match):
+        where = f"IterativeMatcher stage {matcher!r}"
+        if isinstance(min_depth, bool) or not isinstance(min_depth, int) or min_depth < 0:
+            raise MatcherError(f"{where}: min_depth {min_depth!r} is not an int >= 0")
+        if max_depth is not None and (
+            isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < min_depth
+        ):
+            raise MatcherError(f"{where}: max_depth {max_depth!r} is not None or an int >= min_depth {min_depth}")
+        if positions is not None:
+            if isinstance(positions, int):
+                positions = (positions,)
+            if not all(isinstance(p, int) and not isinstance(p, bool) for p in positions):
+                raise MatcherError(f"{where}: positions {positions!r} are not ints")
+            positions = tuple(sorted(set(positions)))
+        self.matcher = Matcher(matcher)
+        self.min_depth = min_depth
+        self.max_depth = max_depth
+        self.positions = positions
+        self.stop_at_match = bool(stop_at_match)
+        # With no max_depth, every depth >= cap behaves alike, so depths saturate at cap.
+        self.cap = max(min_depth, 1 if positions is not None else 0)
+
+    def describe(self, default_min_depth: int) -> str:
+        parts = [repr(self.matcher)]
+        if self.min_depth != default_min_depth:
+            parts.append(f"min_depth={self.min_depth}")
+        if self.max_depth is not None:
+            parts.append(f"max_depth={self.max_depth}")
+        if self.positions is not None:
+            parts.append(f"positions={self.positions}")
+        if self.stop_at_match:
+            parts.append("stop_at_match=True")
+        return ", ".join(parts)
+
+
+State = frozenset  # of (stage index, depth) pairs; the empty set means "nothing more below"
+
+
+class IterativeMatcher:
+    """Matching restricted to paths: a chain of stages (see the module docstring).
+
+    ``IterativeMatcher(m, min_depth=0, max_depth=None, positions=None,
+    stop_at_match=False)`` is stage 0, searched from the root; ``then`` and
+    ``children`` append stages and return a new IterativeMatcher (they never
+    modify this one).
+    """
+
+    __slots__ = ("_stages", "_start", "_plain")
+
+    def __init__(
+        self,
+        matcher: Any = True,
+        *,
+        min_depth: int = 0,
+        max_depth: int | None = None,
+        positions: Sequence[int] | int | None = None,
+        stop_at_match: bool = False,
+    ):
+        self._set_stages((_Stage(matcher, min_depth, max_depth, positions, stop_at_match),))
+
+    def _set_stages(self, stages: tuple[_Stage, ...]) -> None:
+        self._stages = stages
+        self._start = frozenset({(0, 0)})
+        only = stages[0]
+        self._plain = (
+            len(stages) == 1
+            and only.min_depth == 0
+            and only.max_depth is None
+            and only.positions is None
+            and not only.stop_at_match
+        )
+
+    def _extended(self, stage: _Stage) -> IterativeMatcher:
+        new = object.__new__(IterativeMatcher)
+        new._set_stages(self._stages + (stage,))
+        return new
+
+    def then(
+        self,
+        matcher: Any = True,
+        *,
+        min_depth: int = 1,
+        max_depth: int | None = None,
+        positions: Sequence[int] | int | None = None,
+        stop_at_match: bool = False,
+    ) -> IterativeMatcher:
+        """Then, below each node found so far, the nodes ``matcher`` matches.
+
+        Depths count from the node the previous stage found (``min_depth=1``:
+        strictly below it; ``0`` lets it match that node itself).
+        """
+        return self._extended(_Stage(matcher, min_depth, max_depth, positions, stop_at_match))
+
+    def children(self, *positions: int, matcher: Any = True) -> IterativeMatcher:
+        """Then the children at ``positions`` of each node found so far (filtered by ``matcher``)."""
+        if not positions:
+            raise MatcherError("IterativeMatcher.children: give at least one child position")
+        return self._extended(_Stage(matcher, 1, 1, positions, False))
+
+    @property
+    def is_plain(self) -> bool:
+        """True if this restricts nothing: it finds exactly what its one matcher matches."""
+        return self._plain
+
+    @property
+    def plain_matcher(self) -> Matcher:
+        """The matcher of the first stage (the whole matcher when ``is_plain``)."""
+        return self._stages[0].matcher
+
+    @property
+    def start(self) -> State:
+        return self._start
+
+    def step(self, state: State, node: Circuit) -> tuple[bool, list[State]]:
+        """At ``node`` reached in ``state``: is it found, and the state for each child."""
+        stages = self._stages
+        last = len(stages) - 1
+        pending = list(state)
+        seen = set(pending)
+        found = False
+        common: set = set()
+        by_position: dict[int, set] | None = None
+        count = len(node.children)
+        i = 0
+        while i < len(pending):
+            index, depth = pending[i]
+            i += 1
+            stage = stages[index]
+            hit = (
+                depth >= stage.min_depth
+                and (stage.max_depth is None or depth <= stage.max_depth)
+                and stage.matcher(node)
+            )
+            if hit:
+                if index == last:
+                    found = True
+                else:
+                    following = (index + 1, 0)
+                    if following not in seen:
+                        seen.add(following)
+                        pending.append(following)
+                if stage.stop_at_match:
+                    continue
+            if stage.max_depth is not None:
+                if depth >= stage.max_depth:
+                    continue
+                item = (index, depth + 1)
+            else:
+                item = (index, min(depth + 1, stage.cap))
+            if depth == 0 and stage.positions is not None:
+                if by_position is None:
+                    by_position = {}
+                for position in stage.positions:
+                    p = position + count if position < 0 else position
+                    if 0 <= p < count:
+                        by_position.setdefault(p, set()).add(item)
+            else:
+                common.add(item)
+        if by_position is None:
+            shared = frozenset(common)
+            return found, [shared] * count
+        return found, [frozenset(common | by_position.get(p, set())) for p in range(count)]
+
+    def __repr__(self) -> str:
+        text = f"IterativeMatcher({self._stages[0].describe(0)})"
+        for stage in self._stages[1:]:
+            if stage.min_depth == 1 and stage.max_depth == 1 and stage.positions is not None:
+                positions = ", ".join(str(p) for p in stage.positions)
+                matcher = "" if repr(stage.matcher) == "Matcher(True)" else f", matcher={stage.matcher!r}"
+                text += f".children({positions}{matcher})"
+            else:
+                text += f".then({stage.describe(1)})"
+        return text
+
+
+def as_iterative(form: Any) -> IterativeMatcher:
+    """An IterativeMatcher as given, or a plain one from any matcher form."""
+    if isinstance(form, IterativeMatcher):
+        return form
+    return IterativeMatcher(Matcher(form))
+
+
+# -------------------------------------------------------------------- walks
+
+
+class WalkEntry:
+    """One visited (node, state) pair of a walk, in post-order.
+
+    ``key`` identifies the pair; ``child_keys[i]`` is the key under which
+    child ``i`` was visited, or None if nothing below it can be found (it is
+    left as it is).  ``child_keys`` is None when the walk did not descend
+    (a found node, with ``descend_found=False``).
+    """
+
+    __slots__ = ("key", "node", "found", "child_keys")
+
+    def __init__(self, key, node, found, child_keys):
+        self.key = key
+        self.node = node
+        self.found = found
+        self.child_keys = child_keys
+
+
+def walk(root: Circuit, matcher: Any, *, descend_found: bool = True) -> list[WalkEntry]:
+    """Every (node, state) pair reachable from ``root``, children before parents.
+
+    A plain matcher visits every distinct node once (key: its hash).  An
+    IterativeMatcher visits each node once per distinct state that reaches
+    it, and skips subtrees where nothing more can be found.  With
+    ``descend_found=False`` the walk does not go below found nodes (for
+    rewrites that replace a found subtree whole).  Iterative: any depth.
+    """
+    if not isinstance(root, Circuit):
+        raise MatcherError(f"expected a circuit node to search, got {type(root).__name__}")
+    iterative = as_iterative(matcher)
+    if iterative.is_plain:
+        return _walk_plain(root, iterative.plain_matcher, descend_found)
+    return _walk_states(root, iterative, descend_found)
+
+
+def _walk_plain(root: Circuit, matcher: Matcher, descend_found: bool) -> list[WalkEntry]:
+    predicate = matcher._predicate
+    entries: dict[bytes, WalkEntry] = {}
+    order: list[WalkEntry] = []
+    stack: list[tuple[Circuit, bool]] = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        key = node.hash
+        if expanded:
+            order.append(entries[key])
+            continue
+        if key in entries:
+            continue
+        found = bool(predicate(node))
+        if found and not descend_found:
+            entries[key] = entry = WalkEntry(key, node, True, None)
+            order.append(entry)
+            continue
+        children = node.children
+        entries[key] = WalkEntry(key, node, found, tuple(child.hash for child in children))
+        stack.append((node, True))
+        for child in reversed(children):
+            if child.hash not in entries:
+                stack.append((child, False))
+    return order
+
+
+def _walk_states(root: Circuit, matcher: IterativeMatcher, descend_found: bool) -> list[WalkEntry]:
+    entries: dict[tuple, WalkEntry] = {}
+    order: list[WalkEntry] = []
+    step = matcher.step
+    stack: list[tuple[Circuit, State, bool]] = [(root, matcher.start, False)]
+    while stack:
+        node, state, expanded = stack.pop()
+        key = (node.hash, state)
+        if expanded:
+            order.append(entries[key])
+            continue
+        if key in entries:
+            continue
+        found, child_states = step(state, node)
+        if found and not descend_found:
+            entries[key] = entry = WalkEntry(key, node, True, None)
+            order.append(entry)
+            continue
+        child_keys = []
+        pushes = []
+        for child, child_state in zip(node.children, child_states):
+            if not child_state:
+                child_keys.append(None)
+                continue
+            child_key = (child.hash, child_state)
+            child_keys.append(child_key)
+            if child_key not in entries:
+                pushes.append((child, child_state, False))
+        entries[key] = WalkEntry(key, node, found, tuple(child_keys))
+        stack.append((node, state, True))
+        stack.extend(reversed(pushes))
+    return order
+
+
+# ------------------------------------------------------------------ finding
+
+
+def iter_found(root: Circuit, matcher: Any) -> Iterator[Circuit]:
+    """Found nodes, possibly repeated (one per state reaching them)."""
+    iterative = as_iterative(matcher)
+    if iterative.is_plain:
+        predicate = iterative.plain_matcher._predicate
+        return (node for node in unique_nodes([root]) if predicate(node))
+    return (entry.node for entry in _walk_states(root, iterative, True) if entry.found)
+
+
+def get(circuit: Circuit, matcher: Any) -> set[Circuit]:
+    """Every distinct node of ``circuit`` that ``matcher`` finds (plain or iterative)."""
+    if not isinstance(circuit, Circuit):
+        raise MatcherError(f"get: expected a circuit node to search, got {type(circuit).__name__}")
+    return set(iter_found(circuit, matcher))
+
+
+def are_any_found(circuit: Circuit, matcher: Any) -> bool:
+    """Whether ``matcher`` finds any node (a plain matcher stops at the first)."""
+    if not isinstance(circuit, Circuit):
+        raise MatcherError(f"are_any_found: expected a circuit node, got {type(circuit).__name__}")
+    iterative = as_iterative(matcher)
+    if iterative.is_plain:
+        predicate = iterative.plain_matcher._predicate
+        seen: set[bytes] = set()
+        stack = [circuit]
+        while stack:
+            node = stack.pop()
+            if node.hash in seen:
+                continue
+            seen.add(node.hash)
+            if predicate(node):
+                return True
+            stack.extend(node.children)
+        return False
+    return any(True for _ in iter_found(circuit, iterative))
+
+
+_SHOWN = 8
+
+
+def get_unique(circuit: Circuit, matcher: Any) -> Circuit:
+    """The one node ``matcher`` finds; ``MatchError`` if none or several do."""
+    found = get(circuit, matcher)
+    if len(found) == 1:
+        return next(iter(found))
+    iterative = as_iterative(matcher)
+    shown = iterative if not iterative.is_plain else iterative.plain_matcher
+    if not found:
+        message = f"get_unique({shown!r}): no node matches in {circuit.describe()}"
+        hint = _close_names(circuit, matcher)
+        if hint:
+            message += f"; names that come close: {', '.join(repr(n) for n in hint)}"
+        raise MatchError(message, count=0, nodes=[])
+    nodes = sorted(found, key=lambda n: (n.name is None, n.name or "", n.kind))
+    described = [n.describe() + " " + str(list(n.shape)) for n in nodes[:_SHOWN]]
+    more = f", ... and {len(nodes) - _SHOWN} more" if len(nodes) > _SHOWN else ""
+    raise MatchError(
+        f"get_unique({shown!r}): {len(nodes)} distinct nodes match in {circuit.describe()}, "
+        f"expected exactly one: {', '.join(described)}{more}",
+        count=len(nodes),
+        nodes=nodes,
+    )
+
+
+def _close_names(circuit: Circuit, form: Any) -> list[str]:
+    if not isinstance(form, str):
+        return []
+    names = {node.name for node in unique_nodes([circuit]) if node.name is not None}
+    return difflib.get_close_matches(form, sorted(names), n=5, cutoff=0.6)

@@ -1,0 +1,205 @@
+"""Rewriting circuits: ``update``, ``replace``, ``substitute``.
+
+Every rewrite returns a new circuit and leaves its input untouched (nodes
+are immutable).  A node is rebuilt only when one of its children changed,
+so every unchanged subtree of the result is the very same Python object as
+in the input, and a shared subtree that is rewritten is rewritten once and
+stays shared.  All walks are iterative (any depth) and linear in the size
+of the circuit: one pass finds the matches, and only their ancestors are
+rebuilt.
+
+Semantics of ``update`` (the same as rust_circuit's ``update``):
+
+- *Which* nodes match is decided on the input circuit.
+- Rewriting is bottom-up: ``fn`` is called on a matched node after every
+  matched node below it was rewritten, so it receives the node with its
+  children already updated (``fn(node.with_children(updated children))``),
+  and its parents are rebuilt over what it returns.  A node matched inside
+  the subtree of another matched node is therefore rewritten first, and
+  the outer node's ``fn`` sees that result.
+- What ``fn`` returns is final: it is not searched again.
+- ``fn`` is called once per distinct matched node (once per distinct
+  path state, with an IterativeMatcher), however many parents share it.
+
+With an ``IterativeMatcher`` (see ``circuits.matching``) a node is
+rewritten only where it is reached along a path that finds it.  A node
+shared by several paths is then un-shared: its ancestors along the finding
+paths are rebuilt over the rewritten copy, while along every other path it
+stays the original object.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import torch
+
+from circuits.errors import RewriteError
+from circuits.gcpause import gc_paused
+from circuits.matching import Matcher, WalkEntry, walk
+from circuits.nodes import Array, Circuit, Symbol
+from circuits.traversal import unique_nodes
+
+__all__ = ["rebuild", "replace", "substitute", "update"]
+
+
+def update(circuit: Circuit, matcher: Any, fn: Callable[[Circuit], Circuit]) -> Circuit:
+    """``circuit`` with every node that ``matcher`` finds replaced by ``fn(node)``.
+
+    ``matcher`` is any matcher form or an IterativeMatcher; see the module
+    docstring for the order in which ``fn`` is applied.
+    """
+    _check_root(circuit, "update")
+    if not callable(fn):
+        raise RewriteError(f"update: fn must be callable (node -> node), got {type(fn).__name__} {fn!r}")
+
+    def on_found(node: Circuit) -> Circuit:
+        new = fn(node)
+        if not isinstance(new, Circuit):
+            raise RewriteError(
+                f"update: fn returned a {type(new).__name__} for {node.describe()}, not a circuit node"
+            )
+        return new
+
+    with gc_paused():
+        return rebuild(walk(circuit, matcher, descend_found=True), on_found, circuit)
+
+
+def replace(circuit: Circuit, mapping: Mapping[Circuit, Circuit]) -> Circuit:
+    """``circuit`` with every node equal to a key of ``mapping`` replaced by its value.
+
+    Keys are nodes, compared by structure (names included).  A replaced
+    node is replaced whole: nothing below it is searched, and the value is
+    used as given.
+    """
+    _check_root(circuit, "replace")
+    try:
+        items = list(mapping.items())
+    except AttributeError:
+        raise RewriteError(f"replace: expected a mapping {{old node: new node}}, got {type(mapping).__name__}") from None
+    by_hash: dict[bytes, Circuit] = {}
+    for old, new in items:
+        if not isinstance(old, Circuit):
+            raise RewriteError(
+                f"replace: key {old!r} is a {type(old).__name__}, not a circuit node "
+                "(use update for matchers and names)"
+            )
+        if not isinstance(new, Circuit):
+            raise RewriteError(
+                f"replace: the replacement for {old.describe()} is a {type(new).__name__}, not a circuit node"
+            )
+        by_hash[old.hash] = new
+    if not by_hash:
+        return circuit
+    matcher = Matcher._make(lambda node: node.hash in by_hash, f"Matcher(replace keys: {len(by_hash)})")
+    with gc_paused():
+        entries = walk(circuit, matcher, descend_found=False)
+        return rebuild(entries, lambda node: by_hash[node.hash], circuit)
+
+
+def substitute(circuit: Circuit, bindings: Mapping[Any, Any]) -> Circuit:
+    """``circuit`` with Symbols replaced by nodes: ``substitute(c, {"toks": toks_array})``.
+
+    A key is a Symbol node or a name (every Symbol of that name); a value is
+    a node, or a tensor (wrapped as an Array named like the Symbol).  The
+    value must have the Symbol's shape exactly: to add batch axes, use
+    ``circuits.expand``.  A key that names no Symbol of ``circuit`` is an
+    error, so a typo does not silently leave an input unbound.
+    """
+    _check_root(circuit, "substitute")
+    symbols = [node for node in unique_nodes([circuit]) if isinstance(node, Symbol)]
+    mapping: dict[Circuit, Circuit] = {}
+    for key, value in bindings.items():
+        if isinstance(key, Symbol):
+            targets = [s for s in symbols if s == key]
+            what = f"{key.describe()} {list(key.shape)}"
+        elif isinstance(key, str):
+            targets = [s for s in symbols if s.name == key]
+            what = f"Symbol {key!r}"
+        else:
+            raise RewriteError(f"substitute: key {key!r} is neither a Symbol node nor a name")
+        if not targets:
+            present = sorted({f"{s.name!r} {list(s.shape)}" for s in symbols})
+            raise RewriteError(
+                f"substitute: {what} is not in {circuit.describe()}; its Symbols are: "
+                + (", ".join(present[:20]) if present else "none")
+            )
+        for symbol in targets:
+            new = value
+            if isinstance(value, torch.Tensor):
+                new = Array(value, name=symbol.name)
+            if not isinstance(new, Circuit):
+                raise RewriteError(
+                    f"substitute: the value for {symbol.describe()} is a {type(value).__name__}, "
+                    "not a circuit node or tensor"
+                )
+            if new.shape != symbol.shape:
+                raise RewriteError(
+                    f"substitute: {symbol.describe()} has shape {list(symbol.shape)} but "
+                    f"{new.describe()} has shape {list(new.shape)}; a substitute must have the same "
+                    "shape (use circuits.expand to add leading batch axes)"
+                )
+            mapping[symbol] = new
+    return replace(circuit, mapping)
+
+
+# ---------------------------------------------------------------- internals
+
+
+def _check_root(circuit: Any, what: str) -> None:
+    if not isinstance(circuit, Circuit):
+        raise RewriteError(f"{what}: expected a circuit node, got {type(circuit).__name__}")
+
+
+def rebuild(
+    entries: list[WalkEntry], on_found: Callable[[Circuit], Circuit], root: Circuit
+) -> Circuit:
+    """The rewritten root of a walk (``circuits.matching.walk``).
+
+    For each entry in post-order: the node rebuilt over its children's
+    results (itself when none changed), then ``on_found`` applied if it was
+    found (to the node as is, when the walk did not descend).  Results equal
+    to the input node count as unchanged, and equal results are interned,
+    so sharing is kept wherever the structure allows it.
+    """
+    results: dict[Any, Circuit | None] = {}  # key -> new node, or None if unchanged
+    interned: dict[bytes, Circuit] = {}
+    for entry in entries:
+        node = entry.node
+        child_keys = entry.child_keys
+        new = node
+        if child_keys is not None:
+            new_children = None
+            for position, child_key in enumerate(child_keys):
+                if child_key is None:
+                    continue
+                result = results[child_key]
+                if result is not None:
+                    if new_children is None:
+                        new_children = list(node.children)
+                    new_children[position] = result
+            if new_children is not None:
+                new = _rebuilt(node, new_children)
+        if entry.found:
+            new = on_found(new)
+        if new is node or new.hash == node.hash:
+            results[entry.key] = None
+        else:
+            results[entry.key] = interned.setdefault(new.hash, new)
+    if not entries:
+        return root
+    result = results[entries[-1].key]
+    return root if result is None else result
+
+
+def _rebuilt(node: Circuit, children: list[Circuit]) -> Circuit:
+    try:
+        return node.evolve(children=tuple(children))
+    except Exception as error:
+        changed = [
+            f"child {i}: {old.describe()} {list(old.shape)} -> {new.describe()} {list(new.shape)}"
+            for i, (old, new) in enumerate(zip(node.children, children))
+            if new is not old
+        ]
+        error.add_note(f"while rebuilding {node.describe()} over rewritten children ({'; '.join(changed)})")
+        raise

@@ -1,0 +1,260 @@
+"""update / replace / substitute: bottom-up semantics, sharing kept, path-restricted patching."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import circuits as cc
+from circuits import IterativeMatcher, Matcher
+
+
+def unchanged(*circuits):
+    """Snapshot of hashes and texts, to check a rewrite left its input alone."""
+    return [(c.hash, c.repr()) for c in circuits]
+
+
+@pytest.fixture
+def diamond():
+    """A shared subtree 's' used by two parents, both under the root."""
+    x = cc.Array(torch.arange(3.0), name="x")
+    w = cc.Array(torch.ones(3), name="w")
+    s = cc.Einsum.from_einsum_string("a,a->a", x, w, name="s")
+    left = cc.GeneralFunction.new_by_name(s, spec_name="relu", name="left")
+    right = cc.Add(s, w, name="right")
+    other = cc.Array(torch.full((3,), 7.0), name="other")
+    root = cc.Add(left, right, cc.Add(other, name="o"), name="root")
+    return dict(x=x, w=w, s=s, left=left, right=right, other=other, root=root)
+
+
+def test_update_rebuilds_ancestors_only_and_keeps_sharing(diamond):
+    root = diamond["root"]
+    before = unchanged(root)
+    new_x = cc.Array(torch.full((3,), 2.0), name="x")
+    out = root.update("x", lambda n: new_x)
+    assert unchanged(root) == before
+    assert out is not root
+    new_left, new_right, o = out.children
+    # the shared subtree was rewritten once and is still shared
+    assert new_left.children[0] is new_right.children[0]
+    assert new_left.children[0].children[0] is new_x
+    # untouched subtrees are the very same objects
+    assert o is root.children[2]
+    assert new_left.children[0].children[1] is diamond["w"]
+    assert new_right.children[1] is diamond["w"]
+    assert torch.allclose(out.evaluate(), torch.relu(2.0 * torch.ones(3)) + 2.0 + 1.0 + 7.0)
+
+
+def test_update_without_match_or_with_equal_result_returns_same_object(diamond):
+    root = diamond["root"]
+    assert root.update("nothing", lambda n: 1 / 0) is root
+    assert root.update("x", lambda n: n) is root
+    rebuilt = cc.Array(torch.arange(3.0), name="x")  # equal, not the same object
+    assert root.update("x", lambda n: rebuilt) is root
+
+
+def test_update_is_bottom_up_and_fn_sees_updated_children(diamond):
+    root = diamond["root"]
+    seen = []
+
+    def fn(node):
+        seen.append(node)
+        if node.name == "x":
+            return cc.Array(torch.full((3,), 5.0), name="x5")
+        return node.rename(node.name + "!")
+
+    out = root.update(Matcher("x") | "s" | "left", fn)
+    assert [n.name for n in seen] == ["x", "s", "left"]  # children before parents, each once
+    # s was matched inside nothing, but contains x: fn got s with x already replaced
+    assert seen[1].children[0].name == "x5"
+    # left contains s: fn got left over the already-updated s
+    assert seen[2].children[0].name == "s!" and seen[2].children[0].children[0].name == "x5"
+    assert out.get_unique("left!").children[0] is out.get_unique("right").children[0]
+
+
+def test_update_calls_fn_once_per_distinct_node():
+    leaf = cc.Array(torch.ones(2), name="leaf")
+    copy = cc.Array(torch.ones(2), name="leaf")  # equal to leaf: one distinct node
+    root = cc.Add(cc.Add(leaf, copy), cc.Einsum.from_einsum_string("a->a", leaf))
+    calls = []
+    out = root.update("leaf", lambda n: calls.append(n) or cc.Array(torch.zeros(2), name="z"))
+    assert len(calls) == 1
+    z = out.get_unique("z")
+    assert out.children[0].children[0] is z and out.children[0].children[1] is z
+    assert out.children[1].children[0] is z
+
+
+def test_update_errors(diamond):
+    root = diamond["root"]
+    with pytest.raises(cc.RewriteError, match="fn returned a int for Array 'x'"):
+        root.update("x", lambda n: 3)
+    with pytest.raises(cc.RewriteError, match="must be callable"):
+        root.update("x", 3)
+    with pytest.raises(cc.EinsumError) as info:
+        root.update("x", lambda n: cc.Array(torch.ones(4), name="x"))
+    assert "while rebuilding Einsum 's'" in "".join(info.value.__notes__)
+
+
+def test_update_with_class_and_predicate_matchers(diamond):
+    root = diamond["root"]
+    doubled = root.update(cc.Array, lambda n: cc.Array(n.tensor() * 2, name=n.name))
+    x, w, other = torch.arange(3.0) * 2, torch.ones(3) * 2, torch.full((3,), 14.0)
+    assert torch.allclose(doubled.evaluate(), torch.relu(x * w) + x * w + w + other)
+
+
+def test_replace_by_structure_replaces_whole_subtrees(diamond):
+    root = diamond["root"]
+    before = unchanged(root)
+    s_copy = cc.Einsum.from_einsum_string(
+        "a,a->a", cc.Array(torch.arange(3.0), name="x"), cc.Array(torch.ones(3), name="w"), name="s"
+    )
+    new_s = cc.Array(torch.full((3,), -1.0), name="s.patched")
+    out = root.replace({s_copy: new_s})
+    assert unchanged(root) == before
+    assert out.children[0].children[0] is new_s and out.children[1].children[0] is new_s
+    assert out.children[2] is root.children[2]
+    assert root.replace({}) is root
+    # what replaces a node is used as given, never searched again
+    x = diamond["x"]
+    wrapped = cc.Add(x, name="wrapped")
+    assert root.replace({x: wrapped}).get_unique("wrapped").children[0] is x
+    with pytest.raises(cc.RewriteError, match="not a circuit node"):
+        root.replace({"x": new_s})
+    with pytest.raises(cc.RewriteError, match="replacement for Array 'x'"):
+        root.replace({x: torch.ones(3)})
+
+
+def test_substitute_symbols(diamond):
+    toks = cc.Symbol((3,), name="toks")
+    scale = cc.Symbol((), name="scale")
+    root = cc.Einsum.from_einsum_string("a,->a", cc.Add(toks, diamond["w"]), scale, name="root")
+    before = unchanged(root)
+    out = cc.substitute(root, {"toks": cc.Array(torch.arange(3.0), name="t"), scale: torch.tensor(2.0)})
+    assert unchanged(root) == before
+    assert torch.allclose(out.evaluate(), (torch.arange(3.0) + 1) * 2)
+    assert out.get_unique("scale").kind == "Array"  # a tensor is wrapped, named like the Symbol
+    with pytest.raises(cc.RewriteError, match=r"Symbol 'tok' is not in Einsum 'root'; its Symbols are: 'scale' \[\], 'toks' \[3\]"):
+        cc.substitute(root, {"tok": torch.ones(3)})
+    with pytest.raises(cc.RewriteError, match=r"Symbol 'toks' has shape \[3\] but .* has shape \[4, 3\].*expand"):
+        cc.substitute(root, {"toks": torch.ones(4, 3)})
+    with pytest.raises(cc.RewriteError, match="neither a Symbol node nor a name"):
+        cc.substitute(root, {3: torch.ones(3)})
+
+
+# ------------------------------------------------------------ path patching
+
+
+D, S, H = 6, 5, 4
+
+
+def attention_head(resid: cc.Circuit, weights: dict, name: str) -> cc.Circuit:
+    q = cc.Einsum.from_einsum_string("sd,cd->sc", resid, weights["q"], name=f"{name}.q")
+    k = cc.Einsum.from_einsum_string("sd,cd->sc", resid, weights["k"], name=f"{name}.k")
+    v = cc.Einsum.from_einsum_string("sd,cd->sc", resid, weights["v"], name=f"{name}.v")
+    scores = cc.Einsum.from_einsum_string("qc,kc->qk", q, k, name=f"{name}.scores")
+    probs = cc.GeneralFunction.new_by_name(scores, spec_name="softmax", name=f"{name}.probs")
+    comb = cc.Einsum.from_einsum_string("qk,kc->qc", probs, v, name=f"{name}.comb_v")
+    return cc.Einsum.from_einsum_string("qc,dc->qd", comb, weights["o"], name=name)
+
+
+def torch_head(q_in, k_in, v_in, w):
+    q, k, v = q_in @ w["q"].T, k_in @ w["k"].T, v_in @ w["v"].T
+    return torch.softmax(q @ k.T, dim=-1) @ v @ w["o"].T
+
+
+@pytest.fixture
+def two_heads():
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(S, D, generator=generator)
+    tensors = {
+        head: {
+            "q": torch.randn(H, D, generator=generator),
+            "k": torch.randn(H, D, generator=generator),
+            "v": torch.randn(H, D, generator=generator),
+            "o": torch.randn(D, H, generator=generator),
+        }
+        for head in ("h0", "h1")
+    }
+    resid = cc.Add(cc.Array(x, name="embeds"), name="resid")  # shared by every q, k, v input
+    heads = []
+    for head, w in tensors.items():
+        weights = {key: cc.Array(value, name=f"{head}.w.{key}") for key, value in w.items()}
+        heads.append(attention_head(resid, weights, head))
+    root = cc.Add(*heads, name="out")
+    return root, x, tensors
+
+
+def test_path_patching_only_the_value_input_of_one_head(two_heads):
+    root, x, w = two_heads
+    before = unchanged(root)
+    corrupted = torch.randn(S, D, generator=torch.Generator().manual_seed(1))
+    value_path = IterativeMatcher("h0").children(0).children(1).then("resid")  # h0 -> comb_v -> v -> resid
+    assert repr(value_path) == "IterativeMatcher(Matcher('h0')).children(0).children(1).then(Matcher('resid'))"
+    patched = root.update(value_path, lambda n: cc.Add(cc.Array(corrupted, name="embeds.corrupt"), name="resid"))
+    assert unchanged(root) == before
+
+    expected = torch_head(x, x, corrupted, w["h0"]) + torch_head(x, x, x, w["h1"])
+    assert torch.allclose(patched.evaluate(), expected, atol=1e-5)
+    clean = torch_head(x, x, x, w["h0"]) + torch_head(x, x, x, w["h1"])
+    assert torch.allclose(root.evaluate(), clean, atol=1e-5)
+    assert not torch.allclose(patched.evaluate(), clean, atol=1e-3)
+
+    # 'resid' is un-shared: the patched copy under h0's value input only
+    h0, h1 = patched.children
+    old_resid = root.get_unique("resid")
+    assert h1 is root.children[1]  # the other head is the same object
+    q_in = h0.get_unique("h0.q").children[0]
+    k_in = h0.get_unique("h0.k").children[0]
+    v_in = h0.get_unique("h0.v").children[0]
+    assert q_in is old_resid and k_in is old_resid and v_in is not old_resid
+    assert v_in.children[0].name == "embeds.corrupt"
+    assert len(patched.get("resid")) == 2
+
+
+def test_path_patching_query_and_key_only(two_heads):
+    root, x, w = two_heads
+    corrupted = torch.randn(S, D, generator=torch.Generator().manual_seed(2))
+    # h0 -> comb_v (0) -> probs (0) -> scores (0) -> q and k; replace the leaf under them
+    qk_path = IterativeMatcher("h0").children(0).children(0).then("embeds")
+    patched = root.update(qk_path, lambda n: cc.Array(corrupted, name="embeds.corrupt"))
+    expected = torch_head(corrupted, corrupted, x, w["h0"]) + torch_head(x, x, x, w["h1"])
+    assert torch.allclose(patched.evaluate(), expected, atol=1e-5)
+    # both q and k inputs share one patched resid: rewritten once, still shared between them
+    q_in = patched.get_unique("h0.q").children[0]
+    k_in = patched.get_unique("h0.k").children[0]
+    assert q_in is k_in and q_in is not root.get_unique("resid")
+
+
+def test_path_restricted_update_with_depth_limits():
+    leaf = cc.Array(torch.ones(1), name="leaf")
+    level1 = cc.Add(leaf, name="l1")
+    root = cc.Add(leaf, level1, name="root")  # leaf at depth 1 and at depth 2
+    out = root.update(IterativeMatcher("leaf", min_depth=2), lambda n: cc.Array(torch.zeros(1), name="leaf.0"))
+    assert out.children[0] is leaf
+    assert out.children[1].children[0].name == "leaf.0"
+    assert out.evaluate().item() == 1.0 and root.evaluate().item() == 2.0
+
+
+# ---------------------------------------------------------------- depth
+
+
+def test_fifty_thousand_deep_chain_updates_at_its_leaf():
+    depth = 50_000
+    leaf = cc.Array(torch.ones(2), name="deep.leaf")
+    side = cc.Array(torch.ones(2), name="side")
+    node = leaf
+    for _ in range(depth):
+        node = cc.Add(node, side)
+    before = node.hash
+    new_leaf = cc.Array(torch.full((2,), 3.0), name="deep.leaf")
+    out = node.update("deep.leaf", lambda n: new_leaf)
+    assert node.hash == before and out.hash != before
+    bottom = out
+    for _ in range(depth):
+        assert bottom.children[1] is side
+        bottom = bottom.children[0]
+    assert bottom is new_leaf
+    # the same through a path restriction, and a replace
+    restricted = node.update(IterativeMatcher(cc.Array & ~Matcher("side"), min_depth=depth, max_depth=depth), lambda n: new_leaf)
+    assert restricted == out
+    assert node.replace({leaf: new_leaf}) == out
