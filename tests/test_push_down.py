@@ -1,0 +1,183 @@
+"""push_down_index: an Index moved below the nodes under it keeps the value and does less work.
+
+References are torch expressions written here: the indexed value of the
+whole computation (``full[index]``) against evaluation of the pushed circuit.
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import circuits as cc
+from circuits.passes import push_down_index, push_index
+
+TOL = dict(rtol=1e-10, atol=1e-10)
+
+
+def arr(*shape, name=None, seed=0):
+    generator = torch.Generator().manual_seed(seed + 17 * len(shape))
+    return cc.Array(torch.randn(*shape, generator=generator, dtype=torch.float64), name=name)
+
+
+def indexed(value: torch.Tensor, items) -> torch.Tensor:
+    """The selection written in torch, axis by axis (tensor items index their axis alone)."""
+    axis = 0
+    for item in items:
+        if isinstance(item, int):
+            value = value.select(axis, item)
+            continue
+        if isinstance(item, slice):
+            start, stop, _ = item.indices(value.shape[axis])
+            value = value.narrow(axis, start, max(0, stop - start))
+        else:
+            value = value.index_select(axis, item % value.shape[axis])
+        axis += 1
+    return value
+
+
+def check(node: cc.Index) -> cc.Circuit:
+    pushed = push_index(node)
+    torch.testing.assert_close(pushed.evaluate(), indexed(node.node.evaluate(), node.index), **TOL)
+    assert pushed.shape == node.shape
+    return pushed
+
+
+def test_einsum_index_reaches_the_operands():
+    x, w = arr(5, 4, name="x"), arr(3, 4, name="w")
+    mm = cc.Einsum.from_einsum_string("sd,ed->se", x, w, name="mm")
+    pushed = check(cc.Index(mm, (2, slice(1, 3))))
+    assert isinstance(pushed, cc.Einsum) and pushed.name == "mm"
+    assert pushed.einsum_string == "d,ed->e"
+    assert {c.kind for c in pushed.children} == {"Index"}
+
+
+def test_add_respects_broadcast_axes():
+    a, b, c = arr(4, 3, name="a"), arr(1, 3, name="b"), arr(3, name="c")
+    total = cc.Add(a, b, c, name="total")
+    for items in [(2,), (slice(1, 3), 0), (torch.tensor([3, 0]), slice(None, 2)), (1, 2)]:
+        check(cc.Index(total, items))
+
+
+def test_last_axis_function_keeps_last_axis_item_above():
+    x = arr(4, 6, name="x")
+    probs = cc.GeneralFunction.new_by_name(x, spec_name="softmax", name="probs")
+    pushed = check(cc.Index(probs, (1, slice(0, 3)), name="top"))
+    assert pushed.kind == "Index" and pushed.name == "top"  # the last-axis part stays above
+    assert pushed.node.kind == "GeneralFunction" and pushed.node.children[0].kind == "Index"
+    only_rows = check(cc.Index(probs, (slice(1, 3),)))
+    assert only_rows.kind == "GeneralFunction" and only_rows.name == "probs"
+
+
+def test_gen_index_embedding_and_batched_lookup():
+    emb = arr(10, 4, name="emb")
+    toks = cc.Array(torch.tensor([3, 1, 4, 1, 5, 9]), name="toks")
+    looked = cc.GeneralFunction.new_by_name(emb, toks, spec_name="gen_index_at_0_c", name="embeds")
+    pushed = check(cc.Index(looked, (slice(2, 5), 1)))
+    assert pushed.kind == "GeneralFunction"
+    log_probs = arr(6, 10, name="lp")
+    picked = cc.GeneralFunction.new_by_name(log_probs, toks, spec_name="gen_index_at_0_batch_x_c", name="ll")
+    for items in [(3,), (slice(1, 4),), (torch.tensor([5, 0]),)]:
+        check(cc.Index(picked, items))
+    x = arr(3, 5, 7, name="x")
+    idx = cc.Array(torch.tensor([[0, 4], [2, 2], [1, 3]]), name="idx")
+    in_place = cc.GeneralFunction.new_by_name(x, idx, spec_name="gen_index_at_0_batch_x_no_batch_index_c")
+    for items in [(1,), (slice(0, 2), 1), (2, 0, slice(1, 5))]:
+        check(cc.Index(in_place, items))
+    columns = cc.Array(torch.tensor([0, 5, 2, 5]), name="columns")
+    plain = cc.GeneralFunction.new_by_name(arr(4, 6, 3, name="y"), columns, spec_name="gen_index_at_1_no_batch_index")
+    for items in [(1,), (slice(1, 3), 3), (0, slice(None), 2)]:
+        check(cc.Index(plain, items))
+
+
+def test_index_over_index_composes():
+    x = arr(10, 8, name="x")
+    inner = cc.Index(x, (slice(2, -1), torch.tensor([7, 0, 3])), name="inner")
+    pushed = check(cc.Index(inner, (slice(1, 4), 2)))
+    assert pushed.kind == "Index" and pushed.node == x
+
+
+def test_concat_selects_the_right_children():
+    a, b = arr(3, 4, name="a"), arr(5, 4, name="b")
+    joined = cc.Concat(a, b, axis=0, name="joined")
+    assert check(cc.Index(joined, (4, 1))).node == b
+    sliced = check(cc.Index(joined, (slice(1, 6),)))
+    assert sliced.kind == "Concat"
+    check(cc.Index(joined, (slice(None), 2)))
+    check(cc.Index(joined, (torch.tensor([0, 7]),)))  # stays above the Concat
+
+
+def test_rearrange_moves_plain_axes():
+    x = arr(2, 3, 4, name="x")
+    moved = cc.Rearrange(x, "a b c -> c a b", name="moved")
+    pushed = check(cc.Index(moved, (1, slice(0, 1), 2)))
+    assert pushed.kind == "Rearrange" and "c" not in pushed.pattern
+    grouped = cc.Rearrange(x, "a b c -> a (b c)", name="grouped")
+    check(cc.Index(grouped, (1, slice(2, 5))))  # the grouped axis stays above
+
+
+def test_loss_at_one_position_equals_full_loss_there():
+    toks = cc.Array(torch.tensor([0, 3, 2, 5, 1, 4]), name="toks_int_var")
+    inputs = cc.Index(toks, slice(None, -1), name="input_toks_int")
+    targets = cc.Index(toks, slice(1, None), name="true_toks_int")
+    embeds = cc.GeneralFunction.new_by_name(arr(6, 4, name="emb"), inputs, spec_name="gen_index_at_0_c")
+    hidden = cc.GeneralFunction.new_by_name(
+        cc.Einsum.from_einsum_string("sd,ed->se", embeds, arr(4, 4, name="w")), spec_name="gelu"
+    )
+    logits = cc.Einsum.from_einsum_string("sd,vd->sv", hidden, arr(6, 4, name="unembed"), name="t.call")
+    log_probs = cc.GeneralFunction.new_by_name(logits, spec_name="log_softmax", name="log_probs")
+    ll = cc.GeneralFunction.new_by_name(log_probs, targets, spec_name="gen_index_at_0_batch_x_c", name="ll")
+    loss = cc.Einsum.from_einsum_string("a,->a", ll, cc.Scalar(-1.0), name="t.loss")
+    at_two = push_down_index(cc.Index(loss, (2,), name="loss@2"))
+    assert at_two.name == "loss@2"
+    torch.testing.assert_close(at_two.evaluate(), loss.evaluate()[2], **TOL)
+    # the work is now one row: the logits Einsum computes [vocab], not [seq, vocab]
+    assert [n.shape for n in at_two.get("t.call")] == [(6,)]
+
+
+# ------------------------------------------------------------------ property
+
+
+@st.composite
+def indexed_circuits(draw):
+    """A random small DAG of pushable ops over float64 arrays, with a random Index on top."""
+    nodes = [arr(3, 4, name="p", seed=1), arr(4, name="q", seed=2), arr(3, 4, name="r", seed=3)]
+    for _ in range(draw(st.integers(1, 6))):
+        kind = draw(st.sampled_from(["einsum", "add", "tanh", "softmax", "concat", "rearrange", "index"]))
+        x = draw(st.sampled_from(nodes[-3:]))
+        if x.rank != 2:
+            x = cc.Einsum.from_einsum_string("a,b->ab", arr(3, name="u"), x)  # back to rank 2
+        if kind == "einsum":
+            node = cc.Einsum.from_einsum_string("ab,cb->ac", x, arr(x.shape[1], x.shape[1], name="m"))
+        elif kind == "add":
+            node = cc.Add(x, arr(x.shape[1], name="bias"), cc.Scalar(0.5))
+        elif kind in ("tanh", "softmax"):
+            node = cc.GeneralFunction.new_by_name(x, spec_name=kind)
+        elif kind == "concat":
+            node = cc.Concat(x, x, axis=draw(st.integers(0, 1)))
+        elif kind == "rearrange":
+            node = cc.Rearrange(x, "a b -> b a")
+        else:
+            node = cc.Index(x, (slice(draw(st.integers(0, 1)), None), slice(None)))
+        nodes.append(node)
+    top = nodes[-1]
+    items = []
+    for size in top.shape:
+        choice = draw(st.integers(0, 3))
+        if choice == 0:
+            items.append(draw(st.integers(-size, size - 1)))
+        elif choice == 1:
+            start = draw(st.integers(0, size - 1))
+            items.append(slice(start, draw(st.integers(start + 1, size))))
+        elif choice == 2:
+            items.append(torch.tensor(draw(st.lists(st.integers(0, size - 1), min_size=1, max_size=3))))
+        else:
+            items.append(slice(None))
+    return cc.Index(top, tuple(items))
+
+
+@settings(max_examples=150)
+@given(indexed_circuits())
+def test_pushing_any_index_keeps_the_value(node):
+    check(node)
