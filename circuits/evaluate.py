@@ -104,42 +104,51 @@ def evaluate_many(
 class _Plan:
     """A compiled schedule: leaf values pre-filled, then one step per computed node.
 
-    Steps are held as parallel lists (function, argument slots, output slot,
-    slots to release after it) rather than one object per step: fewer
-    objects to build and for the garbage collector to track.
+    Steps are parallel lists of plain ints rather than an object per step:
+    fewer objects to build, track and free.  A step with one or two
+    arguments has them in ``firsts``/``seconds`` (-1 when absent); any other
+    arity (0 or 3+) keeps its argument tuple in ``many[out]``.  ``releases``
+    is the one slot to drop after the step, -1 for none, or -2 for several,
+    listed in ``more_releases[out]``.
     """
 
-    __slots__ = ("order", "values", "fns", "args", "outs", "releases", "root_slots")
+    __slots__ = ("order", "values", "steps", "releases", "more_releases", "root_slots")
 
-    def __init__(self, order, values, fns, args, outs, releases, root_slots):
+    def __init__(self, order, values, steps, releases, more_releases, root_slots):
         self.order = order  # slot -> node
         self.values = values  # slot -> tensor (leaves) or None (computed)
-        self.fns = fns
-        self.args = args
-        self.outs = outs
+        self.steps = steps
         self.releases = releases
+        self.more_releases = more_releases
         self.root_slots = root_slots
 
     def run(self) -> list[torch.Tensor]:
         values = self.values
         self.values = None  # a plan runs once; its slots are released as it goes
+        steps = self.steps
+        many, more_releases = steps.many, self.more_releases
         out = None
         try:
-            for fn, args, out, release in zip(self.fns, self.args, self.outs, self.releases):
+            for fn, first, second, out, release in zip(
+                steps.fns, steps.firsts, steps.seconds, steps.outs, self.releases
+            ):
                 # unrolled for the common arities: this loop is the per-node cost of running
-                if len(args) == 2:
-                    values[out] = fn(values[args[0]], values[args[1]])
-                elif len(args) == 1:
-                    values[out] = fn(values[args[0]])
+                if second >= 0:
+                    values[out] = fn(values[first], values[second])
+                elif first >= 0:
+                    values[out] = fn(values[first])
                 else:
-                    values[out] = fn(*[values[arg] for arg in args])
-                for slot in release:
-                    values[slot] = None
+                    values[out] = fn(*[values[arg] for arg in many[out]])
+                if release >= 0:
+                    values[release] = None
+                elif release == -2:
+                    for slot in more_releases[out]:
+                        values[slot] = None
         except EvaluationError:
             raise
         except Exception as error:
             node = self.order[out]
-            raise _error_at(node, out, self.order, self.args, self.outs, _failure_text(node, error)) from error
+            raise _error_at(node, out, self.order, steps, _failure_text(node, error)) from error
         results = []
         for slot in self.root_slots:
             value = values[slot]
@@ -230,8 +239,8 @@ def _compile(roots, inputs, device, dtype) -> _Plan:
     leaf_values: dict[int, Any] = {}
     last_use: dict[int, int] = {}  # slot -> position of the last step that consumes it
     steps = _Steps()
-    fns, arg_lists, outs = steps.fns, steps.args, steps.outs
-    add_fn, add_args, add_out = fns.append, arg_lists.append, outs.append
+    fns, many = steps.fns, steps.many
+    add_fn, add_first, add_second, add_out = fns.append, steps.firsts.append, steps.seconds.append, steps.outs.append
     step_fns = _STEP_FNS
     path: list[Circuit] = []  # the nodes whose children are being computed, innermost last
     descend, ascend = path.append, path.pop
@@ -261,7 +270,8 @@ def _compile(roots, inputs, device, dtype) -> _Plan:
                     node = children[1]
                     continue
                 last_use[first] = last_use[second] = position
-                add_args((first, second))
+                add_first(first)
+                add_second(second)
             elif count == 1:
                 first = lookup(children[0].hash)
                 if first is None:
@@ -269,7 +279,8 @@ def _compile(roots, inputs, device, dtype) -> _Plan:
                     node = children[0]
                     continue
                 last_use[first] = position
-                add_args((first,))
+                add_first(first)
+                add_second(-1)
             elif count:
                 args = []
                 for child in children:
@@ -282,12 +293,18 @@ def _compile(roots, inputs, device, dtype) -> _Plan:
                 else:
                     for arg in args:
                         last_use[arg] = position
-                    add_args(tuple(args))
+                    add_first(-1)
+                    add_second(-1)
+                    many[slot] = tuple(args)
                 if arg is None:
                     continue
             if count:
                 kind = type(node)
-                add_fn((step_fns.get(kind) or _maker_for(kind))(node))
+                try:
+                    maker = step_fns[kind]
+                except KeyError:
+                    maker = _maker_for(kind)
+                add_fn(maker(node))
                 add_out(slot)
                 position += 1
             else:
@@ -307,35 +324,58 @@ def _compile(roots, inputs, device, dtype) -> _Plan:
         try:
             node.tensor()
         except MissingTensorError as error:
-            raise _error_at(node, slot, order, arg_lists, outs, f"cannot evaluate: {error}") from error
+            raise _error_at(node, slot, order, steps, f"cannot evaluate: {error}") from error
     values: list[Any] = [None] * len(order)
     for slot, value in leaf_values.items():
         values[slot] = value
-    _finish_leaves(ctx, order, values, arg_lists, outs)
+    _finish_leaves(ctx, order, values, steps)
 
     # Release every value right after its last consumer; roots are kept.
     for slot in root_slots:
         last_use.pop(slot, None)
-    releases: list[tuple] = [()] * len(fns)
+    releases = [-1] * len(fns)
+    more_releases: dict[int, list[int]] = {}
+    outs = steps.outs
     for slot, position in last_use.items():
-        releases[position] += (slot,)
-    return _Plan(order, values, fns, arg_lists, outs, releases, root_slots)
+        release = releases[position]
+        if release == -1:
+            releases[position] = slot
+        elif release >= 0:
+            releases[position] = -2
+            more_releases[outs[position]] = [release, slot]
+        else:
+            more_releases[outs[position]].append(slot)
+    return _Plan(order, values, steps, releases, more_releases, root_slots)
 
 
 class _Steps:
-    """The schedule under construction, as parallel lists."""
+    """The schedule, as parallel lists (see ``_Plan``)."""
 
-    __slots__ = ("fns", "args", "outs")
+    __slots__ = ("fns", "firsts", "seconds", "outs", "many")
 
     def __init__(self):
         self.fns: list[Callable] = []
-        self.args: list[tuple[int, ...]] = []
+        self.firsts: list[int] = []
+        self.seconds: list[int] = []
         self.outs: list[int] = []
+        self.many: dict[int, tuple[int, ...]] = {}  # out slot -> args, for arities 0 and 3+
 
     def add(self, fn: Callable, args: tuple[int, ...], out: int) -> None:
         self.fns.append(fn)
-        self.args.append(args)
         self.outs.append(out)
+        if 1 <= len(args) <= 2:
+            self.firsts.append(args[0])
+            self.seconds.append(args[1] if len(args) == 2 else -1)
+        else:
+            self.firsts.append(-1)
+            self.seconds.append(-1)
+            self.many[out] = tuple(args)
+
+    def args(self, position: int) -> tuple[int, ...]:
+        first, second = self.firsts[position], self.seconds[position]
+        if first < 0:
+            return self.many[self.outs[position]]
+        return (first, second) if second >= 0 else (first,)
 
 
 # ---------------------------------------------------------------- leaves
@@ -408,7 +448,7 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
     return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
 
 
-def _finish_leaves(ctx: _Context, order, values, arg_lists, outs) -> None:
+def _finish_leaves(ctx: _Context, order, values, steps) -> None:
     """Scalars and bound Symbols, once the call's device and dtype are known."""
     device = ctx.device
     if device is None:
@@ -419,7 +459,7 @@ def _finish_leaves(ctx: _Context, order, values, arg_lists, outs) -> None:
         value = values[slot]
         if value is None:
             raise _error_at(
-                node, slot, order, arg_lists, outs,
+                node, slot, order, steps,
                 f"{node.describe()} {format_shape(node.shape)} is not bound: pass "
                 f"inputs={{{node.name!r}: tensor}} (or the Symbol node as the key)"
                 if node.name is not None
@@ -427,10 +467,10 @@ def _finish_leaves(ctx: _Context, order, values, arg_lists, outs) -> None:
                 "inputs={symbol_node: tensor}",
             )
         if isinstance(value, Exception):
-            raise _error_at(node, slot, order, arg_lists, outs, f"{node.describe()}: bound value is not a tensor ({value})")
+            raise _error_at(node, slot, order, steps, f"{node.describe()}: bound value is not a tensor ({value})")
         if tuple(value.shape) != node.shape:
             raise _error_at(
-                node, slot, order, arg_lists, outs,
+                node, slot, order, steps,
                 f"{node.describe()} has shape {format_shape(node.shape)} but the tensor bound to it has "
                 f"shape {format_shape(value.shape)}",
             )
@@ -439,7 +479,7 @@ def _finish_leaves(ctx: _Context, order, values, arg_lists, outs) -> None:
         elif not _same_device(value.device, device):
             source = "the device= option" if ctx.device is not None else "the circuit's Arrays"
             raise _error_at(
-                node, slot, order, arg_lists, outs,
+                node, slot, order, steps,
                 f"{node.describe()} is bound to a tensor on device {value.device}, but the computation "
                 f"runs on {device} ({source}); move the input with .to({str(device)!r})",
             )
@@ -588,11 +628,11 @@ def _maker_for(kind: type) -> Callable:
 _PATH_HEAD, _PATH_TAIL = 4, 8
 
 
-def _error_at(node: Circuit, slot: int, order, arg_lists, outs, message: str) -> EvaluationError:
+def _error_at(node: Circuit, slot: int, order, steps: _Steps, message: str) -> EvaluationError:
     """An EvaluationError naming ``node`` and its path from a root (found iteratively)."""
     parent: dict[int, int] = {}  # slot -> the slot of its first consumer
-    for args, out in zip(arg_lists, outs):
-        for arg in args:
+    for position, out in enumerate(steps.outs):
+        for arg in steps.args(position):
             parent.setdefault(arg, out)
     chain = [slot]
     seen = {slot}

@@ -667,3 +667,17 @@ def test_gradients_flow_to_array_tensors_and_bound_inputs():
     (torch.tanh(x @ w.T) ** 2).sum().backward()
     close(got_w, w.grad, REDUCTION_TOL[torch.float64])
     close(got_x, x.grad, REDUCTION_TOL[torch.float64])
+
+
+def test_degenerate_arities():
+    x = torch.tensor([0.5, -1.0, 2.0])
+    leaf = cc.Array(x, name="x")
+    close(cc.Add().evaluate(), torch.zeros(()), EXACT)  # the empty sum
+    close(cc.Add(leaf).evaluate(), x, EXACT)
+    close(cc.Concat(leaf, axis=0).evaluate(), x, EXACT)
+    close(cc.Index(leaf, ()).evaluate(), x, EXACT)
+    close(cc.Rearrange(leaf, "a -> a").evaluate(), x, EXACT)
+    converted = cc.evaluate_many([leaf, cc.Add(leaf, leaf, leaf)], dtype=torch.float64)
+    close(converted[0], x.double(), EXACT)
+    close(converted[1], x.double() * 3, EXACT)
+    close(cc.Symbol((3,), name="s").evaluate(inputs={"s": [1, 2, 3]}), torch.tensor([1, 2, 3]), EXACT)
