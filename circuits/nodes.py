@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import operator
 import re
-from typing import Any, Iterable, Sequence
+from typing import Any, Mapping, Sequence
 
 import attrs
 import einops
@@ -469,15 +469,26 @@ class Rearrange(Circuit):
 
     Axis sizes given as keywords are kept and printed after the pattern
     (``a (b c) -> a b c, b=2``) so that the text reads back to the same node.
+    An axis called ``name`` (or ``sizes``) is sized through ``sizes={...}``.
     """
 
     pattern: str = attrs.field()
     sizes: tuple[tuple[str, int], ...] = attrs.field()
 
-    def __init__(self, node: Circuit, pattern: str, name: str | None = None, **sizes: int):
+    def __init__(
+        self,
+        node: Circuit,
+        pattern: str,
+        /,
+        name: str | None = None,
+        *,
+        sizes: Mapping[str, int] | None = None,
+        **axis_sizes: int,
+    ):
         where = spec_rules.describe("Rearrange", name)
         if not isinstance(pattern, str):
             raise RearrangeError(f"{where}: pattern {pattern!r} is not a string")
+        sizes = {**(sizes or {}), **axis_sizes}
         for axis, size in sizes.items():
             if isinstance(size, bool) or not isinstance(size, int) or size < 1:
                 raise RearrangeError(f"{where}: size {axis}={size!r} is not a positive int")
@@ -547,17 +558,3 @@ class Concat(Circuit):
                 )
         total = sum(shape[self.axis] for shape in shapes)
         return first[: self.axis] + (total,) + first[self.axis + 1 :], str(self.axis)
-
-
-NODE_CLASSES: dict[str, type[Circuit]] = {
-    cls.__name__: cls
-    for cls in (Array, Scalar, Symbol, Einsum, Add, GeneralFunction, Index, Rearrange, Concat)
-}
-
-
-def iter_unique(nodes: Iterable[Circuit]) -> list[Circuit]:
-    """Distinct nodes (by structure) in first-seen order."""
-    seen: dict[bytes, Circuit] = {}
-    for node in nodes:
-        seen.setdefault(node.hash, node)
-    return list(seen.values())

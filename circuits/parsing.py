@@ -438,7 +438,7 @@ def _build_rearrange(line: _Line, store: TensorStore | None) -> Circuit:
         if not match:
             raise line.error(f"malformed axis size {text.strip()!r}: expected name=int")
         sizes[match.group(1)] = int(match.group(2))
-    return Rearrange(line.children[0], pattern, name=line.name, **sizes)
+    return Rearrange(line.children[0], pattern, name=line.name, sizes=sizes)
 
 
 def _build_concat(line: _Line, store: TensorStore | None) -> Circuit:
