@@ -6,9 +6,10 @@
   structure, names included, is one node), so a shared subtree is computed
   once per call, however many parents or roots use it.  Nothing recurses,
   so a circuit may be any depth.
-- Compilation turns every node into one step ``(fn, argument slots, output
-  slot)``, with ``fn`` chosen once per node (a dict lookup by node type, not
-  an isinstance chain) and the values held in a flat list of slots.  Each
+- Compilation turns every computed node into one step ``(fn, argument
+  slots, output slot)``, with ``fn`` chosen once per node (a dict lookup by
+  node type, not an isinstance chain) and the values held in a flat list of
+  slots.  Each
   step also lists the slots whose last consumer it is; those are dropped
   right after it runs, so peak memory is the live set of the schedule, not
   the sum over all nodes.  Roots are kept.
@@ -25,13 +26,14 @@
   from a root.
 
 Autograd is untouched: tensors are used as given, so gradients flow back to
-the tensors inside Arrays and to bound inputs.
+the tensors inside Arrays and to bound inputs.  Like torch indexing, a
+result may share storage with an Array's tensor (``evaluate`` of an Array
+returns that tensor; an Index of one is a view of it).
 """
 
 from __future__ import annotations
 
 import functools
-import gc
 from typing import Any, Callable, Iterable, Mapping
 
 import einops
@@ -52,7 +54,12 @@ from circuits.nodes import (
 )
 from circuits.spec import format_shape
 
-__all__ = ["evaluate", "evaluate_many"]
+__all__ = ["evaluate", "evaluate_many", "MissingTensorEvaluationError"]
+
+
+class MissingTensorEvaluationError(EvaluationError, MissingTensorError):
+    """Evaluating an Array that has no tensor: catchable as either error type."""
+
 
 Inputs = Mapping["Circuit | str", Any]
 
@@ -85,16 +92,7 @@ def evaluate_many(
             raise NodeTypeError(
                 f"evaluate: root {position} is a {type(root).__name__}, not a circuit node"
             )
-    # Compiling allocates a few small objects per node and frees none, which
-    # makes the cyclic collector rescan the whole (large, acyclic) circuit
-    # again and again; it is paused for the compile only.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        plan = _compile(roots, inputs, device, dtype)
-    finally:
-        if collecting:
-            gc.enable()
+    plan = _compile(roots, inputs, device, dtype)
     return plan.run()
 
 
@@ -144,16 +142,15 @@ class _Plan:
                 elif release == -2:
                     for slot in more_releases[out]:
                         values[slot] = None
-        except EvaluationError:
-            raise
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 - every failure is reported with its node
             node = self.order[out]
             raise _error_at(node, out, self.order, steps, _failure_text(node, error)) from error
         results = []
         for slot in self.root_slots:
             value = values[slot]
-            if type(self.order[slot]) is Scalar:  # run as expanded 0-d tensors; a root gets its own storage
-                value = value.contiguous()
+            node = self.order[slot]
+            if type(node) is Scalar:  # Scalars run as stride-0 views of one shared 0-d tensor
+                value = torch.full(node.shape, node.value, dtype=value.dtype, device=value.device)
             results.append(value)
         return results
 
@@ -182,7 +179,7 @@ class _Context:
         "by_name",
         "used_keys",
         "float_dtypes",
-        "devices",
+        "first_device",
         "scalar_slots",
         "symbol_slots",
         "missing",
@@ -195,7 +192,7 @@ class _Context:
         self.by_name: dict[str, tuple[Any, Any]] = {}
         self.used_keys: set[int] = set()
         self.float_dtypes: set[torch.dtype] = set()
-        self.devices: list[torch.device] = []
+        self.first_device: torch.device | None = None  # of the first Array seen
         self.scalar_slots: list[int] = []
         self.symbol_slots: list[int] = []
         self.missing: list[int] = []
@@ -221,7 +218,7 @@ def _compile(roots, inputs, device, dtype) -> _Plan:
             device = torch.device(device)
         except (RuntimeError, TypeError) as error:
             raise EvaluationError(f"evaluate: device {device!r} is not a torch device ({error})") from None
-    if dtype is not None and not (isinstance(dtype, torch.dtype) and (dtype.is_floating_point or dtype.is_complex)):
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise EvaluationError(
             f"evaluate: dtype {dtype!r} is not a floating torch dtype (it casts floating tensors only; "
             "integer tensors such as token ids keep their dtype)"
@@ -324,7 +321,8 @@ def _compile(roots, inputs, device, dtype) -> _Plan:
         try:
             node.tensor()
         except MissingTensorError as error:
-            raise _error_at(node, slot, order, steps, f"cannot evaluate: {error}") from error
+            found = _error_at(node, slot, order, steps, f"cannot evaluate: {error}")
+            raise MissingTensorEvaluationError(str(found), node=found.node, path=found.path) from error
     values: list[Any] = [None] * len(order)
     for slot, value in leaf_values.items():
         values[slot] = value
@@ -393,11 +391,11 @@ def _array_leaf(node: Array, slot, ctx: _Context, values, steps):
         steps.add(functools.partial(tensor.to, device=ctx.device, dtype=target_dtype), (), slot)
         if tensor.is_floating_point():
             ctx.float_dtypes.add(target_dtype or tensor.dtype)
-        ctx.devices.append(ctx.device)
         return
     if tensor.is_floating_point():
         ctx.float_dtypes.add(tensor.dtype)
-    ctx.devices.append(tensor.device)
+    if ctx.first_device is None:
+        ctx.first_device = tensor.device
     values[slot] = tensor
 
 
@@ -418,22 +416,19 @@ def _symbol_leaf(node: Symbol, slot, ctx: _Context, values, steps):
     if not isinstance(value, torch.Tensor):
         try:
             value = torch.as_tensor(value)
-        except Exception as error:  # noqa: BLE001 - reported below with the node
-            value = error
-    elif value.is_floating_point():
+        except Exception as error:  # noqa: BLE001 - reported by _finish_leaves, with the node
+            values[slot] = error
+            return
+    if value.is_floating_point():
         if ctx.dtype is not None and value.dtype != ctx.dtype:
             value = value.to(ctx.dtype)
-    if isinstance(value, torch.Tensor):
-        if value.is_floating_point():
-            ctx.float_dtypes.add(value.dtype)
+        ctx.float_dtypes.add(value.dtype)
     values[slot] = value
 
 
 def _leaf_without_children(node: Circuit, slot, ctx: _Context, values, steps):
-    """Add() and Einsum('->') with no operands, and unknown leaf types."""
+    """Add() with no operands, subclasses of the leaf classes, and unknown leaf types."""
     kind = type(node)
-    if kind in _LEAF_HANDLERS:
-        return _LEAF_HANDLERS[kind](node, slot, ctx, values, steps)
     for base in kind.__mro__[1:]:
         if base in _LEAF_HANDLERS:
             return _LEAF_HANDLERS[base](node, slot, ctx, values, steps)
@@ -450,9 +445,7 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
 
 def _finish_leaves(ctx: _Context, order, values, steps) -> None:
     """Scalars and bound Symbols, once the call's device and dtype are known."""
-    device = ctx.device
-    if device is None:
-        device = ctx.devices[0] if ctx.devices else None
+    device = ctx.device if ctx.device is not None else ctx.first_device
     # Symbols: bound, the right shape, on the computation's device.
     for slot in ctx.symbol_slots:
         node = order[slot]

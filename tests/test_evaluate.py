@@ -75,6 +75,12 @@ def test_scalar_is_a_full_tensor(dtype, shape, value):
     result.add_(1)  # a root Scalar owns its storage (not a stride-0 view)
 
 
+def test_scalar_roots_do_not_share_storage():
+    a, b = cc.evaluate_many([cc.Scalar(1.0, shape=(2,)), cc.Scalar(1.0, shape=(2,), name="b")])
+    a.add_(1)
+    close(b, torch.ones(2), EXACT)
+
+
 def test_scalar_defaults_to_the_circuits_floating_dtype():
     x = cc.Array(torch.ones(2, dtype=torch.float64), name="x")
     y = cc.Einsum.from_einsum_string("a,->a", x, cc.Scalar(0.5, name="half"))
@@ -634,6 +640,7 @@ def test_missing_array_tensor_names_the_array_and_its_path(golden_text):
     assert info.value.path[0] == golden and info.value.path[-1] == node
     assert "path from the root: Einsum 't.loss' > GeneralFunction 'll'" in str(info.value)
     assert isinstance(info.value.__cause__, cc.MissingTensorError)
+    assert isinstance(info.value, cc.MissingTensorError)  # catchable as either type
 
 
 def test_torch_error_in_an_op_is_wrapped():
