@@ -105,3 +105,8 @@ class ExpandError(RewriteError):
     trailing shape differs from the node it replaces, batch shapes that
     disagree, or a node (a GeneralFunction spec) that cannot carry them."""
 
+
+class ModelError(CircuitError, ValueError):
+    """A model that cannot be built or loaded: an unknown architecture or
+    config option, or weights that are missing, unexpected or misshapen
+    (the message lists what was expected)."""

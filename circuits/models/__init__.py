@@ -1,0 +1,45 @@
+"""Transformer builders and weight loaders (``import circuits.models``).
+
+Builders take a config, a dict of weight tensors named as in the circuit,
+and the tokens, and return a circuit whose root is the per-token loss
+``'t.loss'``; the logits are ``'t.call'``, the token input ``'toks_int_var'``.
+Loaders read Hugging Face models (in memory or a local checkpoint
+directory) and TransformerLens-style state dicts.  ``transformers`` is only
+needed by ``from_hf`` (it is imported there, lazily).
+"""
+
+from circuits.errors import ModelError
+from circuits.models.attn_only import AttnOnlyConfig, attn_only_random_weights, build_attn_only
+from circuits.models.common import CONVENTIONS, NEG_INF
+from circuits.models.gpt2 import GPT2Config, build_gpt2, gpt2_random_weights
+from circuits.models.llama import LlamaConfig, build_llama, llama_random_weights, rope_cos_sin
+from circuits.models.loaders import (
+    TRANSFORMER_LENS_KEYS,
+    from_hf,
+    from_hf_state_dict,
+    from_transformer_lens,
+    hf_to_weights,
+    load_hf_checkpoint,
+)
+
+__all__ = [
+    "AttnOnlyConfig",
+    "CONVENTIONS",
+    "GPT2Config",
+    "LlamaConfig",
+    "ModelError",
+    "NEG_INF",
+    "TRANSFORMER_LENS_KEYS",
+    "attn_only_random_weights",
+    "build_attn_only",
+    "build_gpt2",
+    "build_llama",
+    "from_hf",
+    "from_hf_state_dict",
+    "from_transformer_lens",
+    "gpt2_random_weights",
+    "hf_to_weights",
+    "llama_random_weights",
+    "load_hf_checkpoint",
+    "rope_cos_sin",
+]

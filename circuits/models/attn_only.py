@@ -1,0 +1,110 @@
+"""Attention-only transformers in the style of ../shared/golden/attn_only_2l.circ.
+
+Token embedding by ``gen_index``, shortformer positions (added to the
+query/key input only), layer norm written out, attention with heads as an
+axis, a final layer norm, unembedding, log-softmax and the per-token loss.
+The builder writes attention *unsplit* and, by default, *unmasked*:
+``circuits.passes.causal_mask`` then ``split_heads`` turn the 2-layer build
+at the golden dimensions into the golden file (all but the array hashes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import torch
+
+from circuits.models import common
+from circuits.models.common import einsum
+from circuits.nodes import Add, Array, Circuit
+
+
+@dataclasses.dataclass(frozen=True)
+class AttnOnlyConfig:
+    n_layers: int
+    n_heads: int
+    d_model: int
+    d_head: int
+    vocab_size: int
+    n_ctx: int
+    ln_eps: float = 1e-5
+
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every weight the builder takes, by circuit name, with its shape."""
+        d, h, c, v = self.d_model, self.n_heads, self.d_head, self.vocab_size
+        shapes = {"t.w.tok_embeds": (v, d), "t.w.pos_embeds": (self.n_ctx, d)}
+        for layer in range(self.n_layers):
+            shapes[f"a{layer}.ln.w.scale"] = (d,)
+            shapes[f"a{layer}.ln.w.bias"] = (d,)
+            for which in "qkv":
+                shapes[f"a{layer}.w.{which}"] = (h, c, d)
+            shapes[f"a{layer}.w.o"] = (h, d, c)
+        shapes["final.ln.w.scale"] = (d,)
+        shapes["final.ln.w.bias"] = (d,)
+        shapes["t.w.unembed"] = (v, d)
+        shapes["t.w.unembed_bias"] = (v,)  # optional
+        return shapes
+
+
+_OPTIONAL = ("t.w.unembed_bias",)
+
+
+def attn_only_random_weights(config: AttnOnlyConfig, seed: int = 0, dtype: torch.dtype = torch.float32):
+    """Random weights for ``config`` (norm scales near 1), without an unembedding bias."""
+    shapes = {n: s for n, s in config.weight_shapes().items() if n not in _OPTIONAL}
+    scales = [n for n in shapes if n.endswith(".ln.w.scale")]
+    return common.random_weights(shapes, seed=seed, dtype=dtype, ones=scales)
+
+
+def build_attn_only(
+    config: AttnOnlyConfig,
+    weights: Mapping[str, Any],
+    tokens: Any = None,
+    *,
+    seq_len: int | None = None,
+    batch_size: int | None = None,
+    convention: str = "default",
+    causal: bool = False,
+    neg_inf: float = common.NEG_INF,
+) -> Circuit:
+    """The model as a circuit whose root is the per-token loss ``'t.loss'``.
+
+    ``weights`` maps the names of ``config.weight_shapes()`` to tensors
+    (``'t.w.unembed_bias'`` is optional).  ``tokens`` is an int tensor
+    ``[S+1]`` or ``[B,S+1]`` (``[S+2]``/``[B,S+2]`` with
+    ``convention="golden"``), or None with ``seq_len`` (and ``batch_size``)
+    for a zero placeholder.  ``causal=True`` writes the masked form that the
+    ``causal_mask`` pass produces; the default leaves attention unmasked.
+    """
+    if not isinstance(config, AttnOnlyConfig):
+        raise common.ModelError(f"build_attn_only needs an AttnOnlyConfig, got {type(config).__name__}")
+    tensors = common.check_weights("attention-only", weights, config.weight_shapes(), optional=_OPTIONAL)
+    w = {name: Array(tensor, name=name) for name, tensor in tensors.items()}
+    toks = common.make_tokens(
+        tokens,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        convention=convention,
+        vocab_size=config.vocab_size,
+        max_positions=config.n_ctx,
+    )
+    mask = common.causal_mask_array(toks.seq_len, common.weights_dtype(tensors)) if causal else None
+
+    resid: Circuit = common.embed(w["t.w.tok_embeds"], toks)
+    pos = common.positions(w["t.w.pos_embeds"], toks.seq_len)
+    for layer in range(config.n_layers):
+        norm = common.layer_norm(
+            resid, w[f"a{layer}.ln.w.scale"], w[f"a{layer}.ln.w.bias"], config.ln_eps, name=f"a{layer}.norm"
+        )
+        qk_input = Add(norm, pos, name="a.qk_input")
+        q = einsum("qd,hcd->hqc", qk_input, w[f"a{layer}.w.q"], name="a.q")
+        k = einsum("kd,hcd->hkc", qk_input, w[f"a{layer}.w.k"], name="a.k")
+        v = einsum("kd,hVd->hkV", norm, w[f"a{layer}.w.v"], name="a.v")
+        div = common.div_head_size(w[f"a{layer}.w.k"])
+        out = common.attend(q, k, v, div, w[f"a{layer}.w.o"], layer, mask, neg_inf)
+        resid = Add(out, resid, name=f"b{layer}")
+    final = common.layer_norm(
+        resid, w["final.ln.w.scale"], w["final.ln.w.bias"], config.ln_eps, name="final.call"
+    )
+    return common.loss_head(final, w["t.w.unembed"], toks.targets, w.get("t.w.unembed_bias"))

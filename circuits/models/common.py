@@ -1,0 +1,375 @@
+"""Pieces every model builder shares: tokens, norms, attention, the loss head.
+
+Each piece writes its computation out of the ordinary node types, with the
+names of ../shared/golden/attn_only_2l.circ.  Einsum specs are written for
+the unbatched model; ``einsum`` adds a batch letter to every operand that
+carries one more (leading) axis than its letters, so one builder serves both
+the ``[S+1]`` and the ``[B,S+1]`` token layouts.
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Any, Iterable, Mapping, Sequence
+
+import torch
+
+from circuits.errors import ModelError
+from circuits.nodes import Add, Array, Circuit, Concat, Einsum, GeneralFunction, Index, Scalar
+
+#: How the token array is cut into model inputs and targets.
+#: ``"default"``: ``[S+1]`` tokens, inputs ``[:-1]``, targets ``[1:]``.
+#: ``"golden"``: ``[S+2]`` tokens, inputs ``[:-2]``, targets ``[1:-1]`` (the golden file's 302 -> 300).
+CONVENTIONS = {
+    "default": (1, slice(None, -1), slice(1, None)),
+    "golden": (2, slice(None, -2), slice(1, -1)),
+}
+
+#: The score bias where the mask is 0, as in the golden file.  After softmax a
+#: masked score of -10000 weighs exp(-10000 - max) == 0 exactly in float16/32/64
+#: whenever the row's largest unmasked score is above about -9000, which is
+#: what Hugging Face's ``finfo.min`` bias gives too.
+NEG_INF = -10000.0
+
+_BATCH_LETTERS = "bBxXyYzZ" + string.ascii_letters
+
+
+# ------------------------------------------------------------------ einsum
+
+
+def einsum(spec: str, *nodes: Circuit, name: str | None = None) -> Einsum:
+    """``Einsum.from_einsum_string`` with a leading batch axis added where present.
+
+    An operand whose rank is one more than its letters gets a batch letter
+    (one the spec does not use) in front; the output gets it too.
+    """
+    inputs, output = spec.split("->")
+    parts = inputs.split(",")
+    batch = next(letter for letter in _BATCH_LETTERS if letter not in spec)
+    batched = False
+    written = []
+    for part, node in zip(parts, nodes):
+        if node.rank == len(part) + 1:
+            written.append(batch + part)
+            batched = True
+        elif node.rank == len(part):
+            written.append(part)
+        else:  # a builder bug, not a user mistake; still say what happened
+            raise ModelError(
+                f"einsum {spec!r} for {name!r}: operand {node.describe()} has shape {list(node.shape)}, "
+                f"which fits neither {part!r} nor a batched {batch + part!r}"
+            )
+    out = batch + output if batched else output
+    return Einsum.from_einsum_string(",".join(written) + "->" + out, *nodes, name=name)
+
+
+def fn(spec_name: str, *nodes: Circuit, name: str | None = None) -> GeneralFunction:
+    return GeneralFunction.new_by_name(*nodes, spec_name=spec_name, name=name)
+
+
+def last_axis_index(node: Circuit, item: Any, name: str | None = None) -> Index:
+    """``node[..., item]``: Index pads at the end, so leading axes are spelled out."""
+    return Index(node, (slice(None),) * (node.rank - 1) + (item,), name=name)
+
+
+def batch_prefix(batched: bool) -> tuple:
+    return (slice(None),) if batched else ()
+
+
+# ------------------------------------------------------------------ tokens
+
+
+class Tokens:
+    """The token nodes every family shares.
+
+    ``var`` is ``'toks_int_var'`` (an int64 Array, ``[S+k]`` or ``[B,S+k]``),
+    ``inputs`` is ``'input_toks_int'`` and ``targets`` is ``'true_toks_int'``.
+    """
+
+    def __init__(self, var: Array, inputs: Index, targets: Index, seq_len: int, batched: bool):
+        self.var = var
+        self.inputs = inputs
+        self.targets = targets
+        self.seq_len = seq_len
+        self.batched = batched
+
+
+def make_tokens(
+    tokens: Any,
+    *,
+    seq_len: int | None,
+    batch_size: int | None,
+    convention: str,
+    vocab_size: int,
+    max_positions: int | None = None,
+) -> Tokens:
+    """The token Array and its two Index views.
+
+    ``tokens`` is an integer tensor ``[S+k]`` or ``[B,S+k]`` (``k`` is 1 for the
+    ``"default"`` convention, 2 for ``"golden"``), or None for an all-zero
+    placeholder of ``seq_len`` positions (and ``batch_size`` rows if given),
+    to be swapped later with ``update('toks_int_var', ...)``.
+    """
+    if convention not in CONVENTIONS:
+        raise ModelError(f"convention {convention!r} is not one of {sorted(CONVENTIONS)}")
+    extra, input_slice, target_slice = CONVENTIONS[convention]
+    if tokens is None:
+        if seq_len is None:
+            raise ModelError("pass tokens (an int tensor [S+1] or [B,S+1]) or seq_len= to build a placeholder")
+        _check_positive("seq_len", seq_len)
+        shape = (seq_len + extra,) if batch_size is None else (_check_positive("batch_size", batch_size), seq_len + extra)
+        tokens = torch.zeros(shape, dtype=torch.int64)
+    else:
+        if not isinstance(tokens, torch.Tensor):
+            try:
+                tokens = torch.as_tensor(tokens)
+            except Exception as error:
+                raise ModelError(f"tokens of type {type(tokens).__name__} are not a tensor ({error})") from None
+        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+            raise ModelError(f"tokens have dtype {tokens.dtype}; expected an integer tensor of token ids")
+        if tokens.ndim not in (1, 2):
+            raise ModelError(
+                f"tokens have shape {list(tokens.shape)}; expected [S+{extra}] or [B,S+{extra}] "
+                f"(convention {convention!r})"
+            )
+        tokens = tokens.to(torch.int64)
+        if tokens.shape[-1] <= extra:
+            raise ModelError(
+                f"tokens have shape {list(tokens.shape)}: the {convention!r} convention needs more than "
+                f"{extra} tokens per row (inputs {_slice_text(input_slice)}, targets {_slice_text(target_slice)})"
+            )
+        if seq_len is not None and seq_len != tokens.shape[-1] - extra:
+            raise ModelError(
+                f"seq_len={seq_len} but tokens of shape {list(tokens.shape)} give "
+                f"{tokens.shape[-1] - extra} positions (convention {convention!r})"
+            )
+        if batch_size is not None and (tokens.ndim != 2 or tokens.shape[0] != batch_size):
+            raise ModelError(f"batch_size={batch_size} but tokens have shape {list(tokens.shape)}")
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
+            raise ModelError(
+                f"token ids range over [{int(tokens.min())}, {int(tokens.max())}] but the vocabulary has "
+                f"{vocab_size} entries"
+            )
+    positions = tokens.shape[-1] - extra
+    if max_positions is not None and positions > max_positions:
+        raise ModelError(
+            f"{positions} positions, but the model's position table has only {max_positions} rows"
+        )
+    batched = tokens.ndim == 2
+    var = Array(tokens, name="toks_int_var")
+    prefix = batch_prefix(batched)
+    inputs = Index(var, prefix + (input_slice,), name="input_toks_int")
+    targets = Index(var, prefix + (target_slice,), name="true_toks_int")
+    return Tokens(var, inputs, targets, positions, batched)
+
+
+def _check_positive(what: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ModelError(f"{what}={value!r} is not a positive int")
+    return value
+
+
+def _slice_text(item: slice) -> str:
+    return f"[{'' if item.start is None else item.start}:{'' if item.stop is None else item.stop}]"
+
+
+# ------------------------------------------------------------------- norms
+
+
+def _recip_hidden_size(x: Circuit, prefix: str) -> Circuit:
+    hidden_size = fn("last_dim_size", x, name=f"{prefix}.c.hidden_size")
+    return fn("reciprocal", hidden_size, name=f"{prefix}.c.recip_hidden_size")
+
+
+def layer_norm(x: Circuit, scale: Circuit, bias: Circuit, eps: float, name: str) -> Add:
+    """Layer norm written out exactly as in the golden file (``'ln.*'`` names)."""
+    recip = _recip_hidden_size(x, "ln")
+    neg_mean = einsum("Ah,z,A->Az", x, Scalar(-1.0, shape=(1,), name="ln.neg"), recip, name="ln.neg_mean")
+    mean_subbed = Add(x, neg_mean, name="ln.mean_subbed")
+    var = einsum("ih,ih,i->i", mean_subbed, mean_subbed, recip, name="ln.var")
+    var_p_eps = Add(Scalar(eps, name="ln.c.eps"), var, name="ln.var_p_eps")
+    rsqrt = fn("rsqrt", var_p_eps, name="ln.rsqrt")
+    y = einsum("ih,i->ih", mean_subbed, rsqrt, name="ln.y")
+    y_scaled = einsum("ih,h->ih", y, scale, name="ln.y_scaled")
+    return Add(bias, y_scaled, name=name)
+
+
+def rms_norm(x: Circuit, scale: Circuit, eps: float, name: str) -> Einsum:
+    """RMSNorm (Llama): ``scale * x * rsqrt(mean(x^2) + eps)``, with ``'rms.*'`` names."""
+    recip = _recip_hidden_size(x, "rms")
+    var = einsum("ih,ih,i->i", x, x, recip, name="rms.var")
+    var_p_eps = Add(Scalar(eps, name="rms.c.eps"), var, name="rms.var_p_eps")
+    rsqrt = fn("rsqrt", var_p_eps, name="rms.rsqrt")
+    y = einsum("ih,i->ih", x, rsqrt, name="rms.y")
+    return einsum("ih,h->ih", y, scale, name=name)
+
+
+# --------------------------------------------------------------- attention
+
+
+def causal_mask_array(seq_len: int, dtype: torch.dtype) -> Array:
+    return Array(torch.tril(torch.ones(seq_len, seq_len, dtype=dtype)), name="t.a.c.causal_mask")
+
+
+def score_neg_inf_bias(mask: Circuit, neg_inf: float = NEG_INF) -> Einsum:
+    """``(1 - mask) * neg_inf``, written as in the golden file."""
+    neg_mask = Einsum.from_einsum_string("ab,->ab", mask, Scalar(-1.0, name="neg_one"), name="not_mask.neg_mask")
+    not_mask = Add(Scalar(1.0, name="one"), neg_mask, name="a.not_mask")
+    return Einsum.from_einsum_string("qk,->qk", not_mask, Scalar(neg_inf, name="a.neg_inf"), name="a.score_neg_inf_bias")
+
+
+def div_head_size(weight: Circuit) -> GeneralFunction:
+    """``1/sqrt(d_head)`` per head, read off a ``[heads, d_head, d_model]`` weight as in the golden file."""
+    bias_for_head_size = einsum("hjk->hj", weight, name="a.c.bias_for_head_size")
+    head_size = fn("last_dim_size", bias_for_head_size, name="a.c.head_size")
+    return fn("rsqrt", head_size, name="a.c.div_head_size")
+
+
+def attend(
+    q: Circuit,
+    k: Circuit,
+    v: Circuit,
+    div: Circuit,
+    w_o: Circuit,
+    layer: int,
+    mask: Circuit | None,
+    neg_inf: float = NEG_INF,
+) -> Einsum:
+    """Scores, softmax, values and the head-summing output ``'b{L}.a'``.
+
+    ``q`` is ``[h,q,c]``, ``k`` ``[h,k,c]``, ``v`` ``[h,k,V]`` (each with a
+    leading batch axis if batched), ``w_o`` ``[h,d,V]``.  Without ``mask`` the
+    scores are the unmasked ``'a.attn_scores'`` Einsum; with it they are the
+    golden file's masked form.
+    """
+    if mask is None:
+        scores = einsum("hqc,hkc,h->hqk", q, k, div, name="a.attn_scores")
+    else:
+        raw = einsum("hqc,hkc,h,qk->hqk", q, k, div, mask, name="a.attn_scores_raw")
+        scores = Add(raw, score_neg_inf_bias(mask, neg_inf), name="a.attn_scores")
+    probs = fn("softmax", scores, name="a.attn_probs")
+    comb_v = einsum("hqk,hkV->hqV", probs, v, name="a.comb_v")
+    return einsum("hsV,hdV->sd", comb_v, w_o, name=f"b{layer}.a")
+
+
+# ------------------------------------------------------------------- head
+
+
+def loss_head(final: Circuit, unembed: Circuit, targets: Circuit, unembed_bias: Circuit | None = None) -> Einsum:
+    """Logits ``'t.call'``, ``'log_probs'``, ``'ll'`` and the per-token loss ``'t.loss'``."""
+    if unembed_bias is None:
+        logits = einsum("sh,vh->sv", final, unembed, name="t.call")
+    else:
+        logits = Add(einsum("sh,vh->sv", final, unembed, name="t.unembed"), unembed_bias, name="t.call")
+    log_probs = fn("log_softmax", logits, name="log_probs")
+    ll = fn("gen_index_at_0_batch_x_c", log_probs, targets, name="ll")
+    return einsum("a,->a", ll, Scalar(-1.0, name="nll.neg"), name="t.loss")
+
+
+def embed(tok_embeds: Circuit, tokens: Tokens) -> GeneralFunction:
+    return fn("gen_index_at_0_c", tok_embeds, tokens.inputs, name="idxed_embeds")
+
+
+def positions(pos_embeds: Circuit, seq_len: int) -> Index:
+    return Index(pos_embeds, (slice(None, seq_len), slice(None)), name="t.w.pos_embeds_idxed")
+
+
+# ----------------------------------------------------------------- weights
+
+
+def check_weights(
+    family: str,
+    weights: Mapping[str, Any],
+    expected: Mapping[str, tuple[int, ...]],
+    optional: Iterable[str] = (),
+) -> dict[str, torch.Tensor]:
+    """The weights as tensors, or one ModelError listing every problem.
+
+    Missing names, names the model does not use, wrong shapes and
+    non-floating tensors are all reported together, each with the shape
+    that was expected.
+    """
+    if not isinstance(weights, Mapping):
+        raise ModelError(f"{family}: weights must be a mapping from name to tensor, got {type(weights).__name__}")
+    optional = set(optional)
+    problems: list[str] = []
+    missing = [n for n in expected if n not in weights and n not in optional]
+    if missing:
+        problems.append(
+            "missing: " + ", ".join(f"{n!r} {list(expected[n])}" for n in missing)
+        )
+    unknown = sorted(n for n in weights if n not in expected)
+    if unknown:
+        problems.append("not used by this model: " + ", ".join(repr(n) for n in unknown))
+    tensors: dict[str, torch.Tensor] = {}
+    for name, shape in expected.items():
+        if name not in weights:
+            continue
+        value = weights[name]
+        if not isinstance(value, torch.Tensor):
+            try:
+                value = torch.as_tensor(value)
+            except Exception:
+                problems.append(f"{name!r} is a {type(value).__name__}, not a tensor")
+                continue
+        if tuple(value.shape) != tuple(shape):
+            problems.append(f"{name!r} has shape {list(value.shape)}, expected {list(shape)}")
+            continue
+        if not value.is_floating_point():
+            problems.append(f"{name!r} has dtype {value.dtype}, expected a floating dtype")
+            continue
+        tensors[name] = value.detach()
+    if problems:
+        raise ModelError(f"{family} weights do not fit the config:\n  " + "\n  ".join(problems))
+    dtypes = {t.dtype for t in tensors.values()}
+    if len(dtypes) > 1:
+        raise ModelError(
+            f"{family} weights mix dtypes {sorted(str(d) for d in dtypes)}; convert them to one dtype "
+            "(or evaluate with dtype=...) "
+        )
+    return tensors
+
+
+def weights_dtype(tensors: Mapping[str, torch.Tensor]) -> torch.dtype:
+    for tensor in tensors.values():
+        return tensor.dtype
+    return torch.get_default_dtype()
+
+
+def random_weights(
+    expected: Mapping[str, tuple[int, ...]],
+    *,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    std: float = 0.02,
+    ones: Sequence[str] = (),
+) -> dict[str, torch.Tensor]:
+    """Normal(0, std) weights of the expected shapes, drawn in float64 from ``seed``.
+
+    Names in ``ones`` (norm scales) are ``1 + Normal(0, 5 * std)``: near one, but
+    not exactly, so that a mis-wired scale still shows in an equivalence test.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, shape in expected.items():
+        tensor = torch.randn(shape, generator=generator, dtype=torch.float64) * std
+        if name in ones:
+            tensor = 1.0 + tensor * 5
+        out[name] = tensor.to(dtype)
+    return out
+
+
+def rotate_half(x: Circuit, name: str) -> Concat:
+    """``cat(-x2, x1)`` over the last axis (Hugging Face's ``rotate_half``), from Index/Einsum/Concat.
+
+    ``x`` is ``[h,q,c]`` (or ``[B,h,q,c]``); the negation is an Einsum with the
+    Scalar -1, exact in floating point.
+    """
+    size = x.shape[-1]
+    if size % 2:
+        raise ModelError(f"rotary embedding needs an even head size, got {size}")
+    half = size // 2
+    second = last_axis_index(x, slice(half, None))
+    first = last_axis_index(x, slice(None, half))
+    negated = einsum("hqc,->hqc", second, Scalar(-1.0, name="neg_one"))
+    return Concat(negated, first, axis=x.rank - 1, name=name)

@@ -1,0 +1,208 @@
+"""Llama-style decoders: RMSNorm, rotary positions, SwiGLU MLP, grouped-query attention.
+
+Named in the golden file's scheme.  Per layer ``L``::
+
+    'b{L}' Add
+      'b{L}.m' Einsum sM,dM->sd              SwiGLU output
+        'm.gated' Einsum sM,sM->sM
+          'm.act' GeneralFunction silu
+            'm.gate' Einsum sd,Md->sM('m{L}.norm', 'm{L}.w.gate')
+          'm.up' Einsum sd,Md->sM('m{L}.norm', 'm{L}.w.up')
+        'm{L}.w.down' [d,d_mlp]
+      'b{L}.resid_mid' Add('b{L}.a', previous residual)
+
+``'a{L}.norm'``/``'m{L}.norm'`` are RMSNorms (``'rms.*'`` names, scale
+``'a{L}.rms.w.scale'``).  Queries and keys are rotated with precomputed
+``'t.a.c.rope_cos'``/``'t.a.c.rope_sin'`` arrays ``[S, d_head]``::
+
+    'a.q' Add
+      'a.q_cos' Einsum hqc,qc->hqc('a.q_unrot', 't.a.c.rope_cos')
+      'a.q_sin' Einsum hqc,qc->hqc('a.q_rot_half', 't.a.c.rope_sin')
+
+where ``'a.q_rot_half'`` is ``Concat(-x[..., d/2:], x[..., :d/2])`` built from
+Index, an Einsum with the Scalar -1, and Concat.  With fewer key/value heads
+than query heads, ``'a.k'``/``'a.v'`` are an Index with an integer tensor
+along the head axis (query head ``h`` reads key/value head ``h // group``)
+over ``'a.k_kv'``/``'a.v_kv'``, so every attention Einsum keeps one head axis
+``h``.  The ``1/sqrt(d_head)`` scale is read off ``'a{L}.w.q'`` (whose head
+axis is the query heads').  Causal by default, in the golden file's masked
+form.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import torch
+
+from circuits.errors import ModelError
+from circuits.models import common
+from circuits.models.common import einsum, fn
+from circuits.nodes import Add, Array, Circuit, Index
+
+ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "relu": "relu", "gelu_new": "gelu_new", "tanh": "tanh"}
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaConfig:
+    n_layers: int
+    n_heads: int
+    d_model: int
+    d_mlp: int
+    vocab_size: int
+    n_kv_heads: int | None = None  # n_heads when None (no grouped-query attention)
+    d_head: int | None = None  # d_model // n_heads when None
+    max_positions: int | None = None  # no limit when None
+    rms_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    act: str = "silu"
+    tie_word_embeddings: bool = False
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def head_size(self) -> int:
+        if self.d_head is not None:
+            return self.d_head
+        if self.d_model % self.n_heads:
+            raise ModelError(f"Llama: d_model {self.d_model} is not divisible by n_heads {self.n_heads}; give d_head")
+        return self.d_model // self.n_heads
+
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every weight the builder takes, by circuit name, with its shape."""
+        d, h, g, c, v, m = self.d_model, self.n_heads, self.kv_heads, self.head_size, self.vocab_size, self.d_mlp
+        shapes = {"t.w.tok_embeds": (v, d)}
+        for layer in range(self.n_layers):
+            shapes[f"a{layer}.rms.w.scale"] = (d,)
+            shapes[f"a{layer}.w.q"] = (h, c, d)
+            shapes[f"a{layer}.w.k"] = (g, c, d)
+            shapes[f"a{layer}.w.v"] = (g, c, d)
+            shapes[f"a{layer}.w.o"] = (h, d, c)
+            shapes[f"m{layer}.rms.w.scale"] = (d,)
+            shapes[f"m{layer}.w.gate"] = (m, d)
+            shapes[f"m{layer}.w.up"] = (m, d)
+            shapes[f"m{layer}.w.down"] = (d, m)
+        shapes["final.rms.w.scale"] = (d,)
+        shapes["t.w.unembed"] = (v, d)
+        return shapes
+
+
+def llama_random_weights(config: LlamaConfig, seed: int = 0, dtype: torch.dtype = torch.float32):
+    """Random weights for ``config``; tied configs get no separate ``'t.w.unembed'``."""
+    shapes = config.weight_shapes()
+    if config.tie_word_embeddings:
+        del shapes["t.w.unembed"]
+    scales = [n for n in shapes if n.endswith(".rms.w.scale")]
+    return common.random_weights(shapes, seed=seed, dtype=dtype, ones=scales)
+
+
+def rope_cos_sin(
+    config: LlamaConfig, seq_len: int, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The default ("unscaled") rotary tables ``[seq_len, d_head]`` for positions 0..S-1.
+
+    Computed in float32 and then cast, exactly as Hugging Face's
+    ``LlamaRotaryEmbedding`` does (also in float64 models), so the circuit
+    reproduces its numbers.
+    """
+    dim = config.head_size
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+    freqs = torch.arange(seq_len, dtype=torch.float)[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rotate(x: Circuit, cos: Circuit, sin: Circuit, name: str) -> Add:
+    """``x * cos + rotate_half(x) * sin`` (Hugging Face's ``apply_rotary_pos_emb``)."""
+    with_cos = einsum("hqc,qc->hqc", x, cos, name=f"{name}_cos")
+    with_sin = einsum("hqc,qc->hqc", common.rotate_half(x, name=f"{name}_rot_half"), sin, name=f"{name}_sin")
+    return Add(with_cos, with_sin, name=name)
+
+
+def build_llama(
+    config: LlamaConfig,
+    weights: Mapping[str, Any],
+    tokens: Any = None,
+    *,
+    seq_len: int | None = None,
+    batch_size: int | None = None,
+    convention: str = "default",
+    causal: bool = True,
+    neg_inf: float = common.NEG_INF,
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> Circuit:
+    """A Llama-style decoder as a circuit whose root is the per-token loss ``'t.loss'``.
+
+    ``weights`` maps the names of ``config.weight_shapes()`` to tensors (with
+    ``tie_word_embeddings`` ``'t.w.unembed'`` may be left out).  ``rope`` gives
+    the ``(cos, sin)`` tables ``[S, d_head]`` for a scaled rotary variant; by
+    default they are ``rope_cos_sin(config, S)``.  Tokens and options as in
+    ``build_attn_only``.
+    """
+    if not isinstance(config, LlamaConfig):
+        raise ModelError(f"build_llama needs a LlamaConfig, got {type(config).__name__}")
+    if config.act not in ACTIVATIONS:
+        raise ModelError(f"Llama: activation {config.act!r} is not supported; supported: {sorted(ACTIVATIONS)}")
+    heads, kv_heads = config.n_heads, config.kv_heads
+    if heads % kv_heads:
+        raise ModelError(f"Llama: {heads} query heads are not a multiple of {kv_heads} key/value heads")
+    optional = ("t.w.unembed",) if config.tie_word_embeddings else ()
+    tensors = common.check_weights("Llama", weights, config.weight_shapes(), optional=optional)
+    dtype = common.weights_dtype(tensors)
+    w = {name: Array(tensor, name=name) for name, tensor in tensors.items()}
+    if "t.w.unembed" not in w:
+        w["t.w.unembed"] = Array(tensors["t.w.tok_embeds"], name="t.w.unembed")
+    toks = common.make_tokens(
+        tokens,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        convention=convention,
+        vocab_size=config.vocab_size,
+        max_positions=config.max_positions,
+    )
+    seq = toks.seq_len
+    if rope is None:
+        cos_t, sin_t = rope_cos_sin(config, seq, dtype)
+    else:
+        cos_t, sin_t = (torch.as_tensor(t).detach().to(dtype) for t in rope)
+        expected = (seq, config.head_size)
+        if tuple(cos_t.shape) != expected or tuple(sin_t.shape) != expected:
+            raise ModelError(
+                f"Llama: rope tables have shapes {list(cos_t.shape)} and {list(sin_t.shape)}, "
+                f"expected {list(expected)} each ([seq_len, d_head])"
+            )
+    cos = Array(cos_t, name="t.a.c.rope_cos")
+    sin = Array(sin_t, name="t.a.c.rope_sin")
+    mask = common.causal_mask_array(seq, dtype) if causal else None
+    act = ACTIVATIONS[config.act]
+    group = heads // kv_heads
+    repeat = torch.arange(kv_heads).repeat_interleave(group) if group > 1 else None
+    head_pick = common.batch_prefix(toks.batched) + (repeat,)
+
+    resid: Circuit = common.embed(w["t.w.tok_embeds"], toks)
+    for layer in range(config.n_layers):
+        a, m = f"a{layer}", f"m{layer}"
+        norm = common.rms_norm(resid, w[f"{a}.rms.w.scale"], config.rms_eps, name=f"{a}.norm")
+        q = _rotate(einsum("qd,hcd->hqc", norm, w[f"{a}.w.q"], name="a.q_unrot"), cos, sin, "a.q")
+        k_unrot = einsum("kd,hcd->hkc", norm, w[f"{a}.w.k"], name="a.k_unrot")
+        if repeat is None:
+            k = _rotate(k_unrot, cos, sin, "a.k")
+            v = einsum("kd,hVd->hkV", norm, w[f"{a}.w.v"], name="a.v")
+        else:
+            k = Index(_rotate(k_unrot, cos, sin, "a.k_kv"), head_pick, name="a.k")
+            v = Index(einsum("kd,hVd->hkV", norm, w[f"{a}.w.v"], name="a.v_kv"), head_pick, name="a.v")
+        div = common.div_head_size(w[f"{a}.w.q"])
+        out = common.attend(q, k, v, div, w[f"{a}.w.o"], layer, mask, neg_inf)
+        resid_mid = Add(out, resid, name=f"b{layer}.resid_mid")
+
+        m_norm = common.rms_norm(resid_mid, w[f"{m}.rms.w.scale"], config.rms_eps, name=f"{m}.norm")
+        gate = fn(act, einsum("sd,Md->sM", m_norm, w[f"{m}.w.gate"], name="m.gate"), name="m.act")
+        up = einsum("sd,Md->sM", m_norm, w[f"{m}.w.up"], name="m.up")
+        gated = einsum("sM,sM->sM", gate, up, name="m.gated")
+        mlp = einsum("sM,dM->sd", gated, w[f"{m}.w.down"], name=f"b{layer}.m")
+        resid = Add(mlp, resid_mid, name=f"b{layer}")
+    final = common.rms_norm(resid, w["final.rms.w.scale"], config.rms_eps, name="final.call")
+    return common.loss_head(final, w["t.w.unembed"], toks.targets)
