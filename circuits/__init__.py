@@ -93,3 +93,9 @@ __all__ += [
     "substitute",
     "update",
 ]
+
+# Model library (issue 5): ``import circuits.models`` for the builders and
+# loaders (not imported here; transformers is only needed by ``from_hf``).
+from circuits.errors import ModelError  # noqa: E402
+
+__all__ += ["ModelError"]
