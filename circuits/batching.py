@@ -52,6 +52,7 @@ from circuits.nodes import (
     Index,
     Rearrange,
 )
+from circuits.rewrite import _rebuilt
 from circuits.spec import format_shape
 
 __all__ = ["expand"]
@@ -128,7 +129,7 @@ class _Expander:
                         new = self.batched(node, children, flags)
                         self.check_shape(node, new, "rebuilt")
                     else:
-                        new = node.evolve(children=tuple(children))
+                        new = _rebuilt(node, children)
                 except ExpandError:
                     raise
                 except CircuitError as error:
@@ -234,7 +235,7 @@ class _Expander:
             i += 1
         prefix = " ".join(names)
         pattern = f"{prefix} {lhs.strip()} -> {prefix} {rhs.strip()}"
-        return Rearrange(child, pattern, name=node.name, **dict(node.sizes))
+        return Rearrange(child, pattern, name=node.name, sizes=dict(node.sizes))
 
     def _function(self, node: GeneralFunction, children, flags) -> Circuit:
         spec = node.spec
@@ -335,14 +336,13 @@ class _Expander:
         """``node`` (axes named ``got``) with its axes put in ``target`` order, named ``name``."""
         if got == target:
             return node.rename(name)
-        return Rearrange(node, f"{' '.join(got)} -> {' '.join(target)}", name=name, **(sizes or {}))
+        return Rearrange(node, f"{' '.join(got)} -> {' '.join(target)}", name=name, sizes=sizes)
 
     def repeat(self, node: Circuit) -> Circuit:
         """``node`` repeated over the batch: shape B + its shape."""
         bn = [f"B{i}" for i in range(len(self.batch))]
         xn = [f"x{i}" for i in range(len(node.shape))]
-        sizes = dict(zip(bn, self.batch))
-        return Rearrange(node, f"{' '.join(xn)} -> {' '.join(bn + xn)}", **sizes)
+        return Rearrange(node, f"{' '.join(xn)} -> {' '.join(bn + xn)}", sizes=dict(zip(bn, self.batch)))
 
     def pad(self, node: Circuit, count: int) -> Circuit:
         """A batched ``node`` with ``count`` unit axes after its batch axes."""

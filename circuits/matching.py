@@ -343,8 +343,16 @@ class IterativeMatcher:
     def start(self) -> State:
         return self._start
 
+    def hits(self, node: Circuit) -> tuple[bool, ...]:
+        """Which stages' matchers match ``node`` (all that ``step`` needs of it, with its child count)."""
+        return tuple(bool(stage.matcher._predicate(node)) for stage in self._stages)
+
     def step(self, state: State, node: Circuit) -> tuple[bool, list[State]]:
         """At ``node`` reached in ``state``: is it found, and the state for each child."""
+        return self.step_from(state, self.hits(node), len(node.children))
+
+    def step_from(self, state: State, hits: tuple[bool, ...], count: int) -> tuple[bool, list[State]]:
+        """``step`` given the node's stage hits and child count (so walks can cache it)."""
         stages = self._stages
         last = len(stages) - 1
         pending = list(state)
@@ -352,16 +360,15 @@ class IterativeMatcher:
         found = False
         common: set = set()
         by_position: dict[int, set] | None = None
-        count = len(node.children)
         i = 0
         while i < len(pending):
             index, depth = pending[i]
             i += 1
             stage = stages[index]
             hit = (
-                depth >= stage.min_depth
+                hits[index]
+                and depth >= stage.min_depth
                 and (stage.max_depth is None or depth <= stage.max_depth)
-                and stage.matcher(node)
             )
             if hit:
                 if index == last:
@@ -480,34 +487,40 @@ def _walk_plain(root: Circuit, matcher: Matcher, descend_found: bool) -> list[Wa
 def _walk_states(root: Circuit, matcher: IterativeMatcher, descend_found: bool) -> list[WalkEntry]:
     entries: dict[tuple, WalkEntry] = {}
     order: list[WalkEntry] = []
-    step = matcher.step
-    stack: list[tuple[Circuit, State, bool]] = [(root, matcher.start, False)]
+    predicates = tuple(stage.matcher._predicate for stage in matcher._stages)
+    step_from = matcher.step_from
+    steps: dict[tuple, tuple[bool, list]] = {}  # (state, hits, child count) -> step result
+    stack: list[tuple[Circuit, State, tuple | None]] = [(root, matcher.start, None)]
+    pop, push = stack.pop, stack.append
     while stack:
-        node, state, expanded = stack.pop()
-        key = (node.hash, state)
-        if expanded:
+        node, state, key = pop()
+        if key is not None:  # children done
             order.append(entries[key])
             continue
+        key = (node.hash, state)
         if key in entries:
             continue
-        found, child_states = step(state, node)
+        children = node.children
+        hits = tuple([bool(p(node)) for p in predicates])
+        memo = (state, hits, len(children))
+        result = steps.get(memo)
+        if result is None:
+            result = steps[memo] = step_from(state, hits, len(children))
+        found, child_states = result
         if found and not descend_found:
             entries[key] = entry = WalkEntry(key, node, True, None)
             order.append(entry)
             continue
-        child_keys = []
-        pushes = []
-        for child, child_state in zip(node.children, child_states):
-            if not child_state:
-                child_keys.append(None)
-                continue
-            child_key = (child.hash, child_state)
-            child_keys.append(child_key)
-            if child_key not in entries:
-                pushes.append((child, child_state, False))
-        entries[key] = WalkEntry(key, node, found, tuple(child_keys))
-        stack.append((node, state, True))
-        stack.extend(reversed(pushes))
+        child_keys = [
+            (child.hash, child_state) if child_state else None
+            for child, child_state in zip(children, child_states)
+        ]
+        entries[key] = WalkEntry(key, node, found, child_keys)
+        push((node, state, key))
+        for position in range(len(children) - 1, -1, -1):
+            child_key = child_keys[position]
+            if child_key is not None and child_key not in entries:
+                push((children[position], child_states[position], None))
     return order
 
 

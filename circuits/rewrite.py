@@ -32,11 +32,13 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
+import attrs
 import torch
 
 from circuits.errors import RewriteError
 from circuits.gcpause import gc_paused
-from circuits.matching import Matcher, WalkEntry, walk
+from circuits.hashing import node_hash
+from circuits.matching import Matcher, WalkEntry, as_iterative, walk
 from circuits.nodes import Array, Circuit, Symbol
 from circuits.traversal import unique_nodes
 
@@ -61,8 +63,11 @@ def update(circuit: Circuit, matcher: Any, fn: Callable[[Circuit], Circuit]) -> 
             )
         return new
 
+    iterative = as_iterative(matcher)
     with gc_paused():
-        return rebuild(walk(circuit, matcher, descend_found=True), on_found, circuit)
+        if iterative.is_plain:
+            return _rewrite_plain(circuit, iterative.plain_matcher, on_found, descend_found=True)
+        return rebuild(walk(circuit, iterative, descend_found=True), on_found, circuit)
 
 
 def replace(circuit: Circuit, mapping: Mapping[Circuit, Circuit]) -> Circuit:
@@ -93,8 +98,7 @@ def replace(circuit: Circuit, mapping: Mapping[Circuit, Circuit]) -> Circuit:
         return circuit
     matcher = Matcher._make(lambda node: node.hash in by_hash, f"Matcher(replace keys: {len(by_hash)})")
     with gc_paused():
-        entries = walk(circuit, matcher, descend_found=False)
-        return rebuild(entries, lambda node: by_hash[node.hash], circuit)
+        return _rewrite_plain(circuit, matcher, lambda node: by_hash[node.hash], descend_found=False)
 
 
 def substitute(circuit: Circuit, bindings: Mapping[Any, Any]) -> Circuit:
@@ -192,7 +196,84 @@ def rebuild(
     return root if result is None else result
 
 
+_PENDING = object()
+_COPIED_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _rewrite_plain(
+    root: Circuit, matcher: Matcher, on_found: Callable[[Circuit], Circuit], descend_found: bool
+) -> Circuit:
+    """``rebuild(walk(root, matcher))`` fused into one post-order pass, for plain matchers.
+
+    Each distinct node (by hash) is visited once; ``results`` maps its hash
+    to the rewritten node, or None when it is unchanged.
+    """
+    predicate = matcher._predicate
+    results: dict[bytes, Any] = {}
+    interned: dict[bytes, Circuit] = {}
+    stack: list[tuple[Circuit, bool]] = [(root, False)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        node, expanded = pop()
+        key = node.hash
+        if not expanded:
+            if key in results:
+                continue
+            if not descend_found and predicate(node):
+                new = on_found(node)
+            else:
+                results[key] = _PENDING
+                push((node, True))
+                for child in reversed(node.children):
+                    if child.hash not in results:
+                        push((child, False))
+                continue
+        else:
+            children = node.children
+            new_children = None
+            for position, child in enumerate(children):
+                result = results[child.hash]
+                if result is not None:
+                    if new_children is None:
+                        new_children = list(children)
+                    new_children[position] = result
+            new = node if new_children is None else _rebuilt(node, new_children)
+            if descend_found and predicate(node):
+                new = on_found(new)
+        if new is node or new.hash == key:
+            results[key] = None
+        else:
+            results[key] = interned.setdefault(new.hash, new)
+    result = results[root.hash]
+    return root if result is None else result
+
+
 def _rebuilt(node: Circuit, children: list[Circuit]) -> Circuit:
+    """``node`` over new ``children``.
+
+    When every new child has its old child's shape, the node's shape and
+    printed EXTRA (functions of its own fields and its children's shapes)
+    cannot change, so only the structural hash is recomputed: a rewrite deep
+    in a big circuit rebuilds its many ancestors without re-deriving them.
+    Otherwise the node is rebuilt and checked as if built anew.
+    """
+    old_children = node.children
+    if len(children) == len(old_children) and all(
+        new is old or new.shape == old.shape for new, old in zip(children, old_children)
+    ):
+        cls = type(node)
+        names = _COPIED_FIELDS.get(cls)
+        if names is None:
+            names = _COPIED_FIELDS[cls] = tuple(
+                f.name for f in attrs.fields(cls) if f.name not in ("children", "hash")
+            )
+        new = object.__new__(cls)
+        for name in names:
+            object.__setattr__(new, name, getattr(node, name))
+        children = tuple(children)
+        object.__setattr__(new, "children", children)
+        object.__setattr__(new, "hash", node_hash(node.kind, node.name, node.shape, node.extra, children))
+        return new
     try:
         return node.evolve(children=tuple(children))
     except Exception as error:
