@@ -71,7 +71,9 @@ def timed(action):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--nodes", type=int, default=100_000, help="op nodes in the chain (default 10^5)")
     parser.add_argument("--repeat", type=int, default=7, help="timed runs of each (default 7); medians count")
     parser.add_argument("--side", type=int, default=4, help="tensors are side x side float32 (default 4)")
@@ -111,8 +113,9 @@ def main() -> None:
     )
     print(f"plain torch loop: {loop:.3f} s ({loop * per_op:.2f} us/op)   [best {min(loop_times):.3f} s]")
     print(
-        f"cc.evaluate:      {evaluated:.3f} s ({evaluated * per_op:.2f} us/node) [best {min(eval_times):.3f} s]"
-        f"  = schedule build {statistics.median(build_times):.3f} s + run {statistics.median(run_times):.3f} s"
+        f"cc.evaluate:      {evaluated:.3f} s ({evaluated * per_op:.2f} us/node) "
+        f"[best {min(eval_times):.3f} s]  = schedule build {statistics.median(build_times):.3f} s "
+        f"+ run {statistics.median(run_times):.3f} s"
     )
     print(f"evaluator overhead: {(evaluated - loop) * per_op:.2f} us/node")
     ratio = evaluated / loop

@@ -9,16 +9,17 @@
 - Compilation turns every computed node into one step ``(fn, argument
   slots, output slot)``, with ``fn`` chosen once per node (a dict lookup by
   node type, not an isinstance chain) and the values held in a flat list of
-  slots.  Each
-  step also lists the slots whose last consumer it is; those are dropped
-  right after it runs, so peak memory is the live set of the schedule, not
-  the sum over all nodes.  Roots are kept.
+  slots.  Each step also lists the slots whose last consumer it is; those
+  are dropped right after it runs, so peak memory is the live set of the
+  schedule, not the sum over all nodes.  Roots are kept.
 - ``device`` and ``dtype`` apply to the whole computation: an Array that
   needs moving or casting is converted once, as a step of its own placed
-  just before its first consumer (and released after its last); integer
-  tensors (token ids, indices) keep their dtype.  With no ``dtype``,
-  Scalars take the promoted floating dtype of the Arrays and inputs (the
-  default dtype if there are none), so a float64 circuit stays float64.
+  where the post-order first reaches it (and released after its last
+  consumer), not all up front; integer tensors (token ids, indices) keep
+  their dtype.  Bound inputs must already be on the computation's device.
+  With no ``dtype``, Scalars take the promoted floating dtype of the Arrays
+  and inputs (the default dtype if there are none), so a float64 circuit
+  stays float64.
 - Errors raised while compiling or running (an unbound or mis-shaped
   Symbol, an Array without its tensor, a device mismatch, an out-of-range
   ``gen_index..._c`` index, any exception from a torch op or a function
@@ -237,7 +238,8 @@ def _compile(roots, inputs, device, dtype) -> _Plan:
     last_use: dict[int, int] = {}  # slot -> position of the last step that consumes it
     steps = _Steps()
     fns, many = steps.fns, steps.many
-    add_fn, add_first, add_second, add_out = fns.append, steps.firsts.append, steps.seconds.append, steps.outs.append
+    add_fn, add_out = fns.append, steps.outs.append
+    add_first, add_second = steps.firsts.append, steps.seconds.append
     step_fns = _STEP_FNS
     path: list[Circuit] = []  # the nodes whose children are being computed, innermost last
     descend, ascend = path.append, path.pop
@@ -460,7 +462,9 @@ def _finish_leaves(ctx: _Context, order, values, steps) -> None:
                 "inputs={symbol_node: tensor}",
             )
         if isinstance(value, Exception):
-            raise _error_at(node, slot, order, steps, f"{node.describe()}: bound value is not a tensor ({value})")
+            raise _error_at(
+                node, slot, order, steps, f"{node.describe()}: bound value is not a tensor ({value})"
+            )
         if tuple(value.shape) != node.shape:
             raise _error_at(
                 node, slot, order, steps,
@@ -476,9 +480,8 @@ def _finish_leaves(ctx: _Context, order, values, steps) -> None:
                 f"{node.describe()} is bound to a tensor on device {value.device}, but the computation "
                 f"runs on {device} ({source}); move the input with .to({str(device)!r})",
             )
-    unused = [
-        key for key, _ in list(ctx.by_hash.values()) + list(ctx.by_name.values()) if id(key) not in ctx.used_keys
-    ]
+    bindings = list(ctx.by_hash.values()) + list(ctx.by_name.values())
+    unused = [key for key, _ in bindings if id(key) not in ctx.used_keys]
     if unused:
         symbols = sorted({order[s].describe() + " " + format_shape(order[s].shape) for s in ctx.symbol_slots})
         names = [k.describe() if isinstance(k, Circuit) else repr(k) for k in unused]

@@ -79,7 +79,7 @@ def test_thousand_node_chain_of_4mb_intermediates_peaks_under_64mb(one_thread):
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         result = chain.evaluate()
     peak, allocated = allocation_curve(prof)
-    print(f"\npeak tensor memory during evaluate: {peak / MB:.1f} MB; allocated in total {allocated / MB:.0f} MB")
+    print(f"\npeak tensor memory during evaluate: {peak / MB:.1f} MB; allocated in all {allocated / MB:.0f} MB")
 
     assert allocated >= 1000 * 4 * MB  # the profiler saw every intermediate
     assert peak < 64 * MB
@@ -108,7 +108,10 @@ def test_fifty_thousand_deep_chain_evaluates_without_recursion():
     one = cc.Scalar(1.0, name="one")
     depth = 50_000
     for i in range(depth):  # built iteratively
-        node = cc.Add(node, one) if i % 2 else cc.Einsum.from_einsum_string("a,->a", node, cc.Scalar(1.0, name="id"))
+        if i % 2:
+            node = cc.Add(node, one)
+        else:
+            node = cc.Einsum.from_einsum_string("a,->a", node, cc.Scalar(1.0, name="id"))
     started = time.perf_counter()
     result = node.evaluate()
     print(f"\n{depth}-deep chain evaluated in {time.perf_counter() - started:.2f} s")
@@ -117,7 +120,8 @@ def test_fifty_thousand_deep_chain_evaluates_without_recursion():
 
 def test_error_deep_in_a_long_chain_reports_a_shortened_path():
     toks = cc.Symbol((2,), name="toks")
-    node = cc.GeneralFunction.new_by_name(cc.Array(torch.randn(4, 3), name="emb"), toks, spec_name="gen_index_at_0_c", name="lookup")
+    emb = cc.Array(torch.randn(4, 3), name="emb")
+    node = cc.GeneralFunction.new_by_name(emb, toks, spec_name="gen_index_at_0_c", name="lookup")
     for i in range(20_000):
         node = cc.GeneralFunction.new_by_name(node, spec_name="relu", name=f"r{i}")
     with pytest.raises(cc.EvaluationError, match="out of range") as info:

@@ -27,7 +27,8 @@ GRAD_TOLERANCE = 1e-6
 
 def make_params(generator: torch.Generator) -> dict[str, torch.Tensor]:
     def p(*shape, scale=0.3, offset=0.0):
-        return (torch.randn(*shape, generator=generator, dtype=torch.float64) * scale + offset).requires_grad_()
+        value = torch.randn(*shape, generator=generator, dtype=torch.float64) * scale + offset
+        return value.requires_grad_()
 
     params = {"tok_emb": p(VOCAB, D_MODEL, scale=1.0), "pos_emb": p(POSITIONS, D_MODEL)}
     for layer in range(LAYERS):
@@ -82,8 +83,10 @@ def build_circuit(params: dict[str, torch.Tensor]) -> cc.Circuit:
     input_toks = cc.Index(toks, slice(None, -1), name="input_toks")
     true_toks = cc.Index(toks, slice(1, None), name="true_toks")
     mask = cc.Array(torch.tril(torch.ones(SEQ, SEQ, dtype=torch.float64)), name="t.a.c.causal_mask")
-    not_mask = cc.Add(cc.Scalar(1.0, name="one"), ein("ab,->ab", mask, cc.Scalar(-1.0, name="neg_one")), name="a.not_mask")
-    neg_inf_bias = ein("qk,->qk", not_mask, cc.Scalar(-10000.0, name="a.neg_inf"), name="a.score_neg_inf_bias")
+    neg_mask = ein("ab,->ab", mask, cc.Scalar(-1.0, name="neg_one"), name="not_mask.neg_mask")
+    not_mask = cc.Add(cc.Scalar(1.0, name="one"), neg_mask, name="a.not_mask")
+    neg_inf = cc.Scalar(-10000.0, name="a.neg_inf")
+    neg_inf_bias = ein("qk,->qk", not_mask, neg_inf, name="a.score_neg_inf_bias")
 
     embeds = fn("gen_index_at_0_c", arrays["tok_emb"], input_toks, name="idxed_embeds")
     pos = cc.Index(arrays["pos_emb"], (slice(None, SEQ), slice(None)), name="pos_embeds_idxed")
@@ -100,7 +103,8 @@ def build_circuit(params: dict[str, torch.Tensor]) -> cc.Circuit:
             q = ein("qd,cd->qc", normed, wq, name="a.q")
             k = ein("kd,cd->kc", normed, wk, name="a.k")
             v = ein("kd,Vd->kV", normed, wv, name="a.v")
-            head_size = fn("last_dim_size", ein("jk->j", wk, name="a.c.bias_for_head_size"), name="a.c.head_size")
+            summed = ein("jk->j", wk, name="a.c.bias_for_head_size")
+            head_size = fn("last_dim_size", summed, name="a.c.head_size")
             scale = fn("rsqrt", head_size, name="a.c.div_head_size")
             raw = ein("qc,kc,,qk->qk", q, k, scale, mask, name="a.attn_scores_raw")
             probs = fn("softmax", cc.Add(raw, neg_inf_bias, name="a.attn_scores"), name="a.attn_probs")
@@ -108,7 +112,8 @@ def build_circuit(params: dict[str, torch.Tensor]) -> cc.Circuit:
             heads.append(ein("sV,dV->sd", comb, wo, name=f"b{layer}.a.head{h}"))
         resid = cc.Add(resid, cc.Add(*heads, name=f"b{layer}.a"), name=f"b{layer}")
         normed2 = layer_norm_circuit(resid, arrays[pre + "ln2_gamma"], arrays[pre + "ln2_beta"], f"m{layer}.")
-        pre_act = cc.Add(ein("sd,md->sm", normed2, arrays[pre + "w1"]), arrays[pre + "b1"], name=f"m{layer}.pre")
+        hidden = ein("sd,md->sm", normed2, arrays[pre + "w1"], name=f"m{layer}.in")
+        pre_act = cc.Add(hidden, arrays[pre + "b1"], name=f"m{layer}.pre")
         post = ein("sm,dm->sd", fn("gelu", pre_act, name=f"m{layer}.act"), arrays[pre + "w2"])
         resid = cc.Add(resid, cc.Add(post, arrays[pre + "b2"], name=f"m{layer}.out"), name=f"b{layer}.m")
     final = layer_norm_circuit(resid, arrays["final_ln_weight"], arrays["final_ln_bias"], "final.")
@@ -138,7 +143,8 @@ def torch_model(params: dict[str, torch.Tensor], toks: torch.Tensor) -> torch.Te
             attn = attn + (F.softmax(scores, dim=-1) @ v) @ params[pre + "wo"][i].T
         x = x + attn
         h2 = F.layer_norm(x, (D_MODEL,), params[pre + "ln2_gamma"], params[pre + "ln2_beta"], eps=EPS)
-        x = x + F.linear(F.gelu(F.linear(h2, params[pre + "w1"], params[pre + "b1"])), params[pre + "w2"], params[pre + "b2"])
+        hidden = F.gelu(F.linear(h2, params[pre + "w1"], params[pre + "b1"]))
+        x = x + F.linear(hidden, params[pre + "w2"], params[pre + "b2"])
     x = F.layer_norm(x, (D_MODEL,), params["final_ln_weight"], params["final_ln_bias"], eps=EPS)
     logits = x @ params["unembed"].T
     return F.cross_entropy(logits, target, reduction="none")
