@@ -18,8 +18,8 @@ Semantics of ``update`` (the same as rust_circuit's ``update``):
   the subtree of another matched node is therefore rewritten first, and
   the outer node's ``fn`` sees that result.
 - What ``fn`` returns is final: it is not searched again.
-- ``fn`` is called once per distinct matched node (once per distinct
-  path state, with an IterativeMatcher), however many parents share it.
+- ``fn`` is called once per distinct node it is given, however many
+  parents or paths share it.
 
 With an ``IterativeMatcher`` (see ``circuits.matching``) a node is
 rewritten only where it is reached along a path that finds it.  A node
@@ -55,12 +55,17 @@ def update(circuit: Circuit, matcher: Any, fn: Callable[[Circuit], Circuit]) -> 
     if not callable(fn):
         raise RewriteError(f"update: fn must be callable (node -> node), got {type(fn).__name__} {fn!r}")
 
+    done: dict[bytes, Circuit] = {}  # fn is called once per distinct node it is given
+
     def on_found(node: Circuit) -> Circuit:
-        new = fn(node)
-        if not isinstance(new, Circuit):
-            raise RewriteError(
-                f"update: fn returned a {type(new).__name__} for {node.describe()}, not a circuit node"
-            )
+        new = done.get(node.hash)
+        if new is None:
+            new = fn(node)
+            if not isinstance(new, Circuit):
+                raise RewriteError(
+                    f"update: fn returned a {type(new).__name__} for {node.describe()}, not a circuit node"
+                )
+            done[node.hash] = new
         return new
 
     iterative = as_iterative(matcher)

@@ -235,6 +235,21 @@ def test_path_restricted_update_with_depth_limits():
     assert out.evaluate().item() == 1.0 and root.evaluate().item() == 2.0
 
 
+def test_path_restricted_update_calls_fn_once_per_distinct_node():
+    w = cc.Array(torch.ones(2), name="w")
+    node = cc.Array(torch.zeros(2), name="leaf")
+    for depth in range(1, 4):
+        node = cc.Add(node, w, name=f"n{depth}")
+    root = cc.Add(node, w, name="r")  # w at depths 1, 2, 3 and 4: four distinct path states
+    calls = []
+    out = root.update(IterativeMatcher("w", max_depth=3), lambda n: calls.append(n) or cc.Array(torch.zeros(2), name="w0"))
+    assert len(calls) == 1
+    w0 = out.get_unique("w0")
+    assert out.children[1] is w0 and out.children[0].children[1] is w0
+    assert out.get_unique("n1").children[1] is w  # depth 4: beyond max_depth, untouched
+    assert out.evaluate().tolist() == [1.0, 1.0]
+
+
 # ---------------------------------------------------------------- depth
 
 
