@@ -233,6 +233,21 @@ def test_same_shape_replacement_and_callable_values_and_sharing():
     assert batched.shape == (2, 3) and batched.children[1] is untouched
 
 
+def test_fifty_thousand_deep_chain_expands_without_recursion():
+    depth = 50_000
+    side = cc.Array(torch.ones(2), name="side")
+    node = cc.Array(torch.zeros(2), name="leaf")
+    for _ in range(depth):
+        node = cc.Add(node, side)
+    expanded = cc.expand(node, {"leaf": cc.Array(torch.tensor([[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]), name="leaf")})
+    assert expanded.shape == (3, 2)
+    bottom = expanded
+    for _ in range(depth):
+        assert bottom.children[1] is side
+        bottom = bottom.children[0]
+    assert bottom.shape == (3, 2)
+
+
 # ----------------------------------------------------------------- golden
 
 
