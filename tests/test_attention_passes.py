@@ -158,3 +158,24 @@ def test_split_heads_and_push_down_on_other_families(family):
     assert len(split.get_unique("b1.a").children) == 4
     at_one = push_down_index(cc.Index(circuit, (1, 4), name="loss@1,4"))
     torch.testing.assert_close(at_one.evaluate(), full[1, 4], rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("family", ["attn_only", "gpt2", "llama"])
+def test_simplify_and_masking_keep_each_family_within_float32_tolerance(family):
+    from circuits.passes import simplify
+
+    generator = torch.Generator().manual_seed(11)
+    if family == "attn_only":
+        circuit = causal_mask(models.build_attn_only(SMALL, models.attn_only_random_weights(SMALL, seed=2),
+                                                     torch.randint(0, 11, (3, 8), generator=generator)))
+    elif family == "gpt2":
+        config = models.GPT2Config(n_layers=2, n_heads=4, d_model=16, vocab_size=13, n_ctx=16, tie_word_embeddings=False)
+        circuit = models.build_gpt2(config, models.gpt2_random_weights(config, seed=2),
+                                    torch.randint(0, 13, (3, 8), generator=generator))
+    else:
+        config = models.LlamaConfig(n_layers=2, n_heads=4, n_kv_heads=1, d_model=16, vocab_size=13, d_mlp=24)
+        circuit = models.build_llama(config, models.llama_random_weights(config, seed=2),
+                                     torch.randint(0, 13, (3, 8), generator=generator))
+    expected = circuit.evaluate()
+    for rewritten in (simplify(circuit), causal_mask(circuit), simplify(split_heads(circuit))):
+        torch.testing.assert_close(rewritten.evaluate(), expected, rtol=1e-5, atol=1e-5)
