@@ -64,7 +64,9 @@ def measure(num_nodes: int, repeat: int) -> dict:
     assert len(found) == sum(1 for i in range(layers) if str(i).endswith("7"))
     rows["get_unique name"], _ = best_time(lambda: circuit.get_unique("l1.w"), repeat)
     path = cc.IterativeMatcher(f"l{layers - 1}.resid").children(0).then("embed")
-    rows["update via IterativeMatcher"], out = best_time(lambda: circuit.update(path, lambda n: new_embed), repeat)
+    rows["update via IterativeMatcher"], out = best_time(
+        lambda: circuit.update(path, lambda n: new_embed), repeat
+    )
     assert len(out.get("embed")) == 2  # un-shared: patched below child 0, clean below child 1
     old_embed = circuit.get_unique("embed")
     rows["replace leaf"], _ = best_time(lambda: circuit.replace({old_embed: new_embed}), repeat)
@@ -76,7 +78,9 @@ def measure(num_nodes: int, repeat: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--nodes", type=int, nargs="+", default=[100_000], help="circuit sizes to measure")
     parser.add_argument("--repeat", type=int, default=3, help="runs per step; the fastest counts")
     args = parser.parse_args()

@@ -37,7 +37,7 @@ recurses.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from circuits.errors import CircuitError, ExpandError
 from circuits.functions import GEN_INDEX_NAME, gen_index_layout, get_function

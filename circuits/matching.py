@@ -72,7 +72,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from circuits.errors import MatcherError, MatchError
 from circuits.nodes import Circuit
@@ -124,7 +124,9 @@ class Matcher:
         try:
             compiled = re.compile(pattern, flags) if isinstance(pattern, str) else pattern
         except re.error as error:
-            raise MatcherError(f"Matcher.regex({pattern!r}): not a valid regular expression: {error}") from None
+            raise MatcherError(
+                f"Matcher.regex({pattern!r}): not a valid regular expression: {error}"
+            ) from None
         if not isinstance(compiled, re.Pattern):
             raise MatcherError(f"Matcher.regex: pattern {pattern!r} is not a str or re.Pattern")
         search = compiled.search
@@ -237,7 +239,9 @@ class _Stage:
         if max_depth is not None and (
             isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < min_depth
         ):
-            raise MatcherError(f"{where}: max_depth {max_depth!r} is not None or an int >= min_depth {min_depth}")
+            raise MatcherError(
+                f"{where}: max_depth {max_depth!r} is not None or an int >= min_depth {min_depth}"
+            )
         if positions is not None:
             if isinstance(positions, int):
                 positions = (positions,)

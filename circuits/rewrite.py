@@ -86,7 +86,9 @@ def replace(circuit: Circuit, mapping: Mapping[Circuit, Circuit]) -> Circuit:
     try:
         items = list(mapping.items())
     except AttributeError:
-        raise RewriteError(f"replace: expected a mapping {{old node: new node}}, got {type(mapping).__name__}") from None
+        raise RewriteError(
+            f"replace: expected a mapping {{old node: new node}}, got {type(mapping).__name__}"
+        ) from None
     by_hash: dict[bytes, Circuit] = {}
     for old, new in items:
         if not isinstance(old, Circuit):

@@ -77,7 +77,9 @@ def test_rearrange_gains_fresh_axes_on_both_sides():
     x = cc.Array(randn(6, 4), name="x")
     root = cc.Rearrange(x, "(batch0 b) c -> c batch0 b 1", name="r", batch0=2)
     expanded = per_element(root, "x", randn(2, 3, 6, 4, seed=1), batch_rank=2)
-    assert expanded.get_unique("r").extra == "batch1 batch2 (batch0 b) c -> batch1 batch2 c batch0 b 1, batch0=2"
+    assert expanded.get_unique("r").extra == (
+        "batch1 batch2 (batch0 b) c -> batch1 batch2 c batch0 b 1, batch0=2"
+    )
     # a pattern that makes new axes (repeat) and one over a rank-0 child
     s = cc.Array(randn(()), name="s")
     per_element(cc.Rearrange(s, "-> k", k=3), "s", randn(4, seed=2))
@@ -100,7 +102,9 @@ def test_elementwise_and_last_axis_functions():
     )
     root = cc.Add(
         cc.GeneralFunction.new_by_name(x, spec_name="softmax"),
-        cc.GeneralFunction.new_by_name(cc.GeneralFunction.new_by_name(x, spec_name="exp"), spec_name="log_softmax"),
+        cc.GeneralFunction.new_by_name(
+            cc.GeneralFunction.new_by_name(x, spec_name="exp"), spec_name="log_softmax"
+        ),
         cc.Rearrange(half, "a -> a 1"),
         name="root",
     )
@@ -136,7 +140,8 @@ def test_multi_input_function_with_declared_batchability():
     )
     root = cc.GeneralFunction(x, s, spec=frozen, name="g")
     per_element(root, "x", randn(2, 3, 4, seed=4))  # s is not batchable: passed as is
-    with pytest.raises(cc.ExpandError, match=r"GeneralFunction 'g': input 1 of function 'test_expand.scaled_frozen'"):
+    refused = r"GeneralFunction 'g': input 1 of function 'test_expand.scaled_frozen'"
+    with pytest.raises(cc.ExpandError, match=refused):
         cc.expand(root, {"s": cc.Array(randn(2, 3))})
 
 
@@ -180,7 +185,9 @@ def test_gen_index_family(name, x_shape, index_shape, batched):
     assert expanded.shape == batch + root.shape
     out = expanded.evaluate()
     for b in range(batch[0]):
-        single = root.replace({root.get_unique(key): cc.Array(value[b], name=key) for key, value in tensors.items()})
+        single = root.replace(
+            {root.get_unique(key): cc.Array(value[b], name=key) for key, value in tensors.items()}
+        )
         torch.testing.assert_close(out[b], single.evaluate(), rtol=0, atol=0)
 
 
@@ -212,9 +219,12 @@ def test_batch_shapes_must_agree_and_functions_must_declare_batching():
     root = cc.Add(x, y, name="root")
     with pytest.raises(cc.ExpandError, match=r"different batch shapes: \[2\] .* and \[5\]"):
         cc.expand(root, {"x": cc.Array(randn(2, 3)), "y": cc.Array(randn(5, 3))})
-    opaque = register_function(FunctionSpec("test_expand.opaque", 1, lambda s: s[0], lambda t: t), replace=True)
+    opaque = register_function(
+        FunctionSpec("test_expand.opaque", 1, lambda s: s[0], lambda t: t), replace=True
+    )
     root = cc.GeneralFunction(x, spec=opaque, name="f")
-    with pytest.raises(cc.ExpandError, match=r"GeneralFunction 'f' cannot carry batch axes: its function 'test_expand.opaque'"):
+    refused = r"GeneralFunction 'f' cannot carry batch axes: its function 'test_expand.opaque'"
+    with pytest.raises(cc.ExpandError, match=refused):
         cc.expand(root, {"x": cc.Array(randn(2, 3))})
     with pytest.raises(cc.ExpandError, match="path-restricted"):
         cc.expand(root, {cc.IterativeMatcher("x"): cc.Array(randn(2, 3))})
@@ -229,7 +239,9 @@ def test_same_shape_replacement_and_callable_values_and_sharing():
     assert cc.expand(root, {"nothing": x}) is root
     plain = cc.expand(root, {"x": lambda old: cc.Array(torch.zeros(3), name="x0")})  # no batch axes
     assert plain.children[1] is untouched and plain.get_unique("x0").shape == (3,)
-    batched = cc.expand(root, {cc.Array & cc.Matcher("x"): lambda old: cc.Array(torch.stack([old.tensor()] * 2))})
+    batched = cc.expand(
+        root, {cc.Array & cc.Matcher("x"): lambda old: cc.Array(torch.stack([old.tensor()] * 2))}
+    )
     assert batched.shape == (2, 3) and batched.children[1] is untouched
 
 
@@ -239,7 +251,8 @@ def test_fifty_thousand_deep_chain_expands_without_recursion():
     node = cc.Array(torch.zeros(2), name="leaf")
     for _ in range(depth):
         node = cc.Add(node, side)
-    expanded = cc.expand(node, {"leaf": cc.Array(torch.tensor([[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]), name="leaf")})
+    batch = cc.Array(torch.tensor([[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]), name="leaf")
+    expanded = cc.expand(node, {"leaf": batch})
     assert expanded.shape == (3, 2)
     bottom = expanded
     for _ in range(depth):

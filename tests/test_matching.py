@@ -88,7 +88,8 @@ def test_get_unique_and_its_errors(small):
     with pytest.raises(cc.MatchError) as info:
         root.get_unique(cc.Array)
     assert info.value.count == 2 and names(info.value.nodes) == ["x", "y"]
-    assert "2 distinct nodes match" in str(info.value) and "'x'" in str(info.value) and "'y'" in str(info.value)
+    message = str(info.value)
+    assert "2 distinct nodes match" in message and "'x'" in message and "'y'" in message
     with pytest.raises(cc.MatchError, match="no node matches.*come close: 'a.sum'") as info:
         root.get_unique("a.sun")
     assert info.value.count == 0

@@ -133,9 +133,11 @@ def test_substitute_symbols(diamond):
     assert unchanged(root) == before
     assert torch.allclose(out.evaluate(), (torch.arange(3.0) + 1) * 2)
     assert out.get_unique("scale").kind == "Array"  # a tensor is wrapped, named like the Symbol
-    with pytest.raises(cc.RewriteError, match=r"Symbol 'tok' is not in Einsum 'root'; its Symbols are: 'scale' \[\], 'toks' \[3\]"):
+    missing = r"Symbol 'tok' is not in Einsum 'root'; its Symbols are: 'scale' \[\], 'toks' \[3\]"
+    with pytest.raises(cc.RewriteError, match=missing):
         cc.substitute(root, {"tok": torch.ones(3)})
-    with pytest.raises(cc.RewriteError, match=r"Symbol 'toks' has shape \[3\] but .* has shape \[4, 3\].*expand"):
+    mismatch = r"Symbol 'toks' has shape \[3\] but .* has shape \[4, 3\].*expand"
+    with pytest.raises(cc.RewriteError, match=mismatch):
         cc.substitute(root, {"toks": torch.ones(4, 3)})
     with pytest.raises(cc.RewriteError, match="neither a Symbol node nor a name"):
         cc.substitute(root, {3: torch.ones(3)})
@@ -189,8 +191,11 @@ def test_path_patching_only_the_value_input_of_one_head(two_heads):
     before = unchanged(root)
     corrupted = torch.randn(S, D, generator=torch.Generator().manual_seed(1))
     value_path = IterativeMatcher("h0").children(0).children(1).then("resid")  # h0 -> comb_v -> v -> resid
-    assert repr(value_path) == "IterativeMatcher(Matcher('h0')).children(0).children(1).then(Matcher('resid'))"
-    patched = root.update(value_path, lambda n: cc.Add(cc.Array(corrupted, name="embeds.corrupt"), name="resid"))
+    assert repr(value_path) == (
+        "IterativeMatcher(Matcher('h0')).children(0).children(1).then(Matcher('resid'))"
+    )
+    corrupt_resid = cc.Add(cc.Array(corrupted, name="embeds.corrupt"), name="resid")
+    patched = root.update(value_path, lambda n: corrupt_resid)
     assert unchanged(root) == before
 
     expected = torch_head(x, x, corrupted, w["h0"]) + torch_head(x, x, x, w["h1"])
@@ -229,7 +234,8 @@ def test_path_restricted_update_with_depth_limits():
     leaf = cc.Array(torch.ones(1), name="leaf")
     level1 = cc.Add(leaf, name="l1")
     root = cc.Add(leaf, level1, name="root")  # leaf at depth 1 and at depth 2
-    out = root.update(IterativeMatcher("leaf", min_depth=2), lambda n: cc.Array(torch.zeros(1), name="leaf.0"))
+    zero = cc.Array(torch.zeros(1), name="leaf.0")
+    out = root.update(IterativeMatcher("leaf", min_depth=2), lambda n: zero)
     assert out.children[0] is leaf
     assert out.children[1].children[0].name == "leaf.0"
     assert out.evaluate().item() == 1.0 and root.evaluate().item() == 2.0
@@ -242,7 +248,9 @@ def test_path_restricted_update_calls_fn_once_per_distinct_node():
         node = cc.Add(node, w, name=f"n{depth}")
     root = cc.Add(node, w, name="r")  # w at depths 1, 2, 3 and 4: four distinct path states
     calls = []
-    out = root.update(IterativeMatcher("w", max_depth=3), lambda n: calls.append(n) or cc.Array(torch.zeros(2), name="w0"))
+    out = root.update(
+        IterativeMatcher("w", max_depth=3), lambda n: calls.append(n) or cc.Array(torch.zeros(2), name="w0")
+    )
     assert len(calls) == 1
     w0 = out.get_unique("w0")
     assert out.children[1] is w0 and out.children[0].children[1] is w0
@@ -270,6 +278,7 @@ def test_fifty_thousand_deep_chain_updates_at_its_leaf():
         bottom = bottom.children[0]
     assert bottom is new_leaf
     # the same through a path restriction, and a replace
-    restricted = node.update(IterativeMatcher(cc.Array & ~Matcher("side"), min_depth=depth, max_depth=depth), lambda n: new_leaf)
+    at_bottom = IterativeMatcher(cc.Array & ~Matcher("side"), min_depth=depth, max_depth=depth)
+    restricted = node.update(at_bottom, lambda n: new_leaf)
     assert restricted == out
     assert node.replace({leaf: new_leaf}) == out
