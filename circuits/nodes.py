@@ -194,6 +194,11 @@ class Circuit:
         return replace(self, mapping)
 
 
+def _shapes_of(nodes: Sequence[Any]) -> list:
+    """Children shapes for an error message (a non-node shows its type)."""
+    return [list(n.shape) if isinstance(n, Circuit) else type(n).__name__ for n in nodes]
+
+
 def _leaf_where(kind: str, name: str | None) -> str:
     return spec_rules.describe(kind, name)
 
@@ -345,15 +350,14 @@ class Einsum(Circuit):
     def from_einsum_string(cls, string: str, *nodes: Circuit, name: str | None = None) -> Einsum:
         """``Einsum.from_einsum_string("qc,kc,,qk->qk", q, k, scale, mask)``."""
         where = spec_rules.describe("Einsum", name)
-        shapes = [list(n.shape) if isinstance(n, Circuit) else type(n).__name__ for n in nodes]
         try:
             operands, out = spec_rules.parse_einsum_string(string.replace(" ", ""), where)
         except EinsumError as error:
-            raise EinsumError(f"{error}; operand shapes {shapes}") from None
+            raise EinsumError(f"{error}; operand shapes {_shapes_of(nodes)}") from None
         if len(operands) != len(nodes):
             raise EinsumError(
                 f"{where}: einsum string {string!r} has {len(operands)} operands but "
-                f"{len(nodes)} nodes were given, with shapes {shapes}"
+                f"{len(nodes)} nodes were given, with shapes {_shapes_of(nodes)}"
             )
         return cls(*zip(nodes, operands), out_axes=out, name=name)
 
@@ -395,9 +399,8 @@ class GeneralFunction(Circuit):
             try:
                 spec = get_function(spec)
             except FunctionSpecError as error:
-                shapes = [list(n.shape) if isinstance(n, Circuit) else type(n).__name__ for n in nodes]
                 raise FunctionSpecError(
-                    f"{spec_rules.describe('GeneralFunction', name)} of children shapes {shapes}: {error}"
+                    f"{spec_rules.describe('GeneralFunction', name)} of children shapes {_shapes_of(nodes)}: {error}"
                 ) from None
         if not isinstance(spec, FunctionSpec):
             raise FunctionSpecError(

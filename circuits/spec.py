@@ -112,14 +112,15 @@ def einsum_shape(
                     f"in one place and {size} in operand {position} (shape {list(shape)}); "
                     f"operand shapes {[list(s) for s in operand_shapes]}"
                 )
-    shapes = [list(s) for s in operand_shapes]
     if len(set(out_axes)) != len(out_axes):
-        raise EinsumError(f"{where}: output of {spec!r} repeats a letter (operand shapes {shapes})")
+        raise EinsumError(
+            f"{where}: output of {spec!r} repeats a letter (operand shapes {[list(s) for s in operand_shapes]})"
+        )
     missing = [EINSUM_LETTERS[a] for a in out_axes if a not in sizes]
     if missing:
         raise EinsumError(
             f"{where}: output letters {''.join(missing)!r} of {spec!r} appear in no operand "
-            f"(operand shapes {shapes})"
+            f"(operand shapes {[list(s) for s in operand_shapes]})"
         )
     return tuple(sizes[axis] for axis in out_axes)
 
