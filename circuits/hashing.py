@@ -12,6 +12,7 @@ import hashlib
 import torch
 
 DIGEST_SIZE = 32
+NODE_DIGEST_SIZE = 16  # 128 bits: no collision in any real circuit, and half the bytes to compare
 PRINTED_HEX_DIGITS = 24
 
 
@@ -32,7 +33,7 @@ def node_hash(kind: str, name: str | None, shape: tuple, extra: str, children) -
     shape and EXTRA) and their children hash alike, so ``parse(c.repr())``
     equals ``c`` even when array tensors are not at hand.
     """
-    hasher = hashlib.blake2b(digest_size=DIGEST_SIZE)
+    hasher = hashlib.blake2b(digest_size=NODE_DIGEST_SIZE)
     named = "\x00" if name is None else "\x01" + name
     header = f"{kind}\x1f{len(named)}\x1f{named}\x1f{shape}\x1f{len(extra)}\x1f{extra}\x1f{len(children)}"
     hasher.update(header.encode("utf-8", "surrogatepass"))
