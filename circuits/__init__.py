@@ -99,3 +99,14 @@ __all__ += [
 from circuits.errors import ModelError  # noqa: E402
 
 __all__ += ["ModelError"]
+
+# Rewrite passes (issue 6), also at ``circuits.passes``.
+from circuits.passes import (  # noqa: E402
+    PassError,
+    causal_mask,
+    push_down_index,
+    simplify,
+    split_heads,
+)
+
+__all__ += ["PassError", "causal_mask", "push_down_index", "simplify", "split_heads"]
