@@ -149,6 +149,8 @@ def build_llama(
     heads, kv_heads = config.n_heads, config.kv_heads
     if heads % kv_heads:
         raise ModelError(f"Llama: {heads} query heads are not a multiple of {kv_heads} key/value heads")
+    if config.head_size % 2:
+        raise ModelError(f"Llama: rotary embedding needs an even head size, got d_head {config.head_size}")
     optional = ("t.w.unembed",) if config.tie_word_embeddings else ()
     tensors = common.check_weights("Llama", weights, config.weight_shapes(), optional=optional)
     dtype = common.weights_dtype(tensors)
