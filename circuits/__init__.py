@@ -101,8 +101,8 @@ from circuits.errors import ModelError  # noqa: E402
 __all__ += ["ModelError"]
 
 # Rewrite passes (issue 6), also at ``circuits.passes``.
+from circuits.errors import PassError  # noqa: E402
 from circuits.passes import (  # noqa: E402
-    PassError,
     causal_mask,
     push_down_index,
     simplify,

@@ -82,6 +82,7 @@ class EvaluationError(CircuitError):
         self.node = node
         self.path = path
 
+
 class MatcherError(CircuitError, TypeError):
     """Something that cannot be made into a Matcher, or bad IterativeMatcher limits."""
 
@@ -110,3 +111,9 @@ class ModelError(CircuitError, ValueError):
     """A model that cannot be built or loaded: an unknown architecture or
     config option, or weights that are missing, unexpected or misshapen
     (the message lists what was expected)."""
+
+
+class PassError(CircuitError, ValueError):
+    """A pass applied to a circuit that lacks the structure it rewrites
+    (no attention scores to mask, no unsplit layer to split), or given a
+    mask or head grouping that does not fit."""

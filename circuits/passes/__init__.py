@@ -4,7 +4,8 @@
 moves Index nodes toward the leaves so that only the selected work is done.
 """
 
-from circuits.passes.attention import PassError, causal_mask, layer_of, split_heads
+from circuits.errors import PassError
+from circuits.passes.attention import causal_mask, layer_of, split_heads
 from circuits.passes.push_down import push_index
 from circuits.passes.simplify import (
     flatten_adds,

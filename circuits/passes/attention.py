@@ -14,7 +14,7 @@ from typing import Callable, Iterable, Sequence, Union
 
 import torch
 
-from circuits.errors import CircuitError
+from circuits.errors import PassError
 from circuits.matching import Matcher
 from circuits.nodes import Add, Array, Circuit, Einsum, Index, Scalar
 from circuits.passes.push_down import push_index
@@ -26,10 +26,6 @@ MASK_NAME = "t.a.c.causal_mask"
 NEG_INF = -10000.0
 
 MaskSpec = Union[None, torch.Tensor, Callable[[int, int], torch.Tensor]]
-
-
-class PassError(CircuitError, ValueError):
-    """A pass applied to a circuit that lacks the structure it rewrites."""
 
 
 # ------------------------------------------------------------------ masking
