@@ -72,6 +72,8 @@ from __future__ import annotations
 
 import difflib
 import re
+import types
+import typing
 from typing import Any, Callable, Iterator, Sequence
 
 from circuits.errors import MatcherError, MatchError
@@ -195,6 +197,8 @@ def _convert(form: Any) -> tuple[Callable[[Circuit], bool], str]:
         if issubclass(form, Circuit):
             return (lambda node: isinstance(node, form)), f"Matcher({form.__name__})"
         raise MatcherError(f"Matcher({form.__name__}): a class matcher must be a circuit node class")
+    if isinstance(form, types.UnionType):  # cc.Einsum | cc.Add, as Python spells a union of classes
+        return _convert_collection(typing.get_args(form))
     if isinstance(form, IterativeMatcher):
         raise MatcherError(
             f"{form!r} restricts paths and cannot be used as a plain Matcher; "

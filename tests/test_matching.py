@@ -196,3 +196,10 @@ def test_deep_chain_is_searched_without_recursion():
     assert node.get_unique(Matcher.regex("leaf$")) is leaf
     assert node.get(IterativeMatcher(cc.Array, min_depth=50_000)) == {leaf}
     assert node.get(IterativeMatcher(cc.Array, max_depth=49_999)) == set()
+
+
+def test_a_union_of_classes_is_a_class_matcher():
+    x = cc.Array(torch.ones(2), name="x")
+    root = cc.Add(cc.Einsum.from_einsum_string("a->a", x, name="e"), x, name="r")
+    assert {n.name for n in root.get(cc.Einsum | cc.Add)} == {"e", "r"}
+    assert {n.name for n in root.get(cc.Einsum | cc.Array)} == {"e", "x"}
