@@ -16,6 +16,7 @@ A quick run: ``python bench/forward_vs_hf.py --layers 2 --d-model 256 --batch 2 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -59,6 +60,7 @@ def main() -> None:
         f"GPT-2 {args.layers} layers, {args.heads} heads, d_model {args.d_model}, vocab {args.vocab}; "
         f"batch {args.batch} x {args.seq}; float32, {torch.get_num_threads()} threads"
     )
+    print(f"load average before timing (other processes share the cores): {os.getloadavg()[0]:.2f}")
     print(f"circuit: {nodes} distinct nodes, built in {build:.2f} s (from_hf: convert, copy and hash the weights)")
 
     def circuit_logits():
@@ -86,6 +88,7 @@ def main() -> None:
                 start = time.perf_counter()
                 fn()
                 times[name].append(time.perf_counter() - start)
+    print(f"load average after timing: {os.getloadavg()[0]:.2f}")
     med = {name: statistics.median(values) for name, values in times.items()}
     for name, values in times.items():
         print(
