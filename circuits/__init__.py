@@ -110,3 +110,8 @@ from circuits.passes import (  # noqa: E402
 )
 
 __all__ += ["PassError", "causal_mask", "push_down_index", "simplify", "split_heads"]
+
+# Saving (issue 8): the text plus a tensor store beside it; see circuits/saving.py.
+from circuits.saving import load, load_many, save  # noqa: E402
+
+__all__ += ["load", "load_many", "save"]
