@@ -154,6 +154,18 @@ class Circuit:
     def print(self, **options: Any) -> None:
         print(self.repr(**options))
 
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """IPython: the FORMAT.md text (see ``circuits.html.pretty_text`` for the depth rule)."""
+        from circuits.html import pretty_text
+
+        printer.text(pretty_text(self))
+
+    def _repr_html_(self) -> str:
+        """Jupyter: collapsible HTML (see ``circuits.html.to_html``)."""
+        from circuits.html import to_html
+
+        return to_html(self)
+
     # ------------------------------------------------- evaluate and rewrite
     # Thin delegations so notebooks can write ``c.evaluate()``, ``c.get(...)``;
     # the work lives in its own module.
