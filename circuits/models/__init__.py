@@ -11,6 +11,7 @@ needed by ``from_hf`` (it is imported there, lazily).
 from circuits.errors import ModelError
 from circuits.models.attn_only import AttnOnlyConfig, attn_only_random_weights, build_attn_only
 from circuits.models.common import CONVENTIONS, NEG_INF
+from circuits.models.demo_model import load_demo_model
 from circuits.models.gpt2 import GPT2Config, build_gpt2, gpt2_random_weights
 from circuits.models.llama import LlamaConfig, build_llama, llama_random_weights, rope_cos_sin
 from circuits.models.loaders import (
@@ -40,6 +41,7 @@ __all__ = [
     "gpt2_random_weights",
     "hf_to_weights",
     "llama_random_weights",
+    "load_demo_model",
     "load_hf_checkpoint",
     "rope_cos_sin",
 ]

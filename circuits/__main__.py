@@ -1,0 +1,7 @@
+"""``python -m circuits``: the ``circuits`` command line (see ``circuits.cli``)."""
+
+import sys
+
+from circuits.cli import main
+
+sys.exit(main())

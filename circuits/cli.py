@@ -1,0 +1,138 @@
+"""The ``circuits`` command line.
+
+    circuits print FILE [--depth N] [--shapes] [--serials]
+    circuits demo [--batch-size N] [--block-len N] [--seed N] [--depth N]
+
+``print`` reads a circuit file (FORMAT.md text, with the tensor store that
+``cc.save`` writes beside it, if there is one) and prints it back in the
+canonical form.  A mistake in the file is one message on stderr,
+``FILE:LINE: what is wrong`` followed by the line itself (``FILE: what is
+wrong`` when no line is at fault: a missing file, say), and exit status 1;
+usage mistakes exit with status 2 (argparse's convention).  No traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from circuits.errors import CircuitError, ParseError
+
+EXIT_FILE_ERROR = 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="circuits",
+        description="Transformers as immutable circuits of small named nodes: print saved circuits, run the demo.",
+        epilog="Run 'circuits COMMAND --help' for a command's options.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.required = True
+
+    show = commands.add_parser(
+        "print",
+        help="pretty-print a saved circuit file",
+        description="Read a circuit file (the FORMAT.md text written by cc.save or circuit.repr(), with "
+        "its tensor store FILE-without-suffix.tensors/ if present) and print it.",
+    )
+    show.add_argument("file", metavar="FILE", help="a circuit text file (.circ), or - for standard input")
+    show.add_argument("--depth", type=_depth, default=None, metavar="N",
+                      help="stop N levels below the root, writing '... K children not shown' (for reading only)")
+    show.add_argument("--shapes", action="store_true", help="write every node's shape, not only leaves' and Index's")
+    show.add_argument("--serials", action="store_true", help="give every node a serial number")
+    show.set_defaults(run=_print_command)
+
+    from circuits import demo
+
+    run_demo = commands.add_parser(
+        "demo",
+        help="induction heads in the shipped 2-layer model, found by ablating each head",
+        description=demo.__doc__.split("\n\n")[0] + " Takes a few seconds.",
+    )
+    demo.add_arguments(run_demo)
+    run_demo.set_defaults(run=_demo_command)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line on ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except BrokenPipeError:  # `circuits print big.circ | head`: not an error
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+def _print_command(args: argparse.Namespace) -> int:
+    from circuits.parsing import parse_many
+    from circuits.printing import repr_many
+    from circuits.saving import load_many
+
+    shown = "<stdin>" if args.file == "-" else args.file
+    try:
+        roots = parse_many(sys.stdin.read()) if args.file == "-" else load_many(args.file)
+        text = repr_many(roots, depth=args.depth, shapes=args.shapes, serials=args.serials)
+    except ParseError as error:
+        where = f"{shown}:{error.line_number}" if error.line_number is not None else shown
+        detail = f"\n    {error.line}" if error.line is not None else ""
+        return _fail(f"{where}: {error.message}{detail}")
+    except FileNotFoundError:
+        return _fail(f"{shown}: no such file")
+    except IsADirectoryError:
+        return _fail(f"{shown}: is a directory, not a circuit file")
+    except UnicodeDecodeError as error:
+        return _fail(f"{shown}: not UTF-8 text ({error.reason} at byte {error.start})")
+    except OSError as error:
+        return _fail(f"{shown}: {error.strerror or error}")
+    except CircuitError as error:
+        return _fail(f"{shown}: {error}")
+    if text:
+        print(text)
+    return 0
+
+
+def _demo_command(args: argparse.Namespace) -> int:
+    from circuits import demo
+
+    try:
+        demo.run(args.batch_size, args.block_len, args.seed, args.depth)
+    except CircuitError as error:
+        return _fail(f"circuits demo: {error}")
+    return 0
+
+
+def _fail(message: str) -> int:
+    print(message, file=sys.stderr)
+    return EXIT_FILE_ERROR
+
+
+def _depth(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more, got {value}")
+    return value
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("circuits")
+    except Exception:
+        return "unknown"
+
+
+__all__ = ["build_parser", "main"]
+
+if __name__ == "__main__":
+    sys.exit(main())
