@@ -31,6 +31,7 @@ from typing import Callable
 import torch
 
 import circuits as cc
+from circuits.errors import ModelError
 from circuits.models.demo_model import demo_config, demo_info, load_demo_model, repeated_tokens
 from circuits.passes import causal_mask, layer_of, split_heads
 
@@ -146,6 +147,11 @@ def run(
     """Print the demo (through ``out``) and return its data."""
     start = time.perf_counter()
     config, info = demo_config(), demo_info()
+    if not 1 <= block_len <= config.n_ctx // 2:
+        raise ModelError(
+            f"block_len {block_len}: two copies of the block must fit the model's {config.n_ctx} positions, "
+            f"so it is 1 to {config.n_ctx // 2}"
+        )
     out(
         f"The shipped model: attention-only, {config.n_layers} layers x {config.n_heads} heads, "
         f"d_model {config.d_model}, d_head {config.d_head}, vocab {config.vocab_size}, {config.n_ctx} positions;\n"
@@ -189,18 +195,33 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="circuits demo", description=__doc__.split("\n\n")[0])
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    run(args.batch_size, args.block_len, args.seed, args.depth)
-    return 0
+    """``python -m circuits.demo ARGS``: the same as ``circuits demo ARGS``."""
+    from circuits.cli import main as cli_main
+
+    return cli_main(["demo", *(sys.argv[1:] if argv is None else argv)])
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--batch-size", type=int, default=16, help="rows to evaluate (default 16)")
-    parser.add_argument("--block-len", type=int, default=32, help="random tokens per half (default 32, max 32)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random rows (default 0)")
-    parser.add_argument("--depth", type=int, default=5, help="levels of the circuit to print (default 5)")
+    parser.add_argument("--batch-size", type=_at_least(1), default=16, metavar="N",
+                        help="rows to evaluate (default 16)")
+    parser.add_argument("--block-len", type=_at_least(1), default=32, metavar="N",
+                        help="random tokens per half (default 32; two copies must fit the model's 64 positions)")
+    parser.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the random rows (default 0)")
+    parser.add_argument("--depth", type=_at_least(0), default=5, metavar="N",
+                        help="levels of the circuit to print (default 5)")
+
+
+def _at_least(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected {low} or more, got {value}")
+        return value
+
+    return parse
 
 
 if __name__ == "__main__":

@@ -99,6 +99,9 @@ def test_missing_file_directory_and_binary(tmp_path):
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert result.stderr.strip() == f"{tmp_path / 'nothing.circ'}: no such file"
     assert main(["print", str(tmp_path)]) == 1
+    empty = tmp_path / "empty.circ"
+    empty.write_text("# nothing here\n")
+    assert main(["print", str(empty)]) == 1
     binary = tmp_path / "b.circ"
     binary.write_bytes(b"\xff\xfe\x00garbage")
     assert main(["print", str(binary)]) == 1
