@@ -343,3 +343,15 @@ def test_report_measured_diffs():
     for key, (logits, loss, hf_loss) in sorted(MEASURED.items()):
         print(f"{key}: max |logits - HF| = {logits:.3g}, |mean loss - CE(HF logits)| = {loss:.3g}, "
               f"|mean loss - HF labels= loss| = {hf_loss:.3g}")
+
+
+def test_transformers_v4_style_llama_config(tmp_path):
+    """config.json written by transformers 4.x: top-level rope_theta and rope_scaling, no rope_parameters."""
+    model = llama(2)
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    theta = config.pop("rope_parameters", {}).get("rope_theta", 10000.0)
+    config.update(rope_theta=theta, rope_scaling=None)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    tokens = tokens_for(False)
+    assert cm.load_hf_checkpoint(tmp_path, tokens) == cm.from_hf(model, tokens)
