@@ -181,13 +181,15 @@ def run(
             f"  {row.name:<12} {row.loss:7.3f} {row.increase:+9.3f}   {row.prev_token:10.2f} "
             f"{row.induction:9.2f}{mark}"
         )
+    induction_mark = ", the mark of an induction head" if top.induction > 0.5 else ""
+    prev_mark = ", the mark of a previous-token head" if prev.prev_token > 0.5 else ""
     out(
         f"\n{top.name} matters most: {top.induction:.0%} of its attention on a repeated token goes to the token\n"
-        "after that token's previous occurrence, the mark of an induction head.\n"
+        f"after that token's previous occurrence{induction_mark}.\n"
         f"In layer 0, {prev.name} matters most: {prev.prev_token:.0%} of its attention on a new token goes to the "
-        "position\nbefore it, the mark of a previous-token head: it writes each token's predecessor where the\n"
+        f"position\nbefore it{prev_mark}: it writes each token's predecessor where the\n"
         "induction head's keys can read it (positions enter queries and keys only, never the residual stream).\n"
-        f"The induction head's branch after split_heads, top levels:\n"
+        f"The branch of {top.name} after split_heads, top levels:\n"
     )
     out(result.circuit.get_unique(top.name).repr(depth=2))
     out(f"\n(finished in {time.perf_counter() - start:.1f}s)")
