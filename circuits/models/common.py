@@ -16,6 +16,7 @@ import torch
 
 from circuits.errors import ModelError
 from circuits.nodes import Add, Array, Circuit, Concat, Einsum, GeneralFunction, Index, Scalar
+from circuits.passes.attention import NEG_INF, neg_inf_bias
 
 #: How the token array is cut into model inputs and targets.
 #: ``"default"``: ``[S+1]`` tokens, inputs ``[:-1]``, targets ``[1:]``.
@@ -24,12 +25,6 @@ CONVENTIONS = {
     "default": (1, slice(None, -1), slice(1, None)),
     "golden": (2, slice(None, -2), slice(1, -1)),
 }
-
-#: The score bias where the mask is 0, as in the golden file.  After softmax a
-#: masked score of -10000 weighs exp(-10000 - max) == 0 exactly in float16/32/64
-#: whenever the row's largest unmasked score is above about -9000, which is
-#: what Hugging Face's ``finfo.min`` bias gives too.
-NEG_INF = -10000.0
 
 _BATCH_LETTERS = "bBxXyYzZ" + string.ascii_letters
 
@@ -211,13 +206,6 @@ def causal_mask_array(seq_len: int, dtype: torch.dtype) -> Array:
     return Array(torch.tril(torch.ones(seq_len, seq_len, dtype=dtype)), name="t.a.c.causal_mask")
 
 
-def score_neg_inf_bias(mask: Circuit, neg_inf: float = NEG_INF) -> Einsum:
-    """``(1 - mask) * neg_inf``, written as in the golden file."""
-    neg_mask = Einsum.from_einsum_string("ab,->ab", mask, Scalar(-1.0, name="neg_one"), name="not_mask.neg_mask")
-    not_mask = Add(Scalar(1.0, name="one"), neg_mask, name="a.not_mask")
-    return Einsum.from_einsum_string("qk,->qk", not_mask, Scalar(neg_inf, name="a.neg_inf"), name="a.score_neg_inf_bias")
-
-
 def div_head_size(weight: Circuit) -> GeneralFunction:
     """``1/sqrt(d_head)`` per head, read off a ``[heads, d_head, d_model]`` weight as in the golden file."""
     bias_for_head_size = einsum("hjk->hj", weight, name="a.c.bias_for_head_size")
@@ -246,7 +234,7 @@ def attend(
         scores = einsum("hqc,hkc,h->hqk", q, k, div, name="a.attn_scores")
     else:
         raw = einsum("hqc,hkc,h,qk->hqk", q, k, div, mask, name="a.attn_scores_raw")
-        scores = Add(raw, score_neg_inf_bias(mask, neg_inf), name="a.attn_scores")
+        scores = Add(raw, neg_inf_bias(mask, neg_inf), name="a.attn_scores")
     probs = fn("softmax", scores, name="a.attn_probs")
     comb_v = einsum("hqk,hkV->hqV", probs, v, name="a.comb_v")
     return einsum("hsV,hdV->sd", comb_v, w_o, name=f"b{layer}.a")

@@ -23,6 +23,10 @@ from circuits.traversal import unique_nodes
 SCORES = "a.attn_scores"
 RAW_SCORES = "a.attn_scores_raw"
 MASK_NAME = "t.a.c.causal_mask"
+# The score bias where the mask is 0, as in the golden file.  After softmax a
+# masked score of -10000 weighs exp(-10000 - max) == 0 exactly in float16/32/64
+# whenever the row's largest unmasked score is above about -9000, which is
+# what Hugging Face's ``finfo.min`` bias gives too.
 NEG_INF = -10000.0
 
 MaskSpec = Union[None, torch.Tensor, Callable[[int, int], torch.Tensor]]
@@ -53,7 +57,7 @@ def causal_mask(circuit: Circuit, mask: MaskSpec = None, neg_inf: float = NEG_IN
         with_mask = Einsum(
             *zip(raw.children, raw.operand_axes), (mask_node, letters), out_axes=raw.out_axes, name=RAW_SCORES
         )
-        return Add(with_mask, _neg_inf_bias(mask_node, neg_inf), name=SCORES)
+        return Add(with_mask, neg_inf_bias(mask_node, neg_inf), name=SCORES)
 
     # update works bottom-up, so a later layer's scores are rebuilt over the earlier, masked ones
     return circuit.update(SCORES, masked)
@@ -92,7 +96,8 @@ def _mask_node(mask: MaskSpec, scores: Circuit, heads: int, queries: int, keys: 
     return Array(tensor.to(torch.get_default_dtype()), name=name)
 
 
-def _neg_inf_bias(mask: Array, neg_inf: float) -> Circuit:
+def neg_inf_bias(mask: Circuit, neg_inf: float = NEG_INF) -> Circuit:
+    """``(1 - mask) * neg_inf``, written as in the golden file (``'a.score_neg_inf_bias'``)."""
     letters = "hqk" if mask.rank == 3 else "qk"
     plain = "abc"[: mask.rank]  # the golden file's letters for the flip
     flipped = Einsum.from_einsum_string(
