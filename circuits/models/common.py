@@ -16,7 +16,7 @@ import torch
 
 from circuits.errors import ModelError
 from circuits.nodes import Add, Array, Circuit, Concat, Einsum, GeneralFunction, Index, Scalar
-from circuits.passes.attention import NEG_INF, neg_inf_bias
+from circuits.passes.attention import NEG_INF, causal_mask_array, neg_inf_bias
 
 #: How the token array is cut into model inputs and targets.
 #: ``"default"``: ``[S+1]`` tokens, inputs ``[:-1]``, targets ``[1:]``.
@@ -200,10 +200,6 @@ def rms_norm(x: Circuit, scale: Circuit, eps: float, name: str) -> Einsum:
 
 
 # --------------------------------------------------------------- attention
-
-
-def causal_mask_array(seq_len: int, dtype: torch.dtype) -> Array:
-    return Array(torch.tril(torch.ones(seq_len, seq_len, dtype=dtype)), name="t.a.c.causal_mask")
 
 
 def div_head_size(weight: Circuit) -> GeneralFunction:

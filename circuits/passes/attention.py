@@ -76,9 +76,16 @@ def _unmasked(scores: Circuit) -> Einsum:
     )
 
 
+def causal_mask_array(seq_len: int, dtype: torch.dtype | None = None) -> Array:
+    """``'t.a.c.causal_mask'``: 1 where a query may attend (keys at or before it)."""
+    return Array(torch.tril(torch.ones(seq_len, seq_len, dtype=dtype)), name=MASK_NAME)
+
+
 def _mask_node(mask: MaskSpec, scores: Circuit, heads: int, queries: int, keys: int) -> Array:
     if mask is None:
-        return Array(torch.tril(torch.ones(queries, keys)), name=MASK_NAME)
+        if queries != keys:
+            raise PassError(f"causal_mask: {scores.describe()} has {queries} queries but {keys} keys; pass a mask")
+        return causal_mask_array(queries)
     if callable(mask) and not isinstance(mask, torch.Tensor):
         layer = layer_of(scores)
         tensor = torch.stack([torch.as_tensor(mask(layer, head)) for head in range(heads)])
