@@ -111,6 +111,14 @@ from circuits.passes import (  # noqa: E402
 
 __all__ += ["PassError", "causal_mask", "push_down_index", "simplify", "split_heads"]
 
+# Experiments (issue 7): the cached Evaluator, ablations, patching, sweeps;
+# metrics and the rest in ``circuits.experiments``.
+from circuits import experiments  # noqa: E402
+from circuits.cache import Evaluator  # noqa: E402
+from circuits.experiments import mean_ablate, patch, resample_ablate, sweep, zero_ablate  # noqa: E402
+
+__all__ += ["Evaluator", "experiments", "mean_ablate", "patch", "resample_ablate", "sweep", "zero_ablate"]
+
 # Saving (issue 8): the text plus a tensor store beside it; see circuits/saving.py.
 from circuits.saving import load, load_many, save  # noqa: E402
 

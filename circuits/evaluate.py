@@ -30,6 +30,11 @@ Autograd is untouched: tensors are used as given, so gradients flow back to
 the tensors inside Arrays and to bound inputs.  Like torch indexing, a
 result may share storage with an Array's tensor (``evaluate`` of an Array
 returns that tensor; an Index of one is a view of it).
+
+``circuits.cache.Evaluator`` runs this same schedule with a cache: its walk
+asks a probe for each node's cached value (a hit becomes a pre-filled leaf,
+not descended into), and its run hands each computed value to the cache.
+Plain ``evaluate`` passes neither, and pays one ``is None`` test per node.
 """
 
 from __future__ import annotations
@@ -111,41 +116,51 @@ class _Plan:
     listed in ``more_releases[out]``.
     """
 
-    __slots__ = ("order", "values", "steps", "releases", "more_releases", "root_slots")
+    __slots__ = ("order", "values", "steps", "releases", "more_releases", "root_slots", "scalar_dtype")
 
-    def __init__(self, order, values, steps, releases, more_releases, root_slots):
+    def __init__(self, order, values, steps, releases, more_releases, root_slots, scalar_dtype=None):
         self.order = order  # slot -> node
         self.values = values  # slot -> tensor (leaves) or None (computed)
         self.steps = steps
         self.releases = releases
         self.more_releases = more_releases
         self.root_slots = root_slots
+        self.scalar_dtype = scalar_dtype  # the dtype Scalars took (or would take) in this call
 
-    def run(self) -> list[torch.Tensor]:
+    def run(self, store: Callable[[int, torch.Tensor], None] | None = None) -> list[torch.Tensor]:
+        """Run the steps; ``store(out_slot, value)``, if given, sees every computed value."""
         values = self.values
         self.values = None  # a plan runs once; its slots are released as it goes
         steps = self.steps
         many, more_releases = steps.many, self.more_releases
         out = None
-        try:
-            for fn, first, second, out, release in zip(
-                steps.fns, steps.firsts, steps.seconds, steps.outs, self.releases
-            ):
-                # unrolled for the common arities: this loop is the per-node cost of running
-                if second >= 0:
-                    values[out] = fn(values[first], values[second])
-                elif first >= 0:
-                    values[out] = fn(values[first])
-                else:
-                    values[out] = fn(*[values[arg] for arg in many[out]])
-                if release >= 0:
-                    values[release] = None
-                elif release == -2:
-                    for slot in more_releases[out]:
-                        values[slot] = None
-        except Exception as error:  # noqa: BLE001 - every failure is reported with its node
-            node = self.order[out]
-            raise _error_at(node, out, self.order, steps, _failure_text(node, error)) from error
+        if store is not None:
+            try:
+                self._run_storing(values, store)
+            except _StepFailure as failure:  # a failing store() is not blamed on a node: it propagates
+                out, error = failure.out, failure.error
+                node = self.order[out]
+                raise _error_at(node, out, self.order, steps, _failure_text(node, error)) from error
+        else:
+            try:
+                for fn, first, second, out, release in zip(
+                    steps.fns, steps.firsts, steps.seconds, steps.outs, self.releases
+                ):
+                    # unrolled for the common arities: this loop is the per-node cost of running
+                    if second >= 0:
+                        values[out] = fn(values[first], values[second])
+                    elif first >= 0:
+                        values[out] = fn(values[first])
+                    else:
+                        values[out] = fn(*[values[arg] for arg in many[out]])
+                    if release >= 0:
+                        values[release] = None
+                    elif release == -2:
+                        for slot in more_releases[out]:
+                            values[slot] = None
+            except Exception as error:  # noqa: BLE001 - every failure is reported with its node
+                node = self.order[out]
+                raise _error_at(node, out, self.order, steps, _failure_text(node, error)) from error
         results = []
         for slot in self.root_slots:
             value = values[slot]
@@ -154,6 +169,40 @@ class _Plan:
                 value = torch.full(node.shape, node.value, dtype=value.dtype, device=value.device)
             results.append(value)
         return results
+
+    def _run_storing(self, values: list, store: Callable[[int, torch.Tensor], None]) -> None:
+        """The loop of ``run``, handing each computed value to ``store`` (``circuits.cache``)."""
+        steps = self.steps
+        many, more_releases = steps.many, self.more_releases
+        out = -1
+        for fn, first, second, out, release in zip(
+            steps.fns, steps.firsts, steps.seconds, steps.outs, self.releases
+        ):
+            try:
+                if second >= 0:
+                    value = fn(values[first], values[second])
+                elif first >= 0:
+                    value = fn(values[first])
+                else:
+                    value = fn(*[values[arg] for arg in many[out]])
+            except Exception as error:  # noqa: BLE001 - reported by run, with the node
+                raise _StepFailure(out, error) from error
+            values[out] = value
+            store(out, value)
+            if release >= 0:
+                values[release] = None
+            elif release == -2:
+                for slot in more_releases[out]:
+                    values[slot] = None
+
+
+class _StepFailure(Exception):
+    """A step of a storing run failed (so that a failing ``store`` is not blamed on the node)."""
+
+    def __init__(self, out: int, error: Exception):
+        super().__init__(out, error)
+        self.out = out
+        self.error = error
 
 
 def _failure_text(node: Circuit, error: Exception) -> str:
@@ -213,7 +262,16 @@ class _Context:
                 )
 
 
-def _compile(roots, inputs, device, dtype) -> _Plan:
+def _compile(roots, inputs, device, dtype, probe=None) -> _Plan:
+    """The schedule for ``roots``.
+
+    ``probe`` (used by ``circuits.cache.Evaluator``) is called on every node
+    the walk enters (a node not yet in the schedule): it returns a value
+    already known for the node, which then becomes a pre-filled leaf and is
+    not descended into, or None.  It also has ``float_dtypes`` (the floating
+    dtypes of Arrays below the known values, which count for the Scalars'
+    dtype as if the walk had reached them) and ``first_device``.
+    """
     if device is not None:
         try:
             device = torch.device(device)
@@ -251,6 +309,17 @@ def _compile(roots, inputs, device, dtype) -> _Plan:
             continue
         node = root
         while True:
+            if probe is not None:
+                known = probe(node)
+                if known is not None:  # a value known already (cached): a leaf of this schedule
+                    leaf_values[slot] = known
+                    slot_of[node.hash] = slot
+                    add_node(node)
+                    slot += 1
+                    if not path:
+                        break
+                    node = ascend()
+                    continue
             # Descend into the first child without a slot; when every child
             # has one, the node becomes a step and we return to its parent.
             # A node is only ever entered from a parent that found it
@@ -328,7 +397,11 @@ def _compile(roots, inputs, device, dtype) -> _Plan:
     values: list[Any] = [None] * len(order)
     for slot, value in leaf_values.items():
         values[slot] = value
-    _finish_leaves(ctx, order, values, steps)
+    if probe is not None:
+        ctx.float_dtypes.update(probe.float_dtypes)
+        if ctx.first_device is None:
+            ctx.first_device = probe.first_device
+    scalar_dtype = _finish_leaves(ctx, order, values, steps)
 
     # Release every value right after its last consumer; roots are kept.
     for slot in root_slots:
@@ -345,7 +418,7 @@ def _compile(roots, inputs, device, dtype) -> _Plan:
             more_releases[outs[position]] = [release, slot]
         else:
             more_releases[outs[position]].append(slot)
-    return _Plan(order, values, steps, releases, more_releases, root_slots)
+    return _Plan(order, values, steps, releases, more_releases, root_slots, scalar_dtype)
 
 
 class _Steps:
@@ -445,8 +518,11 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
     return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
 
 
-def _finish_leaves(ctx: _Context, order, values, steps) -> None:
-    """Scalars and bound Symbols, once the call's device and dtype are known."""
+def _finish_leaves(ctx: _Context, order, values, steps) -> torch.dtype:
+    """Scalars and bound Symbols, once the call's device and dtype are known.
+
+    Returns the dtype Scalars take in this call (whether or not it has any).
+    """
     device = ctx.device if ctx.device is not None else ctx.first_device
     # Symbols: bound, the right shape, on the computation's device.
     for slot in ctx.symbol_slots:
@@ -491,12 +567,12 @@ def _finish_leaves(ctx: _Context, order, values, steps) -> None:
         )
     # Scalars: full tensors of their shape, as an expanded 0-d tensor (no
     # memory per element), in the promoted floating dtype of the call.
+    dtype = ctx.dtype
+    if dtype is None:
+        dtype = functools.reduce(torch.promote_types, ctx.float_dtypes) if ctx.float_dtypes else None
+    if dtype is None:
+        dtype = torch.get_default_dtype()
     if ctx.scalar_slots:
-        dtype = ctx.dtype
-        if dtype is None:
-            dtype = functools.reduce(torch.promote_types, ctx.float_dtypes) if ctx.float_dtypes else None
-        if dtype is None:
-            dtype = torch.get_default_dtype()
         made: dict[float, torch.Tensor] = {}
         for slot in ctx.scalar_slots:
             node = order[slot]
@@ -504,6 +580,7 @@ def _finish_leaves(ctx: _Context, order, values, steps) -> None:
             if base is None:
                 base = made[node.value] = torch.tensor(node.value, dtype=dtype, device=device)
             values[slot] = base.expand(node.shape)
+    return dtype
 
 
 # ----------------------------------------------------------------- steps

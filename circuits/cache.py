@@ -1,0 +1,418 @@
+"""``Evaluator``: evaluation that keeps node values across calls, within a memory budget.
+
+Every experiment is "rewrite the circuit, evaluate it again".  A rewrite
+keeps every unchanged subtree (same structure, same ``node.hash``), so an
+evaluator that remembers values by hash only has to compute the nodes whose
+hash changed: ablating head ``h`` of layer ``L`` recomputes what lies above
+that head, and reads everything else (the layers below, the other heads of
+layer ``L``) from the cache::
+
+    ev = cc.Evaluator(cache_bytes=2**30)
+    clean = ev.evaluate(circuit)                  # computes and keeps every value
+    ablated = circuit.update("b3.a.head7", lambda n: cc.Scalar(0.0, shape=n.shape))
+    ev.evaluate(ablated)                          # recomputes only the ancestors of 'b3.a.head7'
+    ev.stats.computed                             # how many nodes that was
+
+How it works
+------------
+``evaluate`` compiles the same schedule as ``circuits.evaluate`` (see that
+module), with one change: every node the schedule's walk reaches is first
+looked up in the cache, and a cached value becomes a pre-filled leaf, so
+nothing below it is visited.  The walk therefore costs time in proportion
+to the nodes computed plus their cached children, not to the whole
+circuit.  Each computed value is then offered to the cache (``store``).
+
+Results are identical to ``cc.evaluate`` (the same torch calls on the same
+inputs), given the call's options: a value is cached under the node's hash
+*and* the call's ``device`` and ``dtype`` options, and a value that depends
+on the dtype Scalars take in the call (the promoted dtype of the circuit's
+Arrays, which a cached subtree's Arrays still count towards) is only reused
+in calls where Scalars take that dtype.  Not cached:
+
+- nodes with a Symbol below them (their value depends on ``inputs``, which
+  the hash does not cover; substitute an Array for the Symbol, as the
+  experiments do, to cache them);
+- leaves (Arrays, Scalars, Symbols: they cost nothing to "compute"), and
+  values that are views of a leaf's tensor (an Index of a weight: free to
+  recompute, and caching it would charge the whole weight to the budget);
+- tensors that require grad (the cache is for inference: a cached value
+  would carry its autograd graph into later calls).
+
+The cache assumes that nodes mean what their hash says: a GeneralFunction
+re-registered under the same name with another function, or a tensor
+modified in place after it was put in an Array, makes cached values stale
+(call ``clear()``).  Returned tensors may be the cached values themselves:
+do not modify them in place (``.clone()`` first).
+
+The budget: bytes of storage
+----------------------------
+``cache_bytes`` bounds the bytes of tensor *storage* the cache keeps
+reachable.  Each distinct storage (``tensor.untyped_storage()``) that some
+cached value refers to is charged once, in full (``nbytes()`` of the
+storage): a view is charged the whole storage it views, several cached
+views of one storage are charged once together, and a value that shares
+storage with another cached value adds nothing.  So the memory the cache
+keeps alive is at most ``cache_bytes`` (plus Python object overhead), and
+``ev.nbytes`` is that charge, never more than the budget.  A value whose
+storage alone exceeds the budget is not cached.
+
+The policy: least recently used, with admission control
+-------------------------------------------------------
+Entries are kept in recency order; a lookup that hits refreshes the entry,
+and before a value is stored the least recently used entries are evicted
+until it fits the budget.  ``store=`` on ``evaluate`` controls admission: ``True``
+(the default) offers every computed value, ``False`` only reads the cache,
+and a predicate ``node -> bool`` admits the nodes it accepts.  LRU alone is
+a poor fit for a sweep: every ablated run computes one-off values (its
+logits, say) that are more recent than the clean values later targets need,
+so they push those out.  ``circuits.experiments.sweep`` therefore plans
+admission from its circuits, which it knows in advance: it admits only the
+values a later evaluation will read from the cache and discards each after
+its last reader (see that module); ``bench/ablation_sweep.py --policy lru``
+measures the difference.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import sys
+from typing import Any, Callable, Iterable
+
+import torch
+
+from circuits.errors import NodeTypeError
+from circuits.nodes import Array, Circuit, Scalar, Symbol
+
+__all__ = ["CacheStats", "Evaluator"]
+
+
+def _evaluate_module():
+    # ``circuits.evaluate`` the module (the package exports a function of that name)
+    return sys.modules["circuits.evaluate"]
+
+
+@dataclasses.dataclass
+class CacheStats:
+    """Counters since the evaluator was made (or ``reset_stats()``).
+
+    ``computed``: nodes computed (steps run); ``hits``: cached values used;
+    ``stored``: values admitted; ``evicted``: entries evicted to fit the
+    budget; ``rejected``: values offered but not cached (too big, views of
+    leaves, requiring grad); ``peak_nbytes``: the most bytes charged at
+    once.  ``last_computed`` and ``last_hits`` are for the last call only.
+    """
+
+    computed: int = 0
+    hits: int = 0
+    stored: int = 0
+    evicted: int = 0
+    rejected: int = 0
+    peak_nbytes: int = 0
+    last_computed: int = 0
+    last_hits: int = 0
+
+
+class _Entry:
+    __slots__ = ("key", "value", "storage", "scalar_dtype", "float_dtype")
+
+    def __init__(self, key, value, storage, scalar_dtype, float_dtype):
+        self.key = key  # (node hash, call options)
+        self.value = value
+        self.storage = storage  # the storage key charged for this value
+        self.scalar_dtype = scalar_dtype  # the Scalars' dtype it was computed with; None: no Scalar below
+        self.float_dtype = float_dtype  # promoted floating dtype of the Arrays below; None: none
+
+
+def _promote(a, b):
+    if a is None or a is b:
+        return b if a is None else a
+    if b is None:
+        return a
+    return torch.promote_types(a, b)
+
+
+def _storage_key(tensor: torch.Tensor) -> tuple[Any, int]:
+    storage = tensor.untyped_storage()
+    return (str(tensor.device), storage.data_ptr()), storage.nbytes()
+
+
+class Evaluator:
+    """Evaluates circuits, keeping node values by structural hash within ``cache_bytes``.
+
+    See the module docstring for what is cached, how bytes are counted and
+    the eviction policy.  ``evaluate``/``evaluate_many`` take the same
+    arguments as ``cc.evaluate``/``cc.evaluate_many``, plus ``store``.
+    """
+
+    def __init__(self, cache_bytes: int):
+        if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
+            raise ValueError(f"Evaluator: cache_bytes must be a non-negative int, got {cache_bytes!r}")
+        self.cache_bytes = cache_bytes
+        self._entries: collections.OrderedDict[tuple, _Entry] = collections.OrderedDict()
+        self._storages: dict[Any, list[int]] = {}  # storage key -> [nbytes, entries using it]
+        self._nbytes = 0
+        self._by_hash: dict[bytes, list[tuple]] = {}  # node hash -> its entry keys (one per option set)
+        self.stats = CacheStats()
+
+    # ----------------------------------------------------------- reading
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of storage charged to the cache now (never more than ``cache_bytes``)."""
+        return self._nbytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, node: object) -> bool:
+        """Whether a value of ``node`` (under any call options) is cached."""
+        return isinstance(node, Circuit) and node.hash in self._by_hash
+
+    def __repr__(self) -> str:
+        return (
+            f"Evaluator({len(self)} values, {self._nbytes / 2**20:.1f} MiB of "
+            f"{self.cache_bytes / 2**20:.1f} MiB)"
+        )
+
+    def reset_stats(self) -> None:
+        self.stats = CacheStats()
+
+    # ---------------------------------------------------------- evaluate
+
+    def evaluate(
+        self,
+        circuit: Circuit,
+        inputs: Any = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        *,
+        store: bool | Callable[[Circuit], bool] = True,
+    ) -> torch.Tensor:
+        """The value of ``circuit``, as ``cc.evaluate`` gives it, reusing cached values.
+
+        ``store``: True offers every computed value to the cache, False only
+        reads it, a predicate ``node -> bool`` offers the nodes it accepts.
+        """
+        return self.evaluate_many([circuit], inputs, device, dtype, store=store)[0]
+
+    def evaluate_many(
+        self,
+        circuits: Iterable[Circuit],
+        inputs: Any = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        *,
+        store: bool | Callable[[Circuit], bool] = True,
+    ) -> list[torch.Tensor]:
+        """The values of several circuits (common subtrees computed once), reusing cached values."""
+        if not (isinstance(store, bool) or callable(store)):
+            raise TypeError(
+                f"Evaluator: store must be True, False or a predicate node -> bool, got {store!r}"
+            )
+        roots = list(circuits)
+        for position, root in enumerate(roots):
+            if not isinstance(root, Circuit):
+                raise NodeTypeError(
+                    f"evaluate: root {position} is a {type(root).__name__}, not a circuit node"
+                )
+        options = (None if device is None else str(device), dtype)
+        excluded: set[bytes] = set()
+        compile_ = _evaluate_module()._compile
+        while True:
+            probe = _Probe(self._entries, options, excluded)
+            plan = compile_(roots, inputs, device, dtype, probe=probe)
+            stale = [
+                entry.key[0] for entry in probe.hits if entry.scalar_dtype not in (None, plan.scalar_dtype)
+            ]
+            if not stale:
+                break
+            # cached with Scalars of another dtype than this call gives them: not valid here; the
+            # Arrays below them count the same either way, so the second compile settles it
+            excluded.update(stale)
+        for entry in probe.hits:
+            self._entries.move_to_end(entry.key)
+        order = plan.order
+        computed = sum(1 for out in plan.steps.outs if order[out].children)
+        stats = self.stats
+        stats.hits += len(probe.hits)
+        stats.last_hits = len(probe.hits)
+        stats.computed += computed
+        stats.last_computed = computed
+        if store is False or self.cache_bytes == 0 or not plan.steps.outs:
+            return plan.run()
+        return plan.run(store=_Storer(self, plan, probe, options, store))
+
+    # ---------------------------------------------------------- storing
+
+    def _put(
+        self, key: tuple, value: torch.Tensor, storage: Any, size: int, scalar_dtype, float_dtype
+    ) -> None:
+        entries = self._entries
+        if key in entries:
+            entries.move_to_end(key)
+            return
+        record = self._storages.get(storage)
+        if record is None:
+            if size > self.cache_bytes:
+                self.stats.rejected += 1
+                return
+            while self._nbytes + size > self.cache_bytes:  # make room first: least recently used out
+                self._drop(next(iter(entries)))
+                self.stats.evicted += 1
+            self._storages[storage] = [size, 1]
+            self._nbytes += size
+        else:
+            record[1] += 1  # shares storage already charged: adds nothing
+        entries[key] = _Entry(key, value, storage, scalar_dtype, float_dtype)
+        keys = self._by_hash.get(key[0])
+        if keys is None:
+            self._by_hash[key[0]] = [key]
+        else:
+            keys.append(key)
+        self.stats.stored += 1
+        if self._nbytes > self.stats.peak_nbytes:
+            self.stats.peak_nbytes = self._nbytes
+
+    def _drop(self, key: tuple) -> None:
+        entry = self._entries.pop(key)
+        keys = self._by_hash[key[0]]
+        keys.remove(key)
+        if not keys:
+            del self._by_hash[key[0]]
+        record = self._storages[entry.storage]
+        record[1] -= 1
+        if record[1] == 0:
+            del self._storages[entry.storage]
+            self._nbytes -= record[0]
+
+    def discard(self, nodes: Iterable[Circuit | bytes]) -> int:
+        """Drop the cached values of ``nodes`` (nodes or their hashes); returns how many were dropped."""
+        dropped = 0
+        for node in nodes:
+            node_hash = node.hash if isinstance(node, Circuit) else node
+            for key in list(self._by_hash.get(node_hash, ())):
+                self._drop(key)
+                dropped += 1
+        return dropped
+
+    def clear(self) -> None:
+        """Drop every cached value."""
+        self._entries.clear()
+        self._storages.clear()
+        self._by_hash.clear()
+        self._nbytes = 0
+
+
+class _Probe:
+    """Called by the schedule's walk on each node it enters: the cached value, or None."""
+
+    __slots__ = ("entries", "options", "excluded", "hits", "hit_hashes", "float_dtypes", "first_device")
+
+    def __init__(self, entries, options, excluded):
+        self.entries = entries
+        self.options = options
+        self.excluded = excluded
+        self.hits: list[_Entry] = []
+        self.hit_hashes: set[bytes] = set()
+        self.float_dtypes: set[torch.dtype] = set()
+        self.first_device = None
+
+    def __call__(self, node: Circuit):
+        if not node.children:
+            return None
+        entry = self.entries.get((node.hash, self.options))
+        if entry is None or node.hash in self.excluded:
+            return None
+        self.hits.append(entry)
+        self.hit_hashes.add(node.hash)
+        if entry.float_dtype is not None:
+            self.float_dtypes.add(entry.float_dtype)
+        if self.first_device is None:
+            self.first_device = entry.value.device
+        return entry.value
+
+
+class _Storer:
+    """The ``store`` hook of a run: offers each computed value to the cache.
+
+    It follows the steps in order, working out for each computed node
+    whether a Symbol is below it (then it is not cached), the promoted
+    floating dtype of the Arrays below it, and whether a Scalar is below it.
+    """
+
+    def __init__(self, evaluator: Evaluator, plan, probe: _Probe, options, store):
+        self.evaluator = evaluator
+        self.order = plan.order
+        self.steps = plan.steps
+        self.scalar_dtype = plan.scalar_dtype
+        self.options = options
+        self.admit = None if store is True else store
+        self.position = 0
+        hits = {entry.key[0]: entry for entry in probe.hits}
+        # per slot: (Symbol below, float dtype of Arrays below, Scalar below);
+        # computed nodes are filled in as they run
+        meta: list[Any] = [None] * len(self.order)
+        leaf_storages = set()
+        values = plan.values
+        for slot, node in enumerate(self.order):
+            kind = type(node)
+            if node.children:
+                entry = hits.get(node.hash)
+                if entry is not None:
+                    meta[slot] = (False, entry.float_dtype, entry.scalar_dtype is not None)
+            elif isinstance(node, Array):
+                tensor = node.value
+                meta[slot] = (
+                    False,
+                    tensor.dtype if tensor is not None and tensor.is_floating_point() else None,
+                    False,
+                )
+            elif isinstance(node, Symbol):
+                meta[slot] = (True, None, False)
+            elif isinstance(node, Scalar):
+                meta[slot] = (False, None, True)
+            else:
+                meta[slot] = (False, None, False)
+            if not node.children and kind is not Scalar:
+                value = values[slot]
+                if isinstance(value, torch.Tensor):
+                    leaf_storages.add(_storage_key(value)[0])
+        self.meta = meta
+        self.leaf_storages = leaf_storages
+
+    def __call__(self, out: int, value: Any) -> None:
+        steps = self.steps
+        position = self.position
+        self.position = position + 1
+        node = self.order[out]
+        if not node.children:  # an Array moved or cast by the call: its storage is a leaf's
+            if isinstance(value, torch.Tensor):
+                self.leaf_storages.add(_storage_key(value)[0])
+            return
+        meta = self.meta
+        first, second = steps.firsts[position], steps.seconds[position]
+        if second >= 0:
+            a, b = meta[first], meta[second]
+            info = (a[0] or b[0], _promote(a[1], b[1]), a[2] or b[2])
+        elif first >= 0:
+            info = meta[first]
+        else:
+            symbol, dtype, scalar = False, None, False
+            for arg in steps.many[out]:
+                m = meta[arg]
+                symbol, dtype, scalar = symbol or m[0], _promote(dtype, m[1]), scalar or m[2]
+            info = (symbol, dtype, scalar)
+        meta[out] = info
+        if info[0] or not isinstance(value, torch.Tensor) or value.requires_grad:
+            return
+        if self.admit is not None and not self.admit(node):
+            return
+        storage, size = _storage_key(value)
+        evaluator = self.evaluator
+        if storage in self.leaf_storages:
+            evaluator.stats.rejected += 1
+            return
+        evaluator._put(
+            (node.hash, self.options), value, storage, size, self.scalar_dtype if info[2] else None, info[1]
+        )

@@ -1,0 +1,45 @@
+"""Experiments: ablate, patch, measure, sweep (``from circuits import experiments as ex``).
+
+============================================  =============================================
+``zero_ablate(c, matcher)``                   matched nodes -> zeros
+``mean_ablate(c, matcher, dataset_inputs)``   matched nodes -> their mean over a dataset
+``resample_ablate(c, matcher, other_inputs)`` matched nodes -> themselves on other inputs
+``patch(c, matcher, source_inputs)``          activation patching; path patching with an
+                                              IterativeMatcher
+``mean_loss``, ``logit_diff``, ``kl_div``     metrics, as circuit builders (``Metric``)
+``sweep(c, targets, ablation, metric)``       one ablation per target, through a cached
+                                              ``Evaluator``; a table of results
+``head_names(c)``                             ``'b{L}.a.head{h}'`` branches of a split circuit
+============================================  =============================================
+
+Inputs are mappings ``{matcher form: tensor or node}``, usually
+``{"toks_int_var": tokens}`` for the model builders' circuits (see
+``circuits.experiments.inputs``).  Every function returns a new circuit and
+evaluates nothing it does not need; ``circuits.Evaluator`` (``circuits.cache``)
+makes evaluating many rewrites of one circuit cost only what changed.
+"""
+
+from circuits.cache import Evaluator
+from circuits.experiments.ablation import DEFAULT_CACHE_BYTES, mean_ablate, resample_ablate, zero_ablate
+from circuits.experiments.inputs import ExperimentError, with_inputs
+from circuits.experiments.metrics import Metric, kl_div, logit_diff, mean_loss
+from circuits.experiments.patching import patch
+from circuits.experiments.sweep import SweepResult, head_names, sweep
+
+__all__ = [
+    "DEFAULT_CACHE_BYTES",
+    "Evaluator",
+    "ExperimentError",
+    "Metric",
+    "SweepResult",
+    "head_names",
+    "kl_div",
+    "logit_diff",
+    "mean_ablate",
+    "mean_loss",
+    "patch",
+    "resample_ablate",
+    "sweep",
+    "with_inputs",
+    "zero_ablate",
+]

@@ -1,0 +1,156 @@
+"""Ablations: replace what a matcher finds by zero, its dataset mean, or its value on other inputs.
+
+Each function takes a circuit and a matcher (any form ``circuits.matching``
+accepts: a name such as ``'b1.a.head3'``, a regex Matcher, a set, an
+IterativeMatcher for a path-restricted ablation) and returns the rewritten
+circuit; nothing is evaluated except where the replacement needs a value
+(the dataset mean).  A replacement keeps the name of the node it replaces,
+so later matchers still find it.  A matcher that finds nothing is an
+``ExperimentError`` (a typo should not silently ablate nothing).
+
+Inputs (``dataset_inputs``, ``other_inputs``) map a matcher form, usually
+the token Array ``'toks_int_var'``, to a tensor or node; see
+``circuits.experiments.inputs`` for how shapes are read.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import torch
+
+from circuits.cache import Evaluator
+from circuits.experiments.inputs import EXPANDED, REBATCHED, SAME, ExperimentError, with_inputs
+from circuits.nodes import Array, Circuit, Rearrange, Scalar
+from circuits.rewrite import update
+
+__all__ = ["DEFAULT_CACHE_BYTES", "mean_ablate", "resample_ablate", "zero_ablate"]
+
+#: The cache an experiment makes for itself when not given an ``evaluator``: 2 GiB.
+DEFAULT_CACHE_BYTES = 2 * 2**30
+
+
+def rewrite_found(circuit: Circuit, matcher: Any, fn: Callable[[Circuit], Circuit], what: str) -> Circuit:
+    """``circuit.update(matcher, fn)``, refusing a matcher that finds nothing."""
+    if not isinstance(circuit, Circuit):
+        raise ExperimentError(f"{what}: expected a circuit node, got {type(circuit).__name__}")
+    calls = []
+
+    def counted(node: Circuit) -> Circuit:
+        calls.append(node)
+        return fn(node)
+
+    result = update(circuit, matcher, counted)
+    if not calls:
+        raise ExperimentError(f"{what}: {matcher!r} finds no node in {circuit.describe()}")
+    return result
+
+
+def zero_ablate(circuit: Circuit, matcher: Any) -> Circuit:
+    """Every node ``matcher`` finds replaced by zeros of its shape (a Scalar 0 named like it).
+
+    >>> ablated = zero_ablate(split, "b1.a.head3")          # head 1.3's output is zero
+    >>> zero_ablate(split, cc.Matcher.regex(r"^b0\\.a\\.head"))  # every head of layer 0
+    """
+    return rewrite_found(
+        circuit, matcher, lambda node: Scalar(0.0, shape=node.shape, name=node.name), "zero_ablate"
+    )
+
+
+def mean_ablate(
+    circuit: Circuit,
+    matcher: Any,
+    dataset_inputs: Mapping[Any, Any],
+    *,
+    evaluator: Evaluator | None = None,
+) -> Circuit:
+    """Every node ``matcher`` finds replaced by its mean over a dataset.
+
+    The node (as ``update`` hands it over, i.e. with anything matched below
+    it already ablated) is evaluated once on ``dataset_inputs`` and averaged
+    over the dataset's batch axis; the mean becomes an Array named like the
+    node.  How ``dataset_inputs`` is read:
+
+    - extra leading axes (``[N, S+1]`` tokens for an unbatched circuit on
+      ``[S+1]``; ``[N, B, S+1]`` for a batched one): the circuit is batched
+      with ``circuits.expand`` and the mean is over those axes, so every
+      position (and batch row) keeps its own mean;
+    - the same rank as the circuit's batched input (``[N, S+1]`` tokens for
+      a circuit on ``[B, S+1]``, any N): the node is computed for the N rows
+      and averaged over its leading axis; the mean (per position) is
+      repeated over the circuit's B rows by a Rearrange.  This assumes the
+      batch axis is leading in the node, as in the model builders' circuits.
+
+    A node that does not depend on the inputs is left as it is.  The
+    dataset runs go through ``evaluator`` (default: a fresh
+    ``Evaluator(DEFAULT_CACHE_BYTES)`` for this call), so several matched
+    nodes share their common work, and a sweep can pass its own.
+
+    >>> tokens = torch.randint(0, vocab, (64, 129))             # 64 sequences of the right length
+    >>> ablated = mean_ablate(split, "b1.a.head3", {"toks_int_var": tokens})
+    """
+    ev = evaluator if evaluator is not None else Evaluator(DEFAULT_CACHE_BYTES)
+    if not isinstance(dataset_inputs, Mapping):
+        raise ExperimentError(
+            "mean_ablate: dataset_inputs must be a mapping {name: tensor}, got "
+            f"{type(dataset_inputs).__name__}"
+        )
+    unbatched_inputs = isinstance(circuit, Circuit) and any(
+        node.rank < 2 for key in dataset_inputs for node in circuit.get(key)
+    )
+
+    def mean_of(node: Circuit) -> Circuit:
+        on_dataset, kind = with_inputs(node, dataset_inputs, what="mean_ablate")
+        if on_dataset.hash == node.hash:
+            return node  # does not depend on the inputs: its own mean
+        if kind == SAME:
+            if unbatched_inputs:
+                raise ExperimentError(
+                    "mean_ablate: the circuit's inputs have no batch axis, so the dataset needs one: give "
+                    "[N, ...] with an extra leading axis"
+                )
+            kind = REBATCHED  # [N, S+1] for [B, S+1] with N == B: still a dataset of N rows
+        if kind == REBATCHED and on_dataset.rank != node.rank:
+            raise ExperimentError(
+                f"mean_ablate: {node.describe()} {list(node.shape)} on the dataset has shape "
+                f"{list(on_dataset.shape)}; expected its batch axis leading (or give the dataset extra "
+                "leading axes)"
+            )
+        with torch.no_grad():
+            value = ev.evaluate(on_dataset)
+            if kind == EXPANDED:
+                extra = on_dataset.rank - node.rank
+                mean = value.mean(dim=tuple(range(extra))) if extra else value
+                return Array(mean.clone(), name=node.name)
+            if node.rank == 0:
+                raise ExperimentError(f"mean_ablate: {node.describe()} has no batch axis to average over")
+            mean = value.mean(dim=0).clone()
+        axes = " ".join(f"x{i}" for i in range(node.rank - 1))
+        base = Array(mean, name=None if node.name is None else f"{node.name}.mean")
+        return Rearrange(base, f"{axes} -> batch {axes}".strip(), name=node.name, batch=node.shape[0])
+
+    return rewrite_found(circuit, matcher, mean_of, "mean_ablate")
+
+
+def resample_ablate(circuit: Circuit, matcher: Any, other_inputs: Mapping[Any, Any]) -> Circuit:
+    """Every node ``matcher`` finds replaced by itself computed on ``other_inputs``.
+
+    ``other_inputs`` has the shape of the inputs it replaces, so batch row
+    ``b`` of the node comes from row ``b`` of the other inputs (draw them
+    from a dataset: ``dataset[torch.randint(len(dataset), (B,))]``).  The
+    result is a rewrite, not a value: the node's subtree on the other
+    inputs is part of the circuit (and evaluates once, shared, in a sweep).
+
+    >>> ablated = resample_ablate(split, "b1.a.head3", {"toks_int_var": other_tokens})
+    """
+
+    def resampled(node: Circuit) -> Circuit:
+        new, kind = with_inputs(node, other_inputs, what="resample_ablate")
+        if kind != SAME:
+            raise ExperimentError(
+                "resample_ablate: other_inputs must have the shape of the inputs they replace (one row per "
+                "batch row); to average over a dataset use mean_ablate"
+            )
+        return new
+
+    return rewrite_found(circuit, matcher, resampled, "resample_ablate")

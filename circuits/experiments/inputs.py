@@ -1,0 +1,115 @@
+"""Running a circuit on other inputs: the one rewrite every experiment shares.
+
+Inputs are given as a mapping from a matcher form (usually the name of the
+token Array the model builders make, ``'toks_int_var'``) to the new value:
+a tensor (wrapped as an Array named like the node it replaces) or a node::
+
+    {"toks_int_var": other_tokens}            # [B, S+1] like the circuit's own
+
+How the new value relates to the node it replaces decides the rewrite:
+
+- the same shape: a plain replacement (``update``), e.g. other prompts;
+- the same rank, another leading (batch) size: a plain replacement too; the
+  circuit is rebuilt for that batch (``[N, S+1]`` tokens for a circuit built
+  on ``[B, S+1]``), which works when the batch axis is leading throughout,
+  as in every model builder's circuits;
+- extra leading axes: ``circuits.expand`` (``[N, S+1]`` tokens for an
+  unbatched ``[S+1]`` circuit, or ``[N, B, S+1]`` for a batched one).
+
+A key that matches nothing in the subtree being rewritten leaves it as it
+is (that subtree does not depend on that input).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+from circuits.batching import expand
+from circuits.errors import CircuitError
+from circuits.matching import IterativeMatcher
+from circuits.nodes import Array, Circuit
+from circuits.rewrite import replace
+
+__all__ = ["ExperimentError", "with_inputs"]
+
+SAME, REBATCHED, EXPANDED = "same", "rebatched", "expanded"
+
+
+class ExperimentError(CircuitError, ValueError):
+    """An ablation, patch, metric or sweep that cannot be set up as asked
+    (inputs that do not fit what they replace, a target that matches
+    nothing, a metric node that is not there)."""
+
+
+def _replacement(node: Circuit, value: Any, what: str) -> Circuit:
+    if isinstance(value, Circuit):
+        return value
+    if isinstance(value, torch.Tensor):
+        return Array(value, name=node.name)
+    try:
+        return Array(torch.as_tensor(value), name=node.name)
+    except Exception:
+        raise ExperimentError(
+            f"{what}: the value for {node.describe()} is a {type(value).__name__}, not a tensor or a node"
+        ) from None
+
+
+def _relation(old: Circuit, new: Circuit, what: str) -> str:
+    old_shape, new_shape = tuple(old.shape), tuple(new.shape)
+    if new_shape == old_shape:
+        return SAME
+    if len(new_shape) == len(old_shape) >= 2 and new_shape[1:] == old_shape[1:]:
+        return REBATCHED
+    extra = len(new_shape) - len(old_shape)
+    if extra > 0 and new_shape[extra:] == old_shape:
+        return EXPANDED
+    raise ExperimentError(
+        f"{what}: {old.describe()} has shape {list(old_shape)} but its new value {new.describe()} has "
+        f"shape {list(new_shape)}; give the same shape, another leading (batch) size "
+        f"[N, {', '.join(map(str, old_shape[1:]))}], or extra leading axes [..., "
+        f"{', '.join(map(str, old_shape))}]"
+    )
+
+
+def with_inputs(
+    circuit: Circuit, inputs: Mapping[Any, Any], *, what: str = "with_inputs"
+) -> tuple[Circuit, str]:
+    """``circuit`` on other inputs, and how it was rewritten (``"same"``, ``"rebatched"``, ``"expanded"``).
+
+    See the module docstring.  The kind is ``"same"`` when nothing
+    changed shape (or nothing matched).
+    """
+    if not isinstance(inputs, Mapping):
+        raise ExperimentError(
+            f"{what}: inputs must be a mapping {{name or matcher: tensor or node}}, "
+            f"got {type(inputs).__name__}"
+        )
+    plain: dict[Any, Any] = {}
+    batched: dict[Any, Any] = {}
+    kinds = set()
+    for key, value in inputs.items():
+        if isinstance(key, IterativeMatcher):
+            raise ExperimentError(f"{what}: input keys are plain matcher forms (a name, a node), not {key!r}")
+        found = circuit.get(key)
+        if not found:
+            continue
+        for node in found:
+            new = _replacement(node, value, what)
+            kind = _relation(node, new, what)
+            kinds.add(kind)
+            (batched if kind == EXPANDED else plain)[node] = new
+    if not kinds:
+        return circuit, SAME
+    if EXPANDED in kinds and REBATCHED in kinds:
+        raise ExperimentError(
+            f"{what}: some inputs add batch axes and others change the batch size; give them alike"
+        )
+    result = circuit
+    if plain:
+        result = replace(result, plain)
+    if batched:
+        result = expand(result, {node: new for node, new in batched.items()})
+    kind = EXPANDED if EXPANDED in kinds else REBATCHED if REBATCHED in kinds else SAME
+    return result, kind

@@ -1,0 +1,199 @@
+"""Metrics: circuits built on top of the circuit they measure.
+
+Each metric here is a ``Metric``: a small *circuit builder*.  Given a
+circuit (clean or ablated) it returns a new circuit of shape ``[]`` whose
+children are nodes of the given one (``'t.loss'``, ``'t.call'``,
+``'log_probs'``), so evaluating it with a cached ``Evaluator`` reuses
+everything the experiment did not change, and the metric itself is a
+handful of nodes.  Calling a metric evaluates it to a float::
+
+    mean_loss(circuit)                                  # float
+    mean_loss.circuit(circuit)                          # the scalar circuit
+    logit_diff(-1, good=42, bad=7)(circuit)             # a Metric made by a function
+    kl_div(clean)(ablated)
+
+``sweep`` takes these (or any function of the evaluated root tensor).
+
+============================  =========================================================
+``mean_loss``                 mean of ``'t.loss'`` (the per-token loss) over every axis
+``logit_diff(pos, good, bad)``  mean over the batch of ``logits[..., pos, good] - logits[..., pos, bad]``
+                              (``'t.call'``); the Index is pushed down toward the
+                              leaves so only that position's logits are computed
+``kl_div(clean)``             mean over batch and positions of KL(clean || circuit) of the
+                              next-token distributions (``'log_probs'`` of both)
+============================  =========================================================
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from circuits.cache import Evaluator
+from circuits.evaluate import evaluate
+from circuits.experiments.inputs import ExperimentError
+from circuits.nodes import Add, Array, Circuit, Einsum, GeneralFunction, Index, Scalar
+
+__all__ = ["Metric", "kl_div", "logit_diff", "mean_loss"]
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+class Metric:
+    """A metric as a circuit builder: ``build(circuit) -> circuit of shape []``.
+
+    ``metric.circuit(c)`` builds it; ``metric(c)`` (or ``metric(c,
+    evaluator=ev)``) evaluates it to a float.
+    """
+
+    def __init__(self, build: Callable[[Circuit], Circuit], name: str):
+        self.build = build
+        self.name = name
+
+    def circuit(self, circuit: Circuit) -> Circuit:
+        result = self.build(circuit)
+        if not isinstance(result, Circuit):
+            raise ExperimentError(
+                f"metric {self.name}: the builder returned a {type(result).__name__}, not a circuit"
+            )
+        return result
+
+    def __call__(self, circuit: Circuit, *, evaluator: Evaluator | None = None) -> float:
+        node = self.circuit(circuit)
+        with torch.no_grad():
+            value = evaluator.evaluate(node) if evaluator is not None else evaluate(node)
+        return float(value)
+
+    def __repr__(self) -> str:
+        return f"<Metric {self.name}>"
+
+
+def find(circuit: Circuit, name: str, what: str) -> Circuit:
+    """The node called ``name`` (the root itself if it is), or an ExperimentError saying what is missing."""
+    if circuit.name == name:
+        return circuit
+    found = circuit.get(name)
+    if len(found) != 1:
+        raise ExperimentError(
+            f"{what}: expected one node named {name!r} in {circuit.describe()}, found {len(found)}"
+            + (
+                ""
+                if found
+                else " (is this a model circuit? the builders name the loss 't.loss', the logits 't.call')"
+            )
+        )
+    return next(iter(found))
+
+
+def _mean(node: Circuit, name: str) -> Einsum:
+    """The mean of every element of ``node``: one Einsum with a Scalar ``1/numel``."""
+    letters = _LETTERS[: node.rank]
+    count = 1
+    for size in node.shape:
+        count *= size
+    return Einsum.from_einsum_string(
+        f"{letters},->", node, Scalar(1.0 / max(count, 1), name=f"{name}.recip_count"), name=name
+    )
+
+
+def _mean_loss(circuit: Circuit) -> Circuit:
+    return _mean(find(circuit, "t.loss", "mean_loss"), "metric.mean_loss")
+
+
+#: Mean of the per-token loss ``'t.loss'``.
+mean_loss = Metric(_mean_loss, "mean_loss")
+
+
+def logit_diff(
+    position: int, good: Any, bad: Any, *, logits: str = "t.call", push_down: bool = True
+) -> Metric:
+    """Mean over the batch of ``logits[..., position, good] - logits[..., position, bad]``.
+
+    ``good`` and ``bad`` are token ids: ints, or one per batch row (a
+    sequence or 1-D tensor of length B, for prompts with different answers).
+    The logits are the node named ``logits`` (``'t.call'``), ``[S, V]`` or
+    ``[B, S, V]``.  The circuit picks ``Index(logits, [..., position, :])``,
+    gathers the two ids per row (``gen_index``) and averages the difference;
+    with ``push_down`` (the default) the Index is pushed toward the leaves
+    (``circuits.passes.push_index``), so the unembedding runs for that one
+    position only.
+    """
+
+    def build(circuit: Circuit) -> Circuit:
+        node = find(circuit, logits, "logit_diff")
+        if node.rank not in (2, 3):
+            raise ExperimentError(
+                f"logit_diff: {node.describe()} has shape {list(node.shape)}; expected [S, V] or [B, S, V]"
+            )
+        seq, vocab = node.shape[-2:]
+        if not -seq <= position < seq:
+            raise ExperimentError(f"logit_diff: position {position} is out of range for {seq} positions")
+        batched = node.rank == 3
+        rows = node.shape[0] if batched else 1
+        at = Index(node, (slice(None),) * (node.rank - 2) + (position, slice(None)), name="metric.logits_at")
+        if push_down:
+            from circuits.passes import push_index
+
+            at = push_index(at)
+        picked = []
+        for which, label in ((good, "good"), (bad, "bad")):
+            ids = torch.as_tensor(which).reshape(-1).to(torch.int64)
+            if ids.numel() == 1:
+                ids = ids.expand(rows)
+            if ids.numel() != rows:
+                raise ExperimentError(
+                    f"logit_diff: {ids.numel()} token ids for {rows} batch rows; give one id, or one per row"
+                )
+            if bool(((ids < 0) | (ids >= vocab)).any()):
+                raise ExperimentError(f"logit_diff: token ids {ids.tolist()[:8]} out of range [0, {vocab})")
+            index = Array(ids.clone() if batched else ids[0].clone(), name=f"metric.{label}_ids")
+            spec = "gen_index_at_0_batch_x_c" if batched else "gen_index_at_0_c"
+            picked.append(
+                GeneralFunction.new_by_name(at, index, spec_name=spec, name=f"metric.{label}_logits")
+            )
+        letters = _LETTERS[: picked[1].rank]
+        negated = Einsum.from_einsum_string(
+            f"{letters},->{letters}", picked[1], Scalar(-1.0, name="metric.neg"), name="metric.neg_bad_logits"
+        )
+        return _mean(Add(picked[0], negated, name="metric.logit_diffs"), "metric.logit_diff")
+
+    return Metric(build, f"logit_diff(position={position}, good={good}, bad={bad})")
+
+
+def kl_div(clean: Circuit, *, log_probs: str = "log_probs") -> Metric:
+    """Mean over batch and positions of KL(clean || circuit) between next-token distributions.
+
+    ``clean`` is the unablated circuit; both it and the measured circuit
+    must have a node named ``log_probs`` (``[..., V]`` log-softmax of the
+    logits, as the builders make).  The circuit is
+    ``Einsum(exp(lp_clean), lp_clean - lp, 1/N)``: the clean nodes are the
+    very nodes of ``clean``, so a cached evaluator computes them once.
+    """
+    clean_lp = find(clean, log_probs, "kl_div")
+    clean_p = GeneralFunction.new_by_name(clean_lp, spec_name="exp", name="metric.clean_probs")
+
+    def build(circuit: Circuit) -> Circuit:
+        lp = find(circuit, log_probs, "kl_div")
+        if lp.shape != clean_lp.shape:
+            raise ExperimentError(
+                f"kl_div: {log_probs!r} has shape {list(lp.shape)} here but {list(clean_lp.shape)} "
+                "in the clean circuit"
+            )
+        letters = _LETTERS[: lp.rank]
+        neg = Einsum.from_einsum_string(
+            f"{letters},->{letters}", lp, Scalar(-1.0, name="metric.neg"), name="metric.neg_lp"
+        )
+        diff = Add(clean_lp, neg, name="metric.log_ratio")
+        positions = 1
+        for size in lp.shape[:-1]:
+            positions *= size
+        return Einsum.from_einsum_string(
+            f"{letters},{letters},->",
+            clean_p,
+            diff,
+            Scalar(1.0 / max(positions, 1), name="metric.recip_positions"),
+            name="metric.kl_div",
+        )
+
+    return Metric(build, "kl_div")

@@ -1,0 +1,209 @@
+"""The caching Evaluator: exactly the uncached values, only changed nodes recomputed, within budget."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from experiments_reference import split_circuit, tokens, weights
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import circuits as cc
+from circuits import experiments as ex
+
+
+def held_bytes(ev: cc.Evaluator) -> int:
+    """The storage the cache keeps reachable, counted independently of its own bookkeeping."""
+    storages = {}
+    for entry in ev._entries.values():
+        storage = entry.value.untyped_storage()
+        storages[(str(entry.value.device), storage.data_ptr())] = storage.nbytes()
+    return sum(storages.values())
+
+
+def is_leaf_view(node: cc.Circuit) -> bool:
+    return isinstance(node, cc.Index) and isinstance(node.children[0], cc.Array)
+
+
+@pytest.fixture(scope="module")
+def split():
+    return split_circuit(weights(0), tokens(1))
+
+
+def test_rewritten_circuit_recomputes_exactly_the_changed_nodes(split):
+    ev = cc.Evaluator(2**26)
+    torch.testing.assert_close(ev.evaluate(split), split.evaluate(), rtol=0, atol=0)
+    assert ev.stats.last_hits == 0
+    before = {node.hash for node in cc.unique_nodes([split])}
+    for name in ("b1.a.head2", "b0.a.head0", "a1.norm"):
+        ablated = ex.zero_ablate(split, name)
+        assert torch.equal(ev.evaluate(ablated, store=False), ablated.evaluate())
+        changed = [n for n in cc.unique_nodes([ablated]) if n.hash not in before and n.children]
+        # plus views of weights under the changed nodes: free to recompute, so never cached
+        views = {c.hash for n in changed for c in n.children if c.hash in before and is_leaf_view(c)}
+        assert ev.stats.last_computed == len(changed) + len(views)
+        assert ev.stats.last_hits > 0
+
+
+def test_the_same_circuit_again_is_one_lookup(split):
+    ev = cc.Evaluator(2**26)
+    first = ev.evaluate(split)
+    again = ev.evaluate(split)
+    assert again is first and ev.stats.last_computed == 0 and ev.stats.last_hits == 1
+
+
+def test_store_false_reads_only_and_store_predicate_admits(split):
+    ev = cc.Evaluator(2**26)
+    ev.evaluate(split, store=False)
+    assert len(ev) == 0 and ev.nbytes == 0
+    ev.evaluate(split, store=lambda node: node.name == "b0")
+    assert len(ev) == 1 and split.get_unique("b0") in ev
+    ablated = ex.zero_ablate(split, "b1.a.head0")
+    ev.evaluate(ablated, store=False)
+    assert ev.stats.last_hits == 1  # layer 1 starts from the cached residual
+
+
+def test_budget_is_never_exceeded_and_lru_evicts(split):
+    full = cc.Evaluator(2**30)
+    full.evaluate(split)
+    assert full.nbytes == held_bytes(full) and full.stats.evicted == 0
+    budget = full.nbytes // 3
+    ev = cc.Evaluator(budget)
+    ev.evaluate(split)
+    assert 0 < ev.nbytes <= budget and ev.nbytes == held_bytes(ev) and ev.stats.evicted > 0
+    assert ev.stats.peak_nbytes <= budget
+    # the most recent values (near the root) survive: the root itself is cached
+    assert split in ev
+    nothing = cc.Evaluator(0)
+    torch.testing.assert_close(nothing.evaluate(split), split.evaluate(), rtol=0, atol=0)
+    assert len(nothing) == 0
+
+
+def test_views_and_shared_storage_are_charged_once():
+    x = cc.Array(torch.randn(4, 256), name="x")
+    y = cc.Einsum.from_einsum_string("ab,ab->ab", x, x, name="y")  # a fresh 4 KiB tensor
+    rows = [cc.Index(y, (i,), name=f"row{i}") for i in range(4)]  # views of it
+    total = cc.Add(*rows, name="total")
+    ev = cc.Evaluator(2**20)
+    ev.evaluate(total)
+    assert {"y", "row0", "row3", "total"} <= {n.name for n in cc.unique_nodes([total]) if n in ev}
+    assert ev.nbytes == 4 * 256 * 4 + 256 * 4 == held_bytes(ev)
+    # a view of a leaf (an Index of an Array) is not cached: it is free, and would be charged the Array
+    view = cc.Index(x, (0,), name="x0")
+    ev.evaluate(cc.Einsum.from_einsum_string("a,a->a", view, view, name="sq"))
+    assert view not in ev
+
+
+def test_scalars_follow_the_dtype_of_the_call():
+    """A cached value computed with float32 Scalars is not reused where Scalars are float64."""
+    a = cc.Array(torch.arange(4, dtype=torch.float32) / 3, name="a")
+    y = cc.Add(a, cc.Scalar(0.1, shape=(4,), name="s"), name="y")
+    wide = cc.Add(y, cc.Array(torch.zeros(4, dtype=torch.float64), name="z"), name="wide")
+    ev = cc.Evaluator(2**20)
+    assert ev.evaluate(y).dtype == torch.float32
+    for root in (wide, y, wide):
+        expected = root.evaluate()
+        got = ev.evaluate(root)
+        assert got.dtype == expected.dtype and torch.equal(got, expected)
+    assert ev.evaluate(y, dtype=torch.float64).dtype == torch.float64  # options are part of the key
+
+
+def test_symbols_are_bound_per_call_and_not_cached():
+    x = cc.Symbol((3,), name="x")
+    w = cc.Array(torch.tensor([1.0, 2.0, 3.0]), name="w")
+    wx = cc.Einsum.from_einsum_string("a,a->a", x, w, name="wx")
+    ww = cc.Einsum.from_einsum_string("a,a->a", w, w, name="ww")
+    root = cc.Add(wx, ww, name="root")
+    ev = cc.Evaluator(2**20)
+    for value in (torch.ones(3), torch.zeros(3), torch.ones(3)):
+        assert torch.equal(ev.evaluate(root, inputs={"x": value}), root.evaluate(inputs={"x": value}))
+    assert ww in ev and wx not in ev and root not in ev
+    with pytest.raises(cc.EvaluationError, match="not bound"):
+        ev.evaluate(root)
+
+
+def test_errors_name_the_node_as_without_a_cache():
+    bad = cc.GeneralFunction.new_by_name(
+        cc.Array(torch.ones(3), name="t"),
+        cc.Array(torch.tensor([5]), name="i"),
+        spec_name="gen_index_at_0_c",
+        name="pick",
+    )
+    with pytest.raises(cc.EvaluationError, match="'pick'"):
+        cc.Evaluator(2**20).evaluate(bad)
+
+
+# ------------------------------------------------------- random rewrite sequences
+
+NAMES = [
+    "b0.a.head0",
+    "b0.a.head2",
+    "b1.a.head1",
+    "a0.norm",
+    "a1.norm",
+    "b0",
+    "b1",
+    "final.call",
+    "a.attn_probs",
+]
+
+
+def rewrite(circuit: cc.Circuit, op: str, name: str, seed: int) -> cc.Circuit:
+    found = circuit.get(name)
+    if not found:
+        return circuit
+    generator = torch.Generator().manual_seed(seed)
+    if op == "zero":
+        return circuit.update(name, lambda n: cc.Scalar(0.0, shape=n.shape, name=n.name))
+    if op == "scale":
+
+        def scaled(n: cc.Circuit) -> cc.Circuit:
+            letters = "abcdef"[: n.rank]
+            return cc.Einsum.from_einsum_string(
+                f"{letters},->{letters}", n, cc.Scalar(0.5 + seed % 3), name=n.name
+            )
+
+        return circuit.update(name, scaled)
+    if op == "noise":
+        return circuit.update(
+            name,
+            lambda n: cc.Add(
+                n, cc.Array(torch.randn(n.shape, generator=generator, dtype=torch.float64)), name=n.name
+            ),
+        )
+    if op == "tokens":
+        return ex.patch(circuit, name, {"toks_int_var": tokens(seed)})
+    if op == "weight":
+        return circuit.update("a1.w.v", lambda n: cc.Array(n.value + 0.01 * (seed % 5), name=n.name))
+    raise AssertionError(op)
+
+
+@settings(max_examples=25)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["zero", "scale", "noise", "tokens", "weight", "revert"]),
+            st.sampled_from(NAMES),
+            st.integers(0, 1000),
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+    budget_kib=st.sampled_from([0, 4, 16, 64, 4096]),
+    dtype=st.sampled_from([None, None, torch.float32]),
+)
+def test_cached_equals_uncached_over_random_rewrites(split, steps, budget_kib, dtype):
+    budget = budget_kib * 1024
+    ev = cc.Evaluator(budget)
+    current = split
+    history = [split]
+    for op, name, seed in steps:
+        if op == "revert":
+            current = history[seed % len(history)]
+        else:
+            current = rewrite(current, op, name, seed)
+        history.append(current)
+        expected = cc.evaluate(current, dtype=dtype)
+        got = ev.evaluate(current, dtype=dtype, store=seed % 4 != 0)
+        assert got.dtype == expected.dtype and torch.equal(got, expected)
+        assert ev.nbytes <= budget and held_bytes(ev) == ev.nbytes
