@@ -1,0 +1,23 @@
+"""Every notebook runs top to bottom, and is committed with its outputs cleared."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+
+
+def test_there_are_notebooks():
+    assert [p.name[:2] for p in NOTEBOOKS] == ["01", "02", "03"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_runs(path):
+    notebook = nbformat.read(path, as_version=4)
+    assert all(not cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code"), "clear outputs"
+    client = NotebookClient(notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
+    client.execute()  # raises CellExecutionError, naming the cell, if any cell fails
