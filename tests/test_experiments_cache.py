@@ -207,3 +207,34 @@ def test_cached_equals_uncached_over_random_rewrites(split, steps, budget_kib, d
         got = ev.evaluate(current, dtype=dtype, store=seed % 4 != 0)
         assert got.dtype == expected.dtype and torch.equal(got, expected)
         assert ev.nbytes <= budget and held_bytes(ev) == ev.nbytes
+
+
+# ----------------------------------------------- einsum plans (circuits/evaluate.py)
+
+
+@pytest.mark.parametrize(
+    "equation, shapes",
+    [
+        ("bih,bih,bi->bi", [(2, 3, 5), (2, 3, 5), (2, 3)]),  # layer-norm variance: batched dot, multiplier
+        ("bAh,z,bA->bAz", [(2, 3, 5), (1,), (2, 3)]),  # layer-norm mean: a letter only a multiplier has
+        ("bqc,bkc,,qk->bqk", [(2, 4, 3), (2, 4, 3), (), (4, 4)]),  # masked attention scores
+        ("hqc,hkc,h,qk->hqk", [(3, 4, 2), (3, 4, 2), (3,), (4, 4)]),
+        ("ab,ba,b->ab", [(2, 3), (3, 2), (3,)]),  # only multipliers
+        ("ij,ij->", [(3, 4), (3, 4)]),  # a full dot
+        ("ij,ji->j", [(3, 4), (4, 3)]),  # batched dot, operands in different orders
+        ("a,b,c->abc", [(2,), (3,), (4,)]),
+    ],
+)
+def test_planned_einsums_agree_with_torch(equation, shapes):
+    generator = torch.Generator().manual_seed(0)
+    tensors = [torch.randn(shape, generator=generator, dtype=torch.float64) for shape in shapes]
+    node = cc.Einsum.from_einsum_string(equation, *[cc.Array(t) for t in tensors])
+    torch.testing.assert_close(node.evaluate(), torch.einsum(equation, *tensors), rtol=1e-12, atol=1e-12)
+
+
+def test_planned_einsums_still_refuse_mixed_dtypes():
+    """A batched dot of float32 and float64 is an error, as torch.einsum makes it."""
+    x = cc.Array(torch.ones(2, 3), name="x")
+    y = cc.Array(torch.ones(2, 3, dtype=torch.float64), name="y")
+    with pytest.raises(cc.EvaluationError, match="dtype|type"):
+        cc.Einsum.from_einsum_string("ab,ab->a", x, y).evaluate()
