@@ -13,9 +13,9 @@ quadratic whatever the printer does.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
+from benchtools import best_time
 
 import circuits as cc
 
@@ -40,16 +40,6 @@ def build(num_nodes: int) -> cc.Circuit:
             x = cc.Add(x, h, name=f"b{branch}.resid{step}")
         tips.append(x)
     return cc.Add(*tips, name="root")
-
-
-def best_time(action, repeat: int):
-    """The fastest of ``repeat`` runs (the usual guard against a busy machine) and its result."""
-    best, result = float("inf"), None
-    for _ in range(repeat):
-        start = time.perf_counter()
-        result = action()
-        best = min(best, time.perf_counter() - start)
-    return best, result
 
 
 def measure(num_nodes: int, repeat: int) -> dict[str, float]:

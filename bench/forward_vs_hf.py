@@ -21,18 +21,12 @@ import statistics
 import time
 
 import torch
+from benchtools import add_gpt2_size_arguments
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--layers", type=int, default=12)
-    parser.add_argument("--heads", type=int, default=12)
-    parser.add_argument("--d-model", type=int, default=768)
-    parser.add_argument("--vocab", type=int, default=50257)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=2)
+    add_gpt2_size_arguments(parser, rounds=5)
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)

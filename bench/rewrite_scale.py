@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import torch
+from benchtools import best_time
 
 import circuits as cc
 
@@ -36,15 +36,6 @@ def build(num_nodes: int) -> cc.Circuit:
         act = cc.GeneralFunction.new_by_name(hidden, spec_name="relu", name=f"l{layer}.act")
         stream = cc.Add(stream, act, name=f"l{layer}.resid")
     return stream
-
-
-def best_time(action, repeat: int):
-    best, result = float("inf"), None
-    for _ in range(repeat):
-        start = time.perf_counter()
-        result = action()
-        best = min(best, time.perf_counter() - start)
-    return best, result
 
 
 def measure(num_nodes: int, repeat: int) -> dict:

@@ -22,6 +22,7 @@ import statistics
 import time
 
 import torch
+from benchtools import add_gpt2_size_arguments
 
 import circuits as cc
 from circuits import models
@@ -36,14 +37,7 @@ def timed(action):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--layers", type=int, default=12)
-    parser.add_argument("--heads", type=int, default=12)
-    parser.add_argument("--d-model", type=int, default=768)
-    parser.add_argument("--vocab", type=int, default=50257)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
+    add_gpt2_size_arguments(parser, rounds=3)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
