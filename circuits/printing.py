@@ -9,7 +9,6 @@ them), so the writer first collects the distinct nodes, then writes.
 from __future__ import annotations
 
 import io
-from collections import defaultdict
 from typing import Iterable
 
 from circuits.gcpause import gc_paused
@@ -50,10 +49,11 @@ def repr_many(
 def _write(
     roots: list[Circuit], depth: int | None, shapes: bool, serials: bool, store: TensorStore | None
 ) -> str:
-    distinct_by_name: dict[str, set[bytes]] = defaultdict(set)
+    first_with_name: dict[str, bytes] = {}
+    shared_names: set[str] = set()  # names carried by two or more distinct nodes
     for node in unique_nodes(roots):
-        if node.name is not None:
-            distinct_by_name[node.name].add(node.hash)
+        if node.name is not None and first_with_name.setdefault(node.name, node.hash) != node.hash:
+            shared_names.add(node.name)
 
     references: dict[bytes, str] = {}
     quoted: dict[str, str] = {}
@@ -77,7 +77,7 @@ def _write(
         else:
             if name not in quoted:
                 quoted[name] = quote_name(name)
-            if serials or len(distinct_by_name[name]) > 1:
+            if serials or name in shared_names:
                 reference = f"{next_serial} {quoted[name]}"
                 next_serial += 1
             else:
