@@ -8,7 +8,6 @@ set of names, so it is built on demand from the name instead of listed.
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Callable, Sequence
 
@@ -122,8 +121,13 @@ def _last_dim_size(x: torch.Tensor) -> torch.Tensor:
 
 
 def _gelu_new(x: torch.Tensor) -> torch.Tensor:
-    """GPT-2's tanh approximation of gelu (``gelu_new`` in transformers)."""
-    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3))))
+    """GPT-2's tanh approximation of gelu (``gelu_new`` in transformers).
+
+    ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, computed by torch's
+    fused kernel (``gelu(approximate="tanh")``: the same formula, one pass
+    instead of seven, within float rounding of writing it out).
+    """
+    return torch.nn.functional.gelu(x, approximate="tanh")
 
 
 _ELEMENTWISE: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
