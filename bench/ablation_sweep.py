@@ -24,7 +24,8 @@ is the headline ratio, circuits / TransformerLens (target <= 0.5).
 
     pip install -e ".[bench]"                # transformer-lens < 4
     python bench/ablation_sweep.py           # the issue's dimensions (several minutes)
-    python bench/ablation_sweep.py --layers 2 --heads 4 --d-model 128 --vocab 1000 --batch 2 --seq 32
+    python bench/ablation_sweep.py --d-model 384 --vocab 8192 --batch 4 --seq 64   # quick: ~30 s
+    python bench/ablation_sweep.py --policy lru      # the sweep's cache with plain LRU admission
 """
 
 from __future__ import annotations
