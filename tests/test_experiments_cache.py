@@ -178,7 +178,7 @@ def rewrite(circuit: cc.Circuit, op: str, name: str, seed: int) -> cc.Circuit:
     raise AssertionError(op)
 
 
-@settings(max_examples=25)
+@settings(max_examples=60)
 @given(
     steps=st.lists(
         st.tuples(
