@@ -132,6 +132,22 @@ def mean_ablate(
     return rewrite_found(circuit, matcher, mean_of, "mean_ablate")
 
 
+def rewrite_on_inputs(circuit: Circuit, matcher: Any, inputs: Mapping[Any, Any], what: str, shape_hint: str) -> Circuit:
+    """Every node ``matcher`` finds computed on ``inputs`` of the same shape, row for row.
+
+    Resample ablation and patching are this one rewrite; they differ in
+    what the inputs mean to the experiment, so each says its own ``shape_hint``.
+    """
+
+    def on_inputs(node: Circuit) -> Circuit:
+        new, kind = with_inputs(node, inputs, what=what)
+        if kind != SAME:
+            raise ExperimentError(f"{what}: {shape_hint}")
+        return new
+
+    return rewrite_found(circuit, matcher, on_inputs, what)
+
+
 def resample_ablate(circuit: Circuit, matcher: Any, other_inputs: Mapping[Any, Any]) -> Circuit:
     """Every node ``matcher`` finds replaced by itself computed on ``other_inputs``.
 
@@ -144,13 +160,8 @@ def resample_ablate(circuit: Circuit, matcher: Any, other_inputs: Mapping[Any, A
     >>> ablated = resample_ablate(split, "b1.a.head3", {"toks_int_var": other_tokens})
     """
 
-    def resampled(node: Circuit) -> Circuit:
-        new, kind = with_inputs(node, other_inputs, what="resample_ablate")
-        if kind != SAME:
-            raise ExperimentError(
-                "resample_ablate: other_inputs must have the shape of the inputs they replace (one row per "
-                "batch row); to average over a dataset use mean_ablate"
-            )
-        return new
-
-    return rewrite_found(circuit, matcher, resampled, "resample_ablate")
+    return rewrite_on_inputs(
+        circuit, matcher, other_inputs, "resample_ablate",
+        "other_inputs must have the shape of the inputs they replace (one row per batch row); "
+        "to average over a dataset use mean_ablate",
+    )

@@ -28,8 +28,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from circuits.experiments.ablation import rewrite_found
-from circuits.experiments.inputs import SAME, ExperimentError, with_inputs
+from circuits.experiments.ablation import rewrite_on_inputs
 from circuits.nodes import Circuit
 
 __all__ = ["patch"]
@@ -47,13 +46,7 @@ def patch(circuit: Circuit, matcher: Any, source_inputs: Mapping[Any, Any]) -> C
     >>> cc.evaluate(patched).mean()                  # loss with head 0.1 from the corrupted run
     """
 
-    def from_source(node: Circuit) -> Circuit:
-        new, kind = with_inputs(node, source_inputs, what="patch")
-        if kind != SAME:
-            raise ExperimentError(
-                "patch: source_inputs must have the shape of the inputs they replace (the source run is "
-                "row for row)"
-            )
-        return new
-
-    return rewrite_found(circuit, matcher, from_source, "patch")
+    return rewrite_on_inputs(
+        circuit, matcher, source_inputs, "patch",
+        "source_inputs must have the shape of the inputs they replace (the source run is row for row)",
+    )
