@@ -8,7 +8,6 @@ them), so the writer first collects the distinct nodes, then writes.
 
 from __future__ import annotations
 
-import io
 from typing import Iterable
 
 from circuits.gcpause import gc_paused
@@ -49,52 +48,74 @@ def repr_many(
 def _write(
     roots: list[Circuit], depth: int | None, shapes: bool, serials: bool, store: TensorStore | None
 ) -> str:
-    first_with_name: dict[str, bytes] = {}
-    shared_names: set[str] = set()  # names carried by two or more distinct nodes
-    for node in unique_nodes(roots):
-        if node.name is not None and first_with_name.setdefault(node.name, node.hash) != node.hash:
-            shared_names.add(node.name)
-
-    references: dict[bytes, str] = {}
-    quoted: dict[str, str] = {}
-    out = io.StringIO()  # measured faster than list + join when deep indents make the text huge
-    write = out.write
-    newline = ""
-    next_serial = 0
-    stack: list[tuple[Circuit, int]] = [(root, 0) for root in reversed(roots)]
+    # Pass 1: every line's node and indent level, in print order.  A repeat
+    # (a node already written in full) is recorded by the line of its first
+    # occurrence; nodes are looked up by hash once per occurrence.
+    first_line: dict[bytes, int] = {}
+    firsts: list[Circuit | None] = []  # per line: the node written in full, or None for a repeat
+    levels: list[int] = []
+    repeats: dict[int, int] = {}  # line -> the line where its node was written in full
+    elided: dict[int, int] = {}  # line -> how many children the depth limit leaves out below it
+    stack = list(reversed(roots))
+    stack_levels = [0] * len(stack)
     while stack:
-        node, level = stack.pop()
-        indent = "  " * level
-        reference = references.get(node.hash)
-        if reference is not None:
-            write(f"{newline}{indent}{reference}")
-            newline = "\n"
+        node, level = stack.pop(), stack_levels.pop()
+        line = len(firsts)
+        levels.append(level)
+        seen_at = first_line.get(node.hash)
+        if seen_at is not None:
+            repeats[line] = seen_at
+            firsts.append(None)
+            continue
+        first_line[node.hash] = line
+        firsts.append(node)
+        children = node.children
+        if not children:
+            continue
+        if depth is not None and level >= depth:
+            elided[line] = len(children)
+            continue
+        stack.extend(reversed(children))
+        stack_levels.extend([level + 1] * len(children))
+
+    # Names carried by two or more distinct nodes: their references need serial numbers.
+    first_with_name: dict[str, bytes] = {}
+    shared_names: set[str] = set()
+    for node in firsts:
+        if node is not None and node.name is not None:
+            if first_with_name.setdefault(node.name, node.hash) != node.hash:
+                shared_names.add(node.name)
+
+    # Pass 2: the text.
+    references: list[str | None] = [None] * len(firsts)
+    quoted: dict[str, str] = {}
+    out: list[str] = []
+    write = out.append
+    next_serial = 0
+    for line, node in enumerate(firsts):
+        indent = "  " * levels[line]
+        if node is None:
+            write(indent + references[repeats[line]])
             continue
         name = node.name
         if name is None:
             reference = str(next_serial)
             next_serial += 1
         else:
-            if name not in quoted:
-                quoted[name] = quote_name(name)
+            quoted_name = quoted.get(name)
+            if quoted_name is None:
+                quoted_name = quoted[name] = quote_name(name)
             if serials or name in shared_names:
-                reference = f"{next_serial} {quoted[name]}"
+                reference = f"{next_serial} {quoted_name}"
                 next_serial += 1
             else:
-                reference = quoted[name]
-        references[node.hash] = reference
+                reference = quoted_name
+        references[line] = reference
         shape = " " + format_shape(node.shape) if shapes or isinstance(node, SHAPED_KINDS) else ""
         extra = " " + node.extra if node.extra else ""
-        write(f"{newline}{indent}{reference}{shape} {node.kind}{extra}")
-        newline = "\n"
+        write(f"{indent}{reference}{shape} {node.kind}{extra}")
         if store is not None and isinstance(node, Array) and node.is_loaded:
             store.save(node.value, node.content_hash)
-        children = node.children
-        if not children:
-            continue
-        if depth is not None and level >= depth:
-            write(f"\n{indent}  ... {len(children)} children not shown")
-            continue
-        below = level + 1
-        stack.extend([(child, below) for child in reversed(children)])
-    return out.getvalue()
+        if line in elided:
+            write(f"{indent}  ... {elided[line]} children not shown")
+    return "\n".join(out)
