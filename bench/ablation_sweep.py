@@ -9,10 +9,13 @@ mean loss.
   ``run_with_hooks(tokens, return_type="loss")`` per head with a hook that
   zeroes ``blocks.{L}.attn.hook_z[:, :, h]``.
 - circuits: the same weights through ``models.from_transformer_lens``,
-  ``split_heads``, then one ``sweep(split, head_names(split), zero_ablate,
-  mean_loss)`` call (the clean run included), which evaluates through a
-  cached ``Evaluator``: per head, only what lies above that head is
-  recomputed.
+  then one ``sweep(circuit, head_names(circuit), zero_ablate, mean_loss)``
+  call (the clean run included), which evaluates through a cached
+  ``Evaluator``: per head, only what lies above that head is recomputed.
+  The circuit is not split beforehand: the sweep splits only each
+  target's own layer, so the layers above it keep their heads in one
+  matmul.  ``--presplit`` sweeps ``split_heads(circuit)`` instead (every
+  layer split, each head's projections computed on their own).
 
 Both sweeps run in the same process on the same tokens (``--rounds`` > 1
 alternates which goes first and reports medians), under ``torch.no_grad()``,
@@ -26,6 +29,7 @@ is the headline ratio, circuits / TransformerLens (target <= 0.5).
     python bench/ablation_sweep.py           # the issue's dimensions (several minutes)
     python bench/ablation_sweep.py --d-model 384 --vocab 8192 --batch 4 --seq 64   # quick: ~30 s
     python bench/ablation_sweep.py --policy lru      # the sweep's cache with plain LRU admission
+    python bench/ablation_sweep.py --presplit        # sweep the circuit with every layer split
 """
 
 from __future__ import annotations
@@ -136,6 +140,9 @@ def main() -> None:
         default="retain",
         help="retain: glibc keeps freed memory for reuse (mallopt), for both sweeps; system: glibc defaults",
     )
+    parser.add_argument(
+        "--presplit", action="store_true", help="sweep split_heads(circuit) (every layer split) instead"
+    )
     parser.add_argument("--tolerance", type=float, default=1e-4)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -150,16 +157,19 @@ def main() -> None:
     (build_time, _), circuit = timed(
         lambda: models.from_transformer_lens(model.state_dict(), tokens, family="gpt2")
     )
-    (split_time, _), split = timed(lambda: split_heads(circuit))
-    names = ex.head_names(split)
+    split_time = 0.0
+    if args.presplit:
+        (split_time, _), circuit = timed(lambda: split_heads(circuit))
+    names = ex.head_names(circuit)
     assert len(names) == args.layers * args.heads
     print(
         f"GPT-2 {args.layers} layers x {args.heads} heads, d_model {args.d_model}, vocab {args.vocab}, "
         f"batch {args.batch} x {args.seq}, float32, {args.threads} threads, {len(names)} heads to ablate"
     )
     print(
-        f"circuit from the TransformerLens state dict {build_time:.2f} s, split_heads {split_time:.2f} s "
-        "(setup, not timed below)"
+        f"circuit from the TransformerLens state dict {build_time:.2f} s"
+        + (f", split_heads {split_time:.2f} s" if args.presplit else ", layers split by the sweep")
+        + " (setup, not timed below)"
     )
 
     ours_times, tl_times, ours_cpu, tl_cpu = [], [], [], []
@@ -170,7 +180,7 @@ def main() -> None:
         with torch.no_grad():
             (t, cpu), result = timed(
                 lambda: ex.sweep(
-                    split,
+                    circuit,
                     names,
                     ex.zero_ablate,
                     ex.mean_loss,

@@ -256,13 +256,16 @@ def test_sweep_recomputes_only_what_each_ablation_changed(setup):
     assert ev.stats.computed < full + sum(per_head) / 2
 
 
-def test_gpt2_sweep_matches_transformer_lens_style_hooks():
+@pytest.mark.parametrize("presplit", [True, False])
+def test_gpt2_sweep_matches_transformer_lens_style_hooks(presplit):
     """On GPT-2 (biases, MLPs): zeroing head h's z in torch equals the sweep's zero ablation."""
     config = models.GPT2Config(n_layers=2, n_heads=2, d_model=8, vocab_size=13, n_ctx=16)
     w = models.gpt2_random_weights(config, seed=4, dtype=torch.float64)
     toks = torch.randint(0, 13, (2, 6), generator=torch.Generator().manual_seed(5))
-    split = cc.passes.split_heads(models.build_gpt2(config, w, toks))
-    table = ex.sweep(split, ex.head_names(split), progress=False)
+    circuit = models.build_gpt2(config, w, toks)
+    if presplit:
+        circuit = cc.passes.split_heads(circuit)
+    table = ex.sweep(circuit, ex.head_names(circuit), progress=False)
     for layer in range(2):
         for head in range(2):
             zeroed = dict(w)
@@ -270,3 +273,33 @@ def test_gpt2_sweep_matches_transformer_lens_style_hooks():
             zeroed[f"a{layer}.w.o"][head] = 0  # z[:, :, head] = 0 is W_O[head] = 0
             expected = models.build_gpt2(config, zeroed, toks).evaluate().mean()
             assert table[f"b{layer}.a.head{head}"] == pytest.approx(float(expected), abs=1e-10)
+
+
+def test_head_names_of_unsplit_and_partly_split_circuits(setup):
+    w, toks, _ = setup
+    masked = cc.causal_mask(models.build_attn_only(CONFIG, w, toks))
+    every = [f"b{layer}.a.head{head}" for layer in range(2) for head in range(3)]
+    assert ex.head_names(masked) == every
+    assert ex.head_names(cc.split_heads(masked, layers=[1])) == every
+    grouped = cc.split_heads(masked, layers=[0], heads=[[0, 1], [2]])
+    assert ex.head_names(grouped) == ["b0.a.head0-1", "b0.a.head2"] + every[3:]
+
+
+def test_sweep_of_an_unsplit_circuit_splits_one_layer_per_target(setup):
+    """Head names on unsplit layers: the same values as the split circuit's, and as torch's."""
+    w, toks, split = setup
+    masked = cc.causal_mask(models.build_attn_only(CONFIG, w, toks))
+    names = ex.head_names(masked)
+    table = ex.sweep(masked, names, progress=False)
+    on_split = ex.sweep(split, names, progress=False)
+    assert table.baseline == pytest.approx(on_split.baseline, abs=1e-12)
+    for name in names:
+        layer, head = int(name[1]), int(name[-1])
+        expected, _, _ = forward(w, toks, override={(layer, head): torch.zeros(())})
+        assert table[name] == pytest.approx(float(expected.mean()), abs=1e-12)
+        assert table[name] == pytest.approx(on_split[name], abs=1e-12)
+    group = ex.sweep(masked, ["b1.a.head0-1"], progress=False)
+    zeros = {(1, 0): torch.zeros(()), (1, 1): torch.zeros(())}
+    assert group["b1.a.head0-1"] == pytest.approx(float(forward(w, toks, override=zeros)[0].mean()), abs=1e-12)
+    with pytest.raises(ex.ExperimentError, match="b1.a.head7"):
+        ex.sweep(masked, ["b1.a.head7"], progress=False)

@@ -9,7 +9,9 @@
 ``mean_loss``, ``logit_diff``, ``kl_div``     metrics, as circuit builders (``Metric``)
 ``sweep(c, targets, ablation, metric)``       one ablation per target, through a cached
                                               ``Evaluator``; a table of results
-``head_names(c)``                             ``'b{L}.a.head{h}'`` branches of a split circuit
+``head_names(c)``                             every ``'b{L}.a.head{h}'``, of split layers
+                                              and unsplit ones (``sweep`` splits those
+                                              one layer at a time)
 ============================================  =============================================
 
 Inputs are mappings ``{matcher form: tensor or node}``, usually

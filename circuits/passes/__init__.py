@@ -5,7 +5,7 @@ moves Index nodes toward the leaves so that only the selected work is done.
 """
 
 from circuits.errors import PassError
-from circuits.passes.attention import causal_mask, layer_of, split_heads
+from circuits.passes.attention import causal_mask, layer_of, split_heads, unsplit_head_counts
 from circuits.passes.push_down import push_index
 from circuits.passes.simplify import (
     flatten_adds,
@@ -39,4 +39,5 @@ __all__ = [
     "remove_single_operand",
     "simplify",
     "split_heads",
+    "unsplit_head_counts",
 ]

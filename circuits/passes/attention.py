@@ -155,22 +155,30 @@ def split_heads(circuit: Circuit, layers: Iterable[int] | None = None, heads: He
 
     def split(node: Circuit) -> Circuit:
         layer = targets[node.name]
-        head_axis = _head_axis(node)
-        head_count = node.children[0].shape[node.operand_axes[0].index(head_axis)]
-        groups = _head_groups(heads, head_count, layer)
-        return Add(*(_head_branch(node, layer, head_axis, group) for group in groups), name=node.name)
+        groups = _head_groups(heads, _head_count(node), layer)
+        return Add(*(_head_branch(node, layer, _head_axis(node), group) for group in groups), name=node.name)
 
     # update works bottom-up, so a later layer is split over the earlier, already split ones
     return circuit.update(Matcher(set(targets)) & Einsum, split)
 
 
-def _layer_outputs(circuit: Circuit, layers: Iterable[int] | None) -> dict[int, Einsum]:
+def unsplit_head_counts(circuit: Circuit) -> dict[int, int]:
+    """``{layer: number of heads}`` for each layer whose ``'b{L}.a'`` is still one Einsum (not split)."""
+    return {layer: _head_count(node) for layer, node in sorted(_unsplit_layers(circuit).items())}
+
+
+def _unsplit_layers(circuit: Circuit) -> dict[int, Einsum]:
     pattern = re.compile(r"b(\d+)\.a")
     found = {}
     for node in unique_nodes([circuit]):
         match = pattern.fullmatch(node.name or "")
         if match and isinstance(node, Einsum):
             found[int(match.group(1))] = node
+    return found
+
+
+def _layer_outputs(circuit: Circuit, layers: Iterable[int] | None) -> dict[int, Einsum]:
+    found = _unsplit_layers(circuit)
     if layers is None:
         if not found:
             raise PassError("split_heads: no unsplit 'b{L}.a' Einsum in the circuit")
@@ -190,6 +198,10 @@ def _head_axis(node: Einsum) -> int:
     if not summed:
         raise PassError(f"split_heads: {node.describe()} sums no axis shared by its operands (no head axis)")
     return summed[0]
+
+
+def _head_count(node: Einsum) -> int:
+    return node.children[0].shape[node.operand_axes[0].index(_head_axis(node))]
 
 
 def _head_groups(heads: HeadGroups, count: int, layer: int) -> list[list[int]]:
