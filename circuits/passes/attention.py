@@ -163,8 +163,19 @@ def split_heads(circuit: Circuit, layers: Iterable[int] | None = None, heads: He
 
 
 def unsplit_head_counts(circuit: Circuit) -> dict[int, int]:
-    """``{layer: number of heads}`` for each layer whose ``'b{L}.a'`` is still one Einsum (not split)."""
-    return {layer: _head_count(node) for layer, node in sorted(_unsplit_layers(circuit).items())}
+    """``{layer: number of heads}`` for each layer whose ``'b{L}.a'`` is still one Einsum (not split).
+
+    An Einsum of that name that sums no axis of all its operands has no
+    head axis, hence no heads to count: it is left out (``split_heads``
+    refuses it).
+    """
+    counts = {}
+    for layer, node in sorted(_unsplit_layers(circuit).items()):
+        try:
+            counts[layer] = _head_count(node)
+        except PassError:
+            continue
+    return counts
 
 
 def _unsplit_layers(circuit: Circuit) -> dict[int, Einsum]:
