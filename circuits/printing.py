@@ -3,7 +3,8 @@
 One line per node occurrence, pre-order; a node already written in full is
 written again as its reference alone.  Which nodes carry serial numbers
 depends on the whole printout (a name shared by two distinct nodes needs
-them), so the writer first collects the distinct nodes, then writes.
+them), so the writer first walks the circuit recording each line's node and
+indent, then writes the lines.
 """
 
 from __future__ import annotations

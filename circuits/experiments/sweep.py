@@ -12,8 +12,9 @@ circuit with layer 3 alone split (``split_heads(circuit, layers=[3])``):
 every other layer keeps its heads together, one matmul for all of them,
 which is what a sweep recomputes above each ablated head, so sweeping the
 unsplit circuit is the faster way (``bench/ablation_sweep.py``, GPT-2 small
-on 8 x 128 tokens: about 10% less time than sweeping the split circuit).  The values are the same as on the
-fully split circuit, up to float rounding in how the heads are summed.
+on 8 x 128 tokens: about 10% less time than sweeping the split circuit).
+The values are the same as on the fully split circuit, up to float
+rounding in how the heads are summed.
 
 How it saves work
 -----------------

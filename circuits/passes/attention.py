@@ -155,8 +155,9 @@ def split_heads(circuit: Circuit, layers: Iterable[int] | None = None, heads: He
 
     def split(node: Circuit) -> Circuit:
         layer = targets[node.name]
+        head_axis = _head_axis(node)
         groups = _head_groups(heads, _head_count(node), layer)
-        return Add(*(_head_branch(node, layer, _head_axis(node), group) for group in groups), name=node.name)
+        return Add(*(_head_branch(node, layer, head_axis, group) for group in groups), name=node.name)
 
     # update works bottom-up, so a later layer is split over the earlier, already split ones
     return circuit.update(Matcher(set(targets)) & Einsum, split)
