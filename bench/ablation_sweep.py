@@ -92,19 +92,19 @@ def tl_model(args):
     return model
 
 
-def tl_sweep(model, tokens, layers: int, heads: int) -> dict[str, float]:
+def tl_sweep(model, tokens, targets) -> dict[str, float]:
+    """Mean loss with ``blocks.{L}.attn.hook_z[:, :, h]`` zeroed, one ``run_with_hooks`` per ``(L, h)``."""
     results = {}
-    for layer in range(layers):
-        for head in range(heads):
+    for layer, head in targets:
 
-            def zero_head(z, hook, head=head):
-                z[:, :, head] = 0.0
-                return z
+        def zero_head(z, hook, head=head):
+            z[:, :, head] = 0.0
+            return z
 
-            loss = model.run_with_hooks(
-                tokens, return_type="loss", fwd_hooks=[(f"blocks.{layer}.attn.hook_z", zero_head)]
-            )
-            results[f"b{layer}.a.head{head}"] = float(loss)
+        loss = model.run_with_hooks(
+            tokens, return_type="loss", fwd_hooks=[(f"blocks.{layer}.attn.hook_z", zero_head)]
+        )
+        results[f"b{layer}.a.head{head}"] = float(loss)
     return results
 
 
@@ -161,6 +161,7 @@ def main() -> None:
     if args.presplit:
         (split_time, _), circuit = timed(lambda: split_heads(circuit))
     names = ex.head_names(circuit)
+    every_head = [(layer, head) for layer in range(args.layers) for head in range(args.heads)]
     assert len(names) == args.layers * args.heads
     print(
         f"GPT-2 {args.layers} layers x {args.heads} heads, d_model {args.d_model}, vocab {args.vocab}, "
@@ -202,7 +203,7 @@ def main() -> None:
 
     def run_theirs(round_: int):
         with torch.no_grad():
-            (t, cpu), result = timed(lambda: tl_sweep(model, tokens, args.layers, args.heads))
+            (t, cpu), result = timed(lambda: tl_sweep(model, tokens, every_head))
         tl_times.append(t)
         tl_cpu.append(cpu)
         print(

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def best_time(action: Callable[[], Any], repeat: int) -> tuple[float, Any]:
