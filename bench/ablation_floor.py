@@ -145,14 +145,15 @@ def main() -> None:
         )
 
     def floor_sweep() -> dict[str, float]:
+        previous = torch.backends.mkldnn.matmul.fp32_precision  # process-global: restored after
         if args.bf16_matmul:
             torch.backends.mkldnn.matmul.fp32_precision = "bf16"
         try:
-            return exact_or_bf16_sweep()
+            return exact_sweep_body()
         finally:
-            torch.backends.mkldnn.matmul.fp32_precision = "ieee"
+            torch.backends.mkldnn.matmul.fp32_precision = previous
 
-    def exact_or_bf16_sweep() -> dict[str, float]:
+    def exact_sweep_body() -> dict[str, float]:
         results = {}
         for layer, head in pairs:
             z = clean_z[layer].clone()
