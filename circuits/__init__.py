@@ -16,6 +16,7 @@ from circuits.errors import (
     NodeTypeError,
     ParseError,
     RearrangeError,
+    StaleTensorError,
     StoreError,
 )
 from circuits.evaluate import evaluate, evaluate_many
@@ -60,6 +61,7 @@ __all__ = [
     "Rearrange",
     "RearrangeError",
     "Scalar",
+    "StaleTensorError",
     "StoreError",
     "Symbol",
     "TensorStore",
@@ -115,9 +117,10 @@ __all__ += ["PassError", "causal_mask", "push_down_index", "simplify", "split_he
 # metrics and the rest in ``circuits.experiments``.
 from circuits import experiments  # noqa: E402
 from circuits.cache import Evaluator  # noqa: E402
+from circuits.errors import CacheError  # noqa: E402
 from circuits.experiments import mean_ablate, patch, resample_ablate, sweep, zero_ablate  # noqa: E402
 
-__all__ += ["Evaluator", "experiments", "mean_ablate", "patch", "resample_ablate", "sweep", "zero_ablate"]
+__all__ += ["CacheError", "Evaluator", "experiments", "mean_ablate", "patch", "resample_ablate", "sweep", "zero_ablate"]
 
 # Saving (issue 8): the text plus a tensor store beside it; see circuits/saving.py.
 from circuits.saving import load, load_many, save  # noqa: E402

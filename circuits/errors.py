@@ -7,6 +7,34 @@ names the node (or text line) at fault.
 
 from __future__ import annotations
 
+import unicodedata
+
+#: How much of a user's text a message quotes before cutting it.
+SHOWN_CHARACTERS = 200
+
+
+def shown(text: str, limit: int = SHOWN_CHARACTERS) -> str:
+    """``text`` as a message may quote it: control characters escaped, cut to ``limit``.
+
+    Messages end up on terminals: a line of a file read by mistake (a binary,
+    ``/dev/zero``) must neither flood the screen nor send escape sequences to
+    it.  Printable characters are kept as they are, so a name reads as written.
+    """
+    cut = text[:limit]
+    escaped = "".join(
+        ch if ch == " " or not unicodedata.category(ch).startswith(("C", "Z")) else _escape(ch) for ch in cut
+    )
+    if len(text) > limit:
+        escaped += f"... ({len(text) - limit} more characters)"
+    return escaped
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    if code < 0x100:
+        return repr(ch)[1:-1]  # \\n, \\r, \\t, \\x1b
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
 
 class CircuitError(Exception):
     """Base class of every error raised by ``circuits``."""
@@ -58,8 +86,25 @@ class ParseError(CircuitError, ValueError):
         super().__init__(text)
 
 
-class StoreError(CircuitError):
-    """A tensor store lookup that is missing, ambiguous or corrupted."""
+class StoreError(CircuitError, OSError):
+    """A file or tensor store that cannot be read or written: missing,
+    unreadable, ambiguous, corrupted, or a path that is not a directory.
+    The OS error, if any, is the ``__cause__``."""
+
+
+class StaleTensorError(CircuitError, RuntimeError):
+    """A tensor modified in place after a node was made from it.
+
+    An Array's printed hash and its structural hash describe the values its
+    tensor had when the Array was made; torch's version counter
+    (``tensor._version``) tells when an in-place op changed them since.
+    Reading such a tensor (evaluating, saving) raises this instead of
+    computing with, or writing, values the node does not describe.
+    """
+
+
+class CacheError(CircuitError, ValueError):
+    """An ``Evaluator`` given a budget or option it cannot use."""
 
 
 class MissingTensorError(CircuitError):
