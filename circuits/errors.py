@@ -73,16 +73,17 @@ class LeafError(CircuitError, ValueError):
 
 
 class ParseError(CircuitError, ValueError):
-    """Malformed circuit text; carries the line number and the line."""
+    """Malformed circuit text; carries the line number and the line (``message`` and
+    ``line`` as given; ``str()`` escapes control characters and cuts long text)."""
 
     def __init__(self, message: str, line_number: int | None = None, line: str | None = None):
         self.message = message
         self.line_number = line_number
         self.line = line
         if line_number is None:
-            text = message
-        else:
-            text = f"line {line_number}: {message}\n    {line!r}"
+            text = shown(message, 4 * SHOWN_CHARACTERS)
+        else:  # the message and line as a terminal may show them (the attributes keep them raw)
+            text = f"line {line_number}: {shown(message, 4 * SHOWN_CHARACTERS)}\n    {shown(line or '')}"
         super().__init__(text)
 
 

@@ -40,12 +40,13 @@ Plain ``evaluate`` passes neither, and pays one ``is None`` test per node.
 from __future__ import annotations
 
 import functools
+import struct
 from typing import Any, Callable, Iterable, Mapping
 
 import einops
 import torch
 
-from circuits.errors import EvaluationError, MissingTensorError, NodeTypeError
+from circuits.errors import EvaluationError, MissingTensorError, NodeTypeError, StaleTensorError
 from circuits.nodes import (
     Add,
     Array,
@@ -60,11 +61,15 @@ from circuits.nodes import (
 )
 from circuits.spec import format_shape
 
-__all__ = ["evaluate", "evaluate_many", "MissingTensorEvaluationError"]
+__all__ = ["evaluate", "evaluate_many", "MissingTensorEvaluationError", "StaleTensorEvaluationError"]
 
 
 class MissingTensorEvaluationError(EvaluationError, MissingTensorError):
     """Evaluating an Array that has no tensor: catchable as either error type."""
+
+
+class StaleTensorEvaluationError(EvaluationError, StaleTensorError):
+    """Evaluating an Array whose tensor was edited in place since: catchable as either error type."""
 
 
 Inputs = Mapping["Circuit | str", Any]
@@ -166,7 +171,10 @@ class _Plan:
             value = values[slot]
             node = self.order[slot]
             if type(node) is Scalar:  # Scalars run as stride-0 views of one shared 0-d tensor
-                value = torch.full(node.shape, node.value, dtype=value.dtype, device=value.device)
+                try:
+                    value = torch.full(node.shape, node.value, dtype=value.dtype, device=value.device)
+                except RuntimeError as error:  # too big to hold
+                    raise _error_at(node, slot, self.order, steps, _failure_text(node, error)) from error
             results.append(value)
         return results
 
@@ -233,6 +241,7 @@ class _Context:
         "scalar_slots",
         "symbol_slots",
         "missing",
+        "stale",
     )
 
     def __init__(self, device, dtype, inputs):
@@ -246,6 +255,7 @@ class _Context:
         self.scalar_slots: list[int] = []
         self.symbol_slots: list[int] = []
         self.missing: list[int] = []
+        self.stale: list[int] = []
         for key, value in (inputs or {}).items():
             if isinstance(key, str):
                 self.by_name[key] = (key, value)
@@ -372,7 +382,12 @@ def _compile(roots, inputs, device, dtype, probe=None) -> _Plan:
                     maker = step_fns[kind]
                 except KeyError:
                     maker = _maker_for(kind)
-                add_fn(maker(node))
+                try:
+                    add_fn(maker(node))
+                except StaleTensorError as error:
+                    raise StaleTensorEvaluationError(
+                        f"cannot evaluate: {error}", node=node, path=(*path, node)
+                    ) from error
                 add_out(slot)
                 position += 1
             else:
@@ -386,14 +401,7 @@ def _compile(roots, inputs, device, dtype, probe=None) -> _Plan:
             node = ascend()
 
     root_slots = [slot_of[root.hash] for root in roots]
-    if ctx.missing:
-        slot = ctx.missing[0]
-        node = order[slot]
-        try:
-            node.tensor()
-        except MissingTensorError as error:
-            found = _error_at(node, slot, order, steps, f"cannot evaluate: {error}")
-            raise MissingTensorEvaluationError(str(found), node=found.node, path=found.path) from error
+    _check_arrays(ctx, order, steps)
     values: list[Any] = [None] * len(order)
     for slot, value in leaf_values.items():
         values[slot] = value
@@ -419,6 +427,20 @@ def _compile(roots, inputs, device, dtype, probe=None) -> _Plan:
         else:
             more_releases[outs[position]].append(slot)
     return _Plan(order, values, steps, releases, more_releases, root_slots, scalar_dtype)
+
+
+def _check_arrays(ctx: _Context, order, steps) -> None:
+    """Refuse Arrays without a tensor, or whose tensor was edited in place since they were made."""
+    for slots, kind in ((ctx.missing, MissingTensorEvaluationError), (ctx.stale, StaleTensorEvaluationError)):
+        if not slots:
+            continue
+        slot = slots[0]
+        node = order[slot]
+        try:
+            node.tensor()
+        except (MissingTensorError, StaleTensorError) as error:
+            found = _error_at(node, slot, order, steps, f"cannot evaluate: {error}")
+            raise kind(str(found), node=found.node, path=found.path) from error
 
 
 class _Steps:
@@ -458,6 +480,9 @@ def _array_leaf(node: Array, slot, ctx: _Context, values, steps):
     tensor = node.value
     if tensor is None:
         ctx.missing.append(slot)
+        return
+    if tensor._version != node.tensor_version or tensor.requires_grad != node.tensor_requires_grad:
+        ctx.stale.append(slot)
         return
     target_dtype = ctx.dtype if ctx.dtype is not None and tensor.is_floating_point() else None
     moves = ctx.device is not None and not _same_device(tensor.device, ctx.device)
@@ -573,13 +598,20 @@ def _finish_leaves(ctx: _Context, order, values, steps) -> torch.dtype:
     if dtype is None:
         dtype = torch.get_default_dtype()
     if ctx.scalar_slots:
-        made: dict[float, torch.Tensor] = {}
+        made: dict[bytes, torch.Tensor] = {}  # by the value's bits: -0.0 and 0.0 are different Scalars
         for slot in ctx.scalar_slots:
             node = order[slot]
-            base = made.get(node.value)
+            bits = struct.pack("<d", node.value)
+            base = made.get(bits)
             if base is None:
-                base = made[node.value] = torch.tensor(node.value, dtype=dtype, device=device)
-            values[slot] = base.expand(node.shape)
+                base = made[bits] = torch.tensor(node.value, dtype=dtype, device=device)
+            try:
+                values[slot] = base.expand(node.shape)
+            except RuntimeError as error:
+                raise _error_at(
+                    node, slot, order, steps,
+                    f"{node.describe()} of shape {format_shape(node.shape)} cannot be made: {error}",
+                ) from error
     return dtype
 
 
@@ -703,7 +735,23 @@ def _add_step(node: Add) -> Callable:
 
 
 def _function_step(node: GeneralFunction) -> Callable:
-    return node.spec.function
+    """The spec's function, with its value checked against the shape the spec declared.
+
+    A registered function is the user's code: a value of another shape would
+    otherwise flow on, be broadcast, and give a wrong number that looks right.
+    """
+    function, shape, spec_name = node.spec.function, node.shape, node.spec.name
+
+    def checked(*tensors: torch.Tensor) -> torch.Tensor:
+        value = function(*tensors)
+        if not isinstance(value, torch.Tensor) or value.shape != shape:
+            got = f"shape {format_shape(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+            raise ValueError(
+                f"function {spec_name!r} returned {got}, but its shape_fn declared {format_shape(shape)}"
+            )
+        return value
+
+    return checked
 
 
 def _index_step(node: Index) -> Callable:
@@ -715,6 +763,11 @@ def _index_step(node: Index) -> Callable:
     kept_axes = 0
     for item, size in zip(items, child_shape):
         if isinstance(item, torch.Tensor):
+            if item._version:  # a private copy (see spec.normalize_index): only an edit bumps it
+                raise StaleTensorError(
+                    f"{node.describe()}: its index tensor was modified in place after the Index was made, "
+                    f"so it no longer matches the printed index {node.extra}"
+                )
             basic.append(slice(None))
             selects.append((kept_axes, torch.where(item < 0, item + size, item)))
             kept_axes += 1

@@ -49,6 +49,13 @@ class FunctionSpec:
     # gen_index family batches by its own rules (circuits/batching.py).
     input_batchability: tuple[bool, ...] | None = None
 
+    def __reduce__(self):
+        """Pickled by name when the name gives this spec back (registered, or a gen_index),
+        since specs hold functions that pickle cannot carry (closures, lambdas)."""
+        if GEN_INDEX_NAME.fullmatch(self.name) or _REGISTRY.get(self.name) is self:
+            return get_function, (self.name,)
+        return super().__reduce__()
+
     def __attrs_post_init__(self):
         if not _SPEC_NAME.fullmatch(self.name):
             raise FunctionSpecError(

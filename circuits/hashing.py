@@ -26,16 +26,20 @@ def tensor_content_hash(tensor: torch.Tensor) -> str:
     return hasher.hexdigest()
 
 
-def node_hash(kind: str, name: str | None, shape: tuple, extra: str, children) -> bytes:
+def node_hash(kind: str, name: str | None, shape: tuple, extra: str, children, identity: str = "") -> bytes:
     """Structural hash: everything the printed line says, plus the children.
 
     Two nodes hash alike exactly when they print alike (same variant, name,
     shape and EXTRA) and their children hash alike, so ``parse(c.repr())``
-    equals ``c`` even when array tensors are not at hand.
+    equals ``c`` even when array tensors are not at hand.  The one exception
+    is ``identity``: an Array whose tensor requires grad is a distinct
+    variable, told apart from an equal-valued one by its tensor object.
     """
     hasher = hashlib.blake2b(digest_size=NODE_DIGEST_SIZE)
     named = "\x00" if name is None else "\x01" + name
     header = f"{kind}\x1f{len(named)}\x1f{named}\x1f{shape}\x1f{len(extra)}\x1f{extra}\x1f{len(children)}"
+    if identity:
+        header += f"\x1f{identity}"
     hasher.update(header.encode("utf-8", "surrogatepass"))
     for child in children:
         hasher.update(child.hash)

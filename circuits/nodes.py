@@ -27,7 +27,10 @@ from circuits.errors import (
     LeafError,
     MissingTensorError,
     NodeTypeError,
+    IndexSpecError,
     RearrangeError,
+    StaleTensorError,
+    shown,
 )
 from circuits.functions import FunctionSpec, get_function
 from circuits.hashing import PRINTED_HEX_DIGITS, node_hash, tensor_content_hash
@@ -59,9 +62,11 @@ def _check_shape(shape: Any, where: str) -> Shape:
             raise TypeError
         result = tuple(operator.index(size) for size in shape)  # 2.5 is refused, not truncated
     except (TypeError, ValueError):
-        raise LeafError(f"{where}: shape {shape!r} is not a sequence of ints") from None
+        raise LeafError(f"{where}: shape {shown(repr(shape))} is not a sequence of ints") from None
     if any(size < 0 for size in result):
-        raise LeafError(f"{where}: shape {list(result)} has a negative size")
+        raise LeafError(f"{where}: shape {shown(str(list(result)))} has a negative size")
+    if any(size >= 2**63 for size in result):
+        raise LeafError(f"{where}: shape {shown(str(list(result)))} has a size past int64, torch's limit")
     return result
 
 
@@ -84,10 +89,16 @@ class Circuit:
         shape, extra = self._derive()
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "extra", extra)
-        object.__setattr__(self, "hash", node_hash(self.kind, self.name, shape, extra, self.children))
+        object.__setattr__(
+            self, "hash", node_hash(self.kind, self.name, shape, extra, self.children, self._identity())
+        )
 
     def _derive(self) -> tuple[Shape, str]:
         raise NotImplementedError
+
+    def _identity(self) -> str:
+        """What, beyond the printed line and the children, makes this node distinct (see Array)."""
+        return ""
 
     # ------------------------------------------------------------ identity
 
@@ -117,20 +128,30 @@ class Circuit:
     # ------------------------------------------------------------- rebuild
 
     def evolve(self, **changes: Any) -> Circuit:
-        """A new node of the same class with some init fields changed.
+        """A new node of the same class with some fields changed.
 
-        Validation and derived data are recomputed, so an evolved node is
-        checked exactly like a freshly built one.
+        It is built by the class's public constructor (``_from_fields``), so
+        an evolved node, and every node a rewrite rebuilds, passes exactly
+        the checks of a node built by hand.
         """
         cls = type(self)
         fields = {f.name: getattr(self, f.name) for f in attrs.fields(cls) if f.init}
         unknown = set(changes) - set(fields)
         if unknown:
-            raise TypeError(f"{cls.__name__} has no fields {sorted(unknown)}")
+            raise NodeTypeError(
+                f"{self.describe()}: evolve got {sorted(unknown)}, which are not fields of {cls.__name__} "
+                f"(its fields: {sorted(fields)})"
+            )
         fields.update(changes)
-        node = object.__new__(cls)
-        node.__attrs_init__(**fields)
-        return node
+        return self._from_fields(fields)
+
+    def _from_fields(self, fields: dict[str, Any]) -> Circuit:
+        """A node of this class from its init fields, through the public constructor."""
+        raise NotImplementedError
+
+    def __reduce__(self):
+        """Pickle and deepcopy as a flat list of nodes, so that any depth works (no recursion)."""
+        return _unflatten, (_flatten(self),)
 
     def rename(self, name: str | None) -> Circuit:
         return self if name == self.name else self.evolve(name=name)
@@ -221,22 +242,31 @@ class Array(Circuit):
 
     ``value`` is None for an array parsed without its tensor at hand: it still
     knows its shape and hash, prints identically, and raises
-    ``MissingTensorError`` only when its value is asked for.  The tensor is
-    kept as given (not copied), so that gradients flow to the caller's
-    tensor; mutating it in place afterwards makes the hash stale.
+    ``MissingTensorError`` only when its value is asked for.
+
+    The tensor is kept as given, not copied, so that gradients reach the
+    caller's tensor.  Its version counter (``tensor._version``, which every
+    in-place torch op bumps, optimizer steps included) is recorded, and every
+    read of the value (evaluation, saving, ``tensor()``) checks it: a tensor
+    edited in place after the Array was made raises ``StaleTensorError``
+    rather than giving values that its hash and printed form do not
+    describe.  Writes the counter cannot see (through ``.data`` or a numpy
+    view) are the one way around this: do not use them on wrapped tensors.
+
+    A tensor that requires grad is a variable, not only a value: two such
+    tensors with equal contents are two nodes (their hashes differ), so each
+    gets its own gradient, as torch's backward would give it.
     """
 
     value: torch.Tensor | None = attrs.field()
     content_hash: str = attrs.field()
     declared_shape: Shape = attrs.field()
+    tensor_version: int | None = attrs.field(init=False)
+    tensor_requires_grad: bool = attrs.field(init=False)
 
     def __init__(self, value: Any, name: str | None = None):
         where = _leaf_where("Array", name)
-        if not isinstance(value, torch.Tensor):
-            try:
-                value = torch.as_tensor(value)
-            except Exception as error:
-                raise LeafError(f"{where}: value of type {type(value).__name__} is not a tensor ({error})") from None
+        value = _leaf_tensor(value, where)
         self.__attrs_init__(
             children=(),
             name=name,
@@ -249,7 +279,7 @@ class Array(Circuit):
     def from_hash(cls, shape: Sequence[int], content_hash: str, name: str | None = None) -> Array:
         """An array known only by shape and (a prefix of) its content hash."""
         where = _leaf_where("Array", name)
-        if not _HASH_HEX.fullmatch(content_hash):
+        if not isinstance(content_hash, str) or not _HASH_HEX.fullmatch(content_hash):
             raise LeafError(
                 f"{where}: content hash {content_hash!r} is not at least "
                 f"{PRINTED_HEX_DIGITS} lowercase hex digits"
@@ -264,24 +294,115 @@ class Array(Circuit):
         )
         return node
 
+    def __attrs_post_init__(self):
+        value = self.value
+        object.__setattr__(self, "tensor_version", None if value is None else value._version)
+        object.__setattr__(self, "tensor_requires_grad", value is not None and value.requires_grad)
+        super().__attrs_post_init__()
+
     def _derive(self):
         if self.children:
             raise LeafError(f"{self.describe()}: an Array has no children")
+        if self.value is not None and tuple(self.value.shape) != self.declared_shape:
+            raise LeafError(
+                f"{self.describe()}: tensor shape {list(self.value.shape)} is not the declared "
+                f"{list(self.declared_shape)}"
+            )
         return self.declared_shape, self.content_hash[:PRINTED_HEX_DIGITS]
+
+    def _identity(self) -> str:
+        # id() is unique among live tensors, and this node keeps its tensor alive
+        return f"grad:{id(self.value)}" if self.tensor_requires_grad else ""
+
+    def _from_fields(self, fields: dict[str, Any]) -> Array:
+        value, name = fields["value"], fields["name"]
+        if fields["children"]:
+            raise LeafError(f"{self.describe()}: an Array has no children")
+        if value is None:
+            return Array.from_hash(fields["declared_shape"], fields["content_hash"], name=name)
+        derived = (fields["content_hash"], fields["declared_shape"]) != (self.content_hash, self.declared_shape)
+        if derived:
+            raise LeafError(
+                f"{self.describe()}: content_hash and declared_shape follow from the tensor; "
+                "give value= instead"
+            )
+        if value is self.value and self.is_fresh():
+            return _array_of_known_hash(value, self.content_hash, name)  # a rename: nothing to rehash
+        return Array(value, name=name)
 
     @property
     def is_loaded(self) -> bool:
         return self.value is not None
 
+    def is_fresh(self) -> bool:
+        """Whether the tensor is as it was when the Array was made (see the class docstring)."""
+        value = self.value
+        return value is None or (
+            value._version == self.tensor_version and value.requires_grad == self.tensor_requires_grad
+        )
+
+    def check_fresh(self) -> None:
+        """Raise ``StaleTensorError`` if the tensor was edited in place (or its requires_grad set) since."""
+        if self.is_fresh():
+            return
+        value = self.value
+        if value.requires_grad != self.tensor_requires_grad:
+            change = f"its requires_grad was set to {value.requires_grad} after the Array was made"
+        else:
+            change = (
+                f"it was modified in place after the Array was made (version {self.tensor_version}, "
+                f"now {value._version})"
+            )
+        raise StaleTensorError(
+            f"{self.describe()} {spec_rules.format_shape(self.shape)} with hash "
+            f"{self.content_hash[:PRINTED_HEX_DIGITS]}: {change}, so its hash and printed form no longer "
+            "describe its tensor; make a new Array from the tensor as it is now (or clone it before "
+            "changing it)"
+        )
+
     def tensor(self) -> torch.Tensor:
-        """The tensor, or a clear error if it was never loaded."""
+        """The tensor, or a clear error if it was never loaded or was modified in place since."""
         if self.value is None:
             raise MissingTensorError(
                 f"{self.describe()} {spec_rules.format_shape(self.shape)} with hash "
                 f"{self.content_hash[:PRINTED_HEX_DIGITS]} has no tensor: it was parsed "
                 "without a tensor store holding it (pass store= to parse)"
             )
+        self.check_fresh()
         return self.value
+
+
+def _leaf_tensor(value: Any, where: str) -> torch.Tensor:
+    """``value`` as a tensor an Array can hold (hash, print, save), or a LeafError saying why not."""
+    if not isinstance(value, torch.Tensor):
+        try:
+            value = torch.as_tensor(value)
+        except Exception as error:
+            raise LeafError(f"{where}: value of type {type(value).__name__} is not a tensor ({error})") from error
+    problem = None
+    if value.is_meta:
+        problem = "a meta tensor, which has a shape but no values"
+    elif value.layout != torch.strided:
+        problem = f"a {value.layout} tensor; give a dense one (tensor.to_dense())"
+    elif value.is_quantized or value.is_nested:
+        problem = "a quantized or nested tensor; give a plain dense one"
+    elif value.is_conj() or value.is_neg():
+        problem = "a lazy conjugate or negative view; give tensor.resolve_conj().resolve_neg()"
+    if problem is not None:
+        raise LeafError(f"{where}: the value is {problem}")
+    if value.is_inference():
+        # inference tensors have no version counter: a private copy cannot be edited behind our back
+        with torch.inference_mode(False):
+            value = value.clone()
+    return value
+
+
+def _array_of_known_hash(value: torch.Tensor, content_hash: str, name: str | None) -> Array:
+    node = object.__new__(Array)
+    node.__attrs_init__(
+        children=(), name=name, value=value, content_hash=content_hash, declared_shape=tuple(value.shape)
+    )
+    return node
 
 
 def format_scalar(value: float) -> str:
@@ -298,16 +419,30 @@ class Scalar(Circuit):
 
     def __init__(self, value: float, shape: Sequence[int] = (), name: str | None = None):
         where = _leaf_where("Scalar", name)
-        if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
-            raise LeafError(f"{where}: value {value!r} is not a real number")
         self.__attrs_init__(
-            children=(), name=name, value=float(value), declared_shape=_check_shape(shape, where)
+            children=(), name=name, value=_scalar_value(value, where), declared_shape=_check_shape(shape, where)
         )
 
     def _derive(self):
         if self.children:
             raise LeafError(f"{self.describe()}: a Scalar has no children")
         return self.declared_shape, format_scalar(self.value)
+
+    def _from_fields(self, fields: dict[str, Any]) -> Scalar:
+        if fields["children"]:
+            raise LeafError(f"{self.describe()}: a Scalar has no children")
+        return Scalar(fields["value"], shape=fields["declared_shape"], name=fields["name"])
+
+
+def _scalar_value(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or isinstance(
+        value, np.complexfloating
+    ):
+        raise LeafError(f"{where}: value {shown(repr(value))} is not a real number")
+    try:
+        return float(value)
+    except OverflowError:
+        raise LeafError(f"{where}: value {shown(str(value), 60)} is too large for a float64") from None
 
 
 @attrs.frozen(init=False, eq=False, repr=False)
@@ -328,6 +463,11 @@ class Symbol(Circuit):
         if self.children:
             raise LeafError(f"{self.describe()}: a Symbol has no children")
         return self.declared_shape, ""
+
+    def _from_fields(self, fields: dict[str, Any]) -> Symbol:
+        if fields["children"]:
+            raise LeafError(f"{self.describe()}: a Symbol has no children")
+        return Symbol(fields["declared_shape"], name=fields["name"])
 
 
 @attrs.frozen(init=False, eq=False, repr=False)
@@ -362,6 +502,11 @@ class Einsum(Circuit):
     def from_einsum_string(cls, string: str, *nodes: Circuit, name: str | None = None) -> Einsum:
         """``Einsum.from_einsum_string("qc,kc,,qk->qk", q, k, scale, mask)``."""
         where = spec_rules.describe("Einsum", name)
+        if not isinstance(string, str):
+            raise EinsumError(
+                f"{where}: einsum string {shown(repr(string))} is a {type(string).__name__}, not a str "
+                "like 'ab,bc->ac'"
+            )
         try:
             operands, out = spec_rules.parse_einsum_string(string.replace(" ", ""), where)
         except EinsumError as error:
@@ -384,6 +529,12 @@ class Einsum(Circuit):
         )
         return shape, self.einsum_string
 
+    def _from_fields(self, fields: dict[str, Any]) -> Einsum:
+        children, axes = fields["children"], fields["operand_axes"]
+        if len(children) != len(axes):
+            raise EinsumError(f"{self.describe()}: {len(axes)} operand axes for {len(children)} children")
+        return Einsum(*zip(children, axes), out_axes=fields["out_axes"], name=fields["name"])
+
     @property
     def einsum_string(self) -> str:
         return spec_rules.einsum_text(self.operand_axes, self.out_axes)
@@ -398,6 +549,9 @@ class Add(Circuit):
 
     def _derive(self):
         return spec_rules.broadcast_shapes([c.shape for c in self.children], self.describe()), ""
+
+    def _from_fields(self, fields: dict[str, Any]) -> Add:
+        return Add(*fields["children"], name=fields["name"])
 
 
 @attrs.frozen(init=False, eq=False, repr=False)
@@ -433,12 +587,16 @@ class GeneralFunction(Circuit):
                 f"with shapes {[list(s) for s in shapes]}"
             )
         try:
-            shape = tuple(self.spec.shape_fn(shapes))
-        except (ValueError, TypeError, IndexError) as error:
+            shape = _check_shape(self.spec.shape_fn(shapes), "shape")
+        except Exception as error:  # noqa: BLE001 - a user's shape_fn may raise anything
             raise FunctionSpecError(
-                f"{where}: children shapes {[list(s) for s in shapes]} do not fit: {error}"
-            ) from None
+                f"{where}: children shapes {[list(s) for s in shapes]} do not fit: "
+                f"{type(error).__name__}: {error}"
+            ) from error
         return shape, self.spec.name
+
+    def _from_fields(self, fields: dict[str, Any]) -> GeneralFunction:
+        return GeneralFunction(*fields["children"], spec=fields["spec"], name=fields["name"])
 
 
 @attrs.frozen(init=False, eq=False, repr=False)
@@ -460,13 +618,16 @@ class Index(Circuit):
 
     def _derive(self):
         if len(self.children) != 1:
-            raise CircuitError(f"{self.describe()}: an Index has exactly one child")
+            raise IndexSpecError(f"{self.describe()}: an Index has exactly one child, got {len(self.children)}")
         child_shape = self.children[0].shape
-        if len(self.index) != len(child_shape):
-            raise CircuitError(
-                f"{self.describe()}: index has {len(self.index)} items for child shape {list(child_shape)}"
-            )
+        spec_rules.check_index(self.index, child_shape, self.describe())
         return spec_rules.index_shape(self.index, child_shape), spec_rules.format_index(self.index)
+
+    def _from_fields(self, fields: dict[str, Any]) -> Index:
+        children = fields["children"]
+        if len(children) != 1:
+            raise IndexSpecError(f"{self.describe()}: an Index has exactly one child, got {len(children)}")
+        return Index(children[0], fields["index"], name=fields["name"])
 
     @property
     def node(self) -> Circuit:
@@ -530,6 +691,12 @@ class Rearrange(Circuit):
         extra = self.pattern + "".join(f", {axis}={size}" for axis, size in self.sizes)
         return shape, extra
 
+    def _from_fields(self, fields: dict[str, Any]) -> Rearrange:
+        children = fields["children"]
+        if len(children) != 1:
+            raise RearrangeError(f"{self.describe()}: a Rearrange has exactly one child, got {len(children)}")
+        return Rearrange(children[0], fields["pattern"], name=fields["name"], sizes=dict(fields["sizes"]))
+
     @property
     def node(self) -> Circuit:
         return self.children[0]
@@ -560,7 +727,14 @@ class Concat(Circuit):
 
     def _derive(self):
         shapes = [c.shape for c in self.children]
+        if not shapes:
+            raise ConcatError(f"{self.describe()}: needs at least one child")
         first = shapes[0]
+        if not 0 <= self.axis < len(first):
+            raise ConcatError(
+                f"{self.describe()}: axis {self.axis} is out of range for rank {len(first)} children "
+                f"(shapes {[list(s) for s in shapes]})"
+            )
         for position, shape in enumerate(shapes):
             others_match = len(shape) == len(first) and all(
                 a == b for i, (a, b) in enumerate(zip(shape, first)) if i != self.axis
@@ -573,3 +747,39 @@ class Concat(Circuit):
                 )
         total = sum(shape[self.axis] for shape in shapes)
         return first[: self.axis] + (total,) + first[self.axis + 1 :], str(self.axis)
+
+    def _from_fields(self, fields: dict[str, Any]) -> Concat:
+        return Concat(*fields["children"], axis=fields["axis"], name=fields["name"])
+
+
+# ------------------------------------------------------------ pickling
+
+
+def _flatten(root: Circuit) -> list[tuple]:
+    """Every distinct node below ``root``, children first: ``(class, fields, child positions)``."""
+    position: dict[bytes, int] = {}
+    records: list[tuple] = []
+    stack: list[tuple[Circuit, bool]] = [(root, False)]
+    while stack:
+        node, ready = stack.pop()
+        if node.hash in position:
+            continue
+        if not ready:
+            stack.append((node, True))
+            stack.extend((child, False) for child in reversed(node.children) if child.hash not in position)
+            continue
+        cls = type(node)
+        fields = {f.name: getattr(node, f.name) for f in attrs.fields(cls) if f.init and f.name != "children"}
+        position[node.hash] = len(records)
+        records.append((cls, fields, tuple(position[child.hash] for child in node.children)))
+    return records
+
+
+def _unflatten(records: list[tuple]) -> Circuit:
+    """The root that ``_flatten`` recorded, rebuilt bottom-up (derived data recomputed and checked)."""
+    nodes: list[Circuit] = []
+    for cls, fields, children in records:
+        node = object.__new__(cls)
+        node.__attrs_init__(children=tuple(nodes[i] for i in children), **fields)
+        nodes.append(node)
+    return nodes[-1]

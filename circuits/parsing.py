@@ -9,13 +9,14 @@ number, the line, and what was expected.
 from __future__ import annotations
 
 import functools
+import math
 import re
 from typing import Callable
 
 import attrs
 import torch
 
-from circuits.errors import CircuitError, ParseError
+from circuits.errors import CircuitError, ParseError, shown
 from circuits.gcpause import gc_paused
 from circuits.nodes import (
     Add,
@@ -35,7 +36,7 @@ _INDENT = re.compile(r" *")
 _SERIAL = re.compile(r"\d+")
 _NAME = re.compile(r"'((?:[^'\\]|\\.)*)'")
 _ESCAPE = re.compile(r"\\(.)")
-_ESCAPES = {"\\": "\\", "'": "'", "n": "\n"}
+_ESCAPES = {"\\": "\\", "'": "'", "n": "\n", "r": "\r"}
 _SHAPE = re.compile(r"\[([0-9 ,]*)\]")
 _VARIANT = re.compile(r"[A-Za-z]+")
 # Exactly what the printer writes: [serial] ['name'] [ [shape]] [ Variant [extra]].
@@ -110,6 +111,8 @@ def parse_many(text: str, store: TensorStore | None = None) -> list[Circuit]:
     """Read every top-level circuit in ``text``, in order."""
     if not isinstance(text, str):
         raise ParseError(f"expected text (str), got {type(text).__name__}")
+    if text.startswith("\ufeff"):  # a byte-order mark, as some editors write at the start of a file
+        text = text[1:]
     with gc_paused():
         return _Reader(store).read(text)
 
@@ -168,11 +171,12 @@ class _Reader:
         serial, name, shape, kind, extra = match.group("serial", "name", "shape", "kind", "extra")
         if name is not None and "\\" in name:
             name = self._unescape(name, number, _shown_line(spaces, body))
-        line = _Line(number, spaces, body, None if serial is None else int(serial), name)
+        raw = _shown_line(spaces, body)
+        line = _Line(number, spaces, body, None if serial is None else _integer(serial, "serial number", number, raw), name)
         if kind is not None:
             line.kind, line.extra = kind, extra or ""
             if shape is not None:
-                line.shape = tuple(int(size) for size in shape.split(",")) if shape else ()
+                line.shape = tuple(_integer(size, "size", number, raw) for size in shape.split(",")) if shape else ()
             self._check_variant(line)
         return line
 
@@ -186,7 +190,7 @@ class _Reader:
         serial = None
         match = _SERIAL.match(body)
         if match:
-            serial = int(match.group())
+            serial = _integer(match.group(), "serial number", number, raw)
             position = match.end()
             if body[position:position + 1] == " ":
                 position += 1
@@ -234,7 +238,7 @@ class _Reader:
                 return _ESCAPES[match.group(1)]
             except KeyError:
                 raise ParseError(
-                    f"unknown escape \\{match.group(1)} in a name (only \\\\, \\' and \\n)", number, raw
+                    f"unknown escape \\{match.group(1)} in a name (only \\\\, \\', \\n and \\r)", number, raw
                 ) from None
 
         return _ESCAPE.sub(replace, escaped)
@@ -244,7 +248,7 @@ class _Reader:
         parts = [part.strip() for part in text.split(",")] if text.strip() else []
         if any(not part.isdigit() for part in parts):
             raise line.error(f"malformed shape [{text}]: expected comma-separated sizes like [300,256]")
-        return tuple(int(part) for part in parts)
+        return tuple(_integer(part, "size", line.number, _shown_line(line.spaces, line.body)) for part in parts)
 
     # ------------------------------------------------------------ nodes
 
@@ -328,6 +332,17 @@ def _lines(text: str):
         position = end + 1
 
 
+#: Sizes and serial numbers are int64 in torch: more digits than this cannot be one.
+_MAX_DIGITS = 19
+
+
+def _integer(digits: str, what: str, number: int, raw: str) -> int:
+    """A size or serial number; refused past int64 (Python would build a 5,000-digit int)."""
+    if len(digits) > _MAX_DIGITS or int(digits) >= 2**63:
+        raise ParseError(f"{what} {shown(digits, 30)} is too large (at most 2**63 - 1)", number, raw)
+    return int(digits)
+
+
 def _shown_line(spaces: int, body: str) -> str:
     """The line as error messages show it; a very deep indent is abbreviated."""
     return " " * spaces + body if spaces <= 120 else f"<{spaces} spaces>{body}"
@@ -363,7 +378,12 @@ def _build_scalar(line: _Line, store: TensorStore | None) -> Circuit:
     _no_children(line)
     if not _DECIMAL.fullmatch(line.extra):
         raise line.error(f"Scalar needs a decimal value like -1 or 0.00001, found {line.extra!r}")
-    return Scalar(float(line.extra), shape=line.shape, name=line.name)
+    value = float(line.extra)
+    if math.isinf(value) and "inf" not in line.extra:
+        raise line.error(f"Scalar value {shown(line.extra, 40)} is too large for a float64 (it would read as inf)")
+    if value == 0 and line.extra.strip("-.0"):
+        raise line.error(f"Scalar value {shown(line.extra, 40)} is too small for a float64 (it would read as 0)")
+    return Scalar(value, shape=line.shape, name=line.name)
 
 
 def _build_symbol(line: _Line, store: TensorStore | None) -> Circuit:

@@ -22,8 +22,9 @@ SHAPED_KINDS = (Array, Scalar, Symbol, Index)
 
 
 def quote_name(name: str) -> str:
-    """``'name'`` with quote and backslash escaped (and newline, to stay on one line)."""
-    escaped = name.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n")
+    """``'name'`` with quote and backslash escaped, and the line breaks ``\\n`` and ``\\r``
+    (a file read with universal newlines would turn a raw ``\\r`` into a line break)."""
+    escaped = name.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n").replace("\r", "\\r")
     return f"'{escaped}'"
 
 
@@ -116,7 +117,7 @@ def _write(
         extra = " " + node.extra if node.extra else ""
         write(f"{indent}{reference}{shape} {node.kind}{extra}")
         if store is not None and isinstance(node, Array) and node.is_loaded:
-            store.save(node.value, node.content_hash)
+            store.save(node.tensor(), node.content_hash)  # tensor() refuses one edited in place since
         if line in elided:
             write(f"{indent}  ... {elided[line]} children not shown")
     return "\n".join(out)

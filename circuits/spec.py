@@ -152,7 +152,9 @@ def normalize_index(index, shape: Shape, where: str) -> tuple:
 
     Items keep the spelling the user gave (``-2`` stays ``-2``) so that the
     printed form is what was written; only out-of-range items are refused,
-    since silently clamped slices hide off-by-one mistakes.
+    since silently clamped slices hide off-by-one mistakes.  A tensor item
+    becomes a private int64 copy on the CPU: the caller editing theirs later
+    changes neither the node's value nor its printed form.
     """
     if not isinstance(index, tuple):
         index = (index,)
@@ -161,65 +163,94 @@ def normalize_index(index, shape: Shape, where: str) -> tuple:
             f"{where}: index has {len(index)} items but the child has shape {list(shape)} "
             f"(rank {len(shape)})"
         )
-    items = []
-    for axis, item in enumerate(index):
-        size = shape[axis]
-        items.append(_normalize_item(item, axis, size, shape, where))
+    items = [_convert_item(item, axis, shape, where) for axis, item in enumerate(index)]
     items.extend(slice(None, None) for _ in range(len(shape) - len(index)))
+    check_index(items, shape, where)
     return tuple(items)
 
 
-def _normalize_item(item, axis: int, size: int, shape: Shape, where: str):
+def check_index(items: Sequence, shape: Shape, where: str) -> None:
+    """Refuse normalized ``items`` that do not fit ``shape``.
+
+    Run on every construction, rewrites included: a child replaced by a
+    smaller one must not turn ``[0:3]`` into a silently clamped slice.
+    """
+    if len(items) != len(shape):
+        raise IndexSpecError(
+            f"{where}: index has {len(items)} items for child shape {list(shape)} (rank {len(shape)})"
+        )
+    for axis, (item, size) in enumerate(zip(items, shape)):
+        context = f"{where}: axis {axis} of child shape {list(shape)}"
+        if isinstance(item, slice):
+            _check_slice(item, size, context)
+        elif isinstance(item, torch.Tensor):
+            if item.numel() and (int(item.min()) < -size or int(item.max()) >= size):
+                raise IndexSpecError(
+                    f"{context}: tensor index values {_values_text(item)} are out of range for size {size}"
+                )
+        elif not -size <= item < size:
+            raise IndexSpecError(f"{context}: index {item} is out of range for size {size}")
+
+
+def _check_slice(item: slice, size: int, context: str) -> None:
+    start, stop = item.start, item.stop
+    for bound in (start, stop):
+        if bound is not None and not -size <= bound <= size:
+            raise IndexSpecError(f"{context}: slice {_slice_text(item)} is out of range for size {size}")
+    begin = 0 if start is None else start % size if start < 0 else start
+    end = size if stop is None else stop + size if stop < 0 else stop
+    if end < begin:
+        raise IndexSpecError(f"{context}: slice {_slice_text(item)} ends before it starts for size {size}")
+
+
+def _values_text(tensor: torch.Tensor, limit: int = 16) -> str:
+    values = tensor.tolist()
+    return str(values) if len(values) <= limit else f"{values[:limit]}... ({len(values)} values)"
+
+
+def _convert_item(item, axis: int, shape: Shape, where: str):
+    """One index item in its canonical type: int, step-less slice of ints, or int64 CPU tensor."""
     context = f"{where}: axis {axis} of child shape {list(shape)}"
     if isinstance(item, bool):
         raise IndexSpecError(f"{context}: a bool is not an index")
     if isinstance(item, slice):
         if item.step not in (None, 1):
             raise IndexSpecError(f"{context}: slice step {item.step} is not supported")
-        start, stop = item.start, item.stop
-        for bound in (start, stop):
-            if bound is not None and not isinstance(bound, int):
+        bounds = []
+        for bound in (item.start, item.stop):
+            if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int)):
                 raise IndexSpecError(f"{context}: slice bound {bound!r} is not an int")
-            if bound is not None and not -size <= bound <= size:
-                raise IndexSpecError(
-                    f"{context}: slice {_slice_text(item)} is out of range for size {size}"
-                )
-        begin = 0 if start is None else start % size if start < 0 else start
-        end = size if stop is None else stop + size if stop < 0 else stop
-        if end < begin:
-            raise IndexSpecError(
-                f"{context}: slice {_slice_text(item)} ends before it starts for size {size}"
-            )
-        return slice(start, stop)
+            bounds.append(None if bound is None else int(bound))
+        return slice(*bounds)
     if isinstance(item, (list, torch.Tensor)) or hasattr(item, "__array__"):
-        if isinstance(item, (list, tuple)) and len(item) == 0:
-            tensor = torch.empty(0, dtype=torch.int64)  # as_tensor([]) would be float
-        else:
-            try:
-                tensor = torch.as_tensor(item)
-            except (TypeError, ValueError, RuntimeError, OverflowError) as error:
-                raise IndexSpecError(f"{context}: {item!r} is not a 1-D int tensor ({error})") from None
-        if tensor.dtype.is_floating_point or tensor.dtype.is_complex or tensor.dtype == torch.bool:
-            raise IndexSpecError(f"{context}: tensor index has dtype {tensor.dtype}, not integer")
-        if tensor.ndim != 1:
-            raise IndexSpecError(
-                f"{context}: tensor index has shape {list(tensor.shape)}; only 1-D is supported"
-            )
-        tensor = tensor.to(torch.int64).cpu()
-        if tensor.numel() and (tensor.min() < -size or tensor.max() >= size):
-            raise IndexSpecError(
-                f"{context}: tensor index values {tensor.tolist()} are out of range for size {size}"
-            )
-        return tensor
+        return _tensor_item(item, context)
     try:
         value = int(item)  # numpy and torch integer scalars
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise IndexSpecError(f"{context}: {item!r} is not an int, slice or 1-D int tensor") from None
     if value != item:
         raise IndexSpecError(f"{context}: {item!r} is not an integer")
-    if not -size <= value < size:
-        raise IndexSpecError(f"{context}: index {value} is out of range for size {size}")
     return value
+
+
+def _tensor_item(item, context: str) -> torch.Tensor:
+    if isinstance(item, (list, tuple)) and len(item) == 0:
+        return torch.empty(0, dtype=torch.int64)  # as_tensor([]) would be float
+    try:
+        tensor = torch.as_tensor(item)
+    except (TypeError, ValueError, RuntimeError, OverflowError) as error:
+        raise IndexSpecError(f"{context}: {item!r} is not a 1-D int tensor ({error})") from None
+    if tensor.is_meta or tensor.layout != torch.strided:
+        raise IndexSpecError(
+            f"{context}: tensor index is a {'meta' if tensor.is_meta else str(tensor.layout)} tensor, "
+            "whose values cannot be read; give a dense tensor with values"
+        )
+    if tensor.dtype.is_floating_point or tensor.dtype.is_complex or tensor.dtype == torch.bool:
+        raise IndexSpecError(f"{context}: tensor index has dtype {tensor.dtype}, not integer")
+    if tensor.ndim != 1:
+        raise IndexSpecError(f"{context}: tensor index has shape {list(tensor.shape)}; only 1-D is supported")
+    # a private copy, never a view of the caller's tensor (an edit there must not reach the node)
+    return tensor.detach().to(device="cpu", dtype=torch.int64, copy=True)
 
 
 def _slice_text(item: slice) -> str:

@@ -323,8 +323,15 @@ def test_rearrange_bad_sizes_and_pattern_type():
 
 
 def test_rearrange_of_a_huge_child_is_a_rearrange_error():
-    huge = cc.Symbol((10**20,), name="huge")
-    raises(cc.RearrangeError, lambda: cc.Rearrange(huge, "a -> a", name="r.huge"), name="r.huge", shapes=[(10**20,)])
+    huge = cc.Symbol((2**40, 2**40), name="huge")  # each size fits int64, their product does not
+    raises(
+        cc.RearrangeError, lambda: cc.Rearrange(huge, "a b -> (a b)", name="r.huge"), name="r.huge",
+        shapes=[(2**40, 2**40)],
+    )
+
+
+def test_a_size_past_int64_is_a_leaf_error():
+    raises(cc.LeafError, lambda: cc.Symbol((10**20,), name="huge"), name="huge", also=["int64"])
 
 
 def test_rearrange_shapes_by_hand():

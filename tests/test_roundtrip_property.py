@@ -1,12 +1,10 @@
 """Property tests: random circuits of every node type print and read back.
 
-The strategy builds a DAG iteratively (leaves first, then ops that pick
-existing nodes whose shapes fit), so it shares subtrees, reuses names on
-distinct nodes, and never recurses.  Every op's output shape is computed
-here by hand and checked against the node; the printed text is checked
-line by line against FORMAT.md's rules with a tokenizer written in this
-file; and parsed circuits are compared with an independent structural
-walk as well as with ``==``.
+The circuits come from tests/strategies.py (DAGs that share subtrees,
+reuse names on distinct nodes, and check each op's shape by hand); the
+printed text is checked line by line against FORMAT.md's rules with a
+tokenizer written in this file; and parsed circuits are compared with an
+independent structural walk as well as with ``==``.
 """
 
 from __future__ import annotations
@@ -15,333 +13,11 @@ import math
 import re
 
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from strategies import LETTERS, dags, random_circuits, root_lists
 
 import circuits as cc
-
-USER_SPEC = "test_rt.user-fn.double"
-cc.register_function(
-    cc.FunctionSpec(USER_SPEC, 1, lambda shapes: shapes[0], lambda x: 2 * x), replace=True
-)
-
-ELEMENTWISE = [
-    "rsqrt", "reciprocal", "gelu", "gelu_new", "relu", "silu", "sigmoid", "tanh",
-    "exp", "log", "sqrt", "sin", "cos", "abs", USER_SPEC,
-]
-LAST_AXIS_SAME = ["softmax", "log_softmax"]
-LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-AXIS_NAMES = ["a", "b", "c", "d", "h", "w", "x1", "y_2", "head", "Q"]
-MAX_POOL_RANK = 6  # ops add at most one axis to a pool node, so patterns fit in AXIS_NAMES
-
-# A small pool so that distinct nodes often share a name.
-NAME_POOL = [
-    "x", "it's", "back\\slash", "#hash", "two words", "line\nbreak", "naïve", "中文",
-    "''", "\\'", "", "ln.mean_subbed", " lead", "trail ", "a # b", "\\n", "🙂",
-]
-names = st.one_of(
-    st.none(),
-    st.sampled_from(NAME_POOL),
-    st.text(max_size=6),  # any character but surrogates: quotes, \n, \r, \x00, ...
-)
-sizes = st.one_of(st.integers(1, 4), st.just(0))
-shapes = st.lists(sizes, max_size=3).map(tuple)
-
-
-def pick(draw, nodes):
-    """One of ``nodes``, favouring the most recent, so that DAGs grow deep."""
-    back = draw(st.one_of(st.just(0), st.just(0), st.integers(0, len(nodes) - 1)))
-    return nodes[-1 - back]
-
-
-def broadcast(a: tuple, b: tuple) -> tuple | None:
-    """numpy broadcasting written out, or None when a and b do not broadcast."""
-    rank = max(len(a), len(b))
-    a = (1,) * (rank - len(a)) + a
-    b = (1,) * (rank - len(b)) + b
-    out = []
-    for x, y in zip(a, b):
-        if x == y or y == 1:
-            out.append(x)
-        elif x == 1:
-            out.append(y)
-        else:
-            return None
-    return tuple(out)
-
-
-# ----------------------------------------------------------------- the builder
-
-
-@st.composite
-def leaf(draw):
-    kind = draw(st.sampled_from(["Array", "Scalar", "Symbol"]))
-    shape = draw(shapes)
-    name = draw(names)
-    if kind == "Array":
-        dtype = draw(st.sampled_from([torch.float32, torch.float64, torch.int64, torch.float16]))
-        seed = draw(st.integers(0, 3))
-        gen = torch.Generator().manual_seed(seed)
-        tensor = (torch.randn(shape, generator=gen) * 3).to(dtype)
-        node = cc.Array(tensor, name=name)
-    elif kind == "Scalar":
-        value = draw(
-            st.one_of(
-                st.sampled_from([0.0, -0.0, 1.0, -1.0, 1e-5, -10000.0, 0.1, 1 / 3]),
-                st.floats(allow_nan=True, allow_infinity=True),
-            )
-        )
-        node = cc.Scalar(value, shape=shape, name=name)
-    else:
-        node = cc.Symbol(shape, name=name)
-    assert node.shape == shape
-    return node
-
-
-def op_einsum(draw, pool):
-    count = draw(st.integers(1, 3))
-    operands = [pick(draw, pool) for _ in range(count)]
-    letter_size: dict[str, int] = {}
-    all_axes = []
-    for operand in operands:
-        axes = ""
-        for size in operand.shape:
-            fitting = [l for l, s in letter_size.items() if s == size]
-            choices = fitting + (["new"] if len(letter_size) < len(LETTERS) else [])
-            choice = draw(st.sampled_from(choices))
-            if choice == "new":
-                choice = LETTERS[len(letter_size)]
-                letter_size[choice] = size
-            axes += choice
-        all_axes.append(axes)
-    perm = draw(st.permutations(sorted(letter_size)))
-    out = "".join(perm[: draw(st.integers(0, len(perm)))])
-    name = draw(names)
-    if draw(st.booleans()):
-        node = cc.Einsum.from_einsum_string(",".join(all_axes) + "->" + out, *operands, name=name)
-    else:
-        as_ints = draw(st.booleans())
-        args = [(o, [LETTERS.index(l) for l in a] if as_ints else a) for o, a in zip(operands, all_axes)]
-        node = cc.Einsum(*args, out_axes=out, name=name)
-    assert node.shape == tuple(letter_size[l] for l in out)
-    return node
-
-
-def op_add(draw, pool):
-    count = draw(st.sampled_from([0, 1, 2, 2, 3]))
-    operands, shape = [], ()
-    for _ in range(count):
-        fitting = [n for n in pool if broadcast(shape, n.shape) is not None]
-        operand = pick(draw, fitting)
-        shape = broadcast(shape, operand.shape)
-        operands.append(operand)
-    node = cc.Add(*operands, name=draw(names))
-    assert node.shape == shape
-    return node
-
-
-def op_function(draw, pool):
-    family = draw(st.sampled_from(["elementwise", "last_axis", "gen_index"]))
-    name = draw(names)
-    ranked = [n for n in pool if n.rank >= 1]
-    if family == "elementwise" or not ranked:
-        x = pick(draw, pool)
-        node = cc.GeneralFunction.new_by_name(x, spec_name=draw(st.sampled_from(ELEMENTWISE)), name=name)
-        assert node.shape == x.shape
-        return node
-    x = pick(draw, ranked)
-    if family == "last_axis":
-        spec = draw(st.sampled_from(LAST_AXIS_SAME + ["last_dim_size"]))
-        node = cc.GeneralFunction(x, spec=spec, name=name)
-        assert node.shape == (x.shape[:-1] if spec == "last_dim_size" else x.shape)
-        return node
-    # gen_index_at_D[_batch_x][_no_batch_index][_c], shapes as FORMAT.md states them
-    batch_x = draw(st.booleans())
-    no_batch_index = draw(st.booleans())
-    check = "_c" if draw(st.booleans()) else ""
-    if batch_x and not no_batch_index:
-        # the index's shape equals x's leading axes, and x keeps at least one more axis
-        candidates = [i for i in pool if i.rank < x.rank and x.shape[: i.rank] == i.shape]
-    elif batch_x:
-        # index = batch axes + one looked-up axis; x = batch axes + at least one more
-        candidates = [
-            i for i in pool if 1 <= i.rank <= x.rank and x.shape[: i.rank - 1] == i.shape[:-1]
-        ]
-    else:
-        candidates = pool
-    if not candidates:
-        batch_x, candidates = False, pool
-    index = pick(draw, candidates)
-    batch_rank = 0
-    if batch_x:
-        batch_rank = index.rank if not no_batch_index else index.rank - 1
-    rest = x.shape[batch_rank:]
-    dim = draw(st.integers(-len(rest), len(rest) - 1))
-    d = dim % len(rest)
-    batch, looked_up = x.shape[:batch_rank], index.shape[batch_rank:]
-    if no_batch_index:
-        expected = batch + rest[:d] + looked_up + rest[d + 1 :]
-    else:
-        expected = batch + looked_up + rest[:d] + rest[d + 1 :]
-    spec = (
-        f"gen_index_at_{dim}"
-        + ("_batch_x" if batch_x else "")
-        + ("_no_batch_index" if no_batch_index else "")
-        + check
-    )
-    node = cc.GeneralFunction(x, index, spec=spec, name=name)
-    assert node.shape == expected, (spec, x.shape, index.shape)
-    return node
-
-
-def op_index(draw, pool):
-    x = pick(draw, pool)
-    count = draw(st.integers(0, x.rank))
-    items, expected = [], []
-    for size in x.shape[:count]:
-        kinds = ["slice", "tensor"] + (["int"] if size > 0 else [])
-        kind = draw(st.sampled_from(kinds))
-        if kind == "int":
-            items.append(draw(st.integers(-size, size - 1)))
-        elif kind == "slice":
-            bound = st.one_of(st.none(), st.integers(-size, size))
-            start, stop = draw(bound), draw(bound)
-            begin = 0 if start is None else start + size if start < 0 else start
-            end = size if stop is None else stop + size if stop < 0 else stop
-            if end < begin:
-                start, stop = stop, start
-                begin, end = end, begin
-            items.append(slice(start, stop))
-            expected.append(end - begin)
-        else:
-            values = draw(st.lists(st.integers(-size, size - 1), max_size=3)) if size else []
-            items.append(torch.tensor(values, dtype=torch.int64) if draw(st.booleans()) else values)
-            expected.append(len(values))
-    expected.extend(x.shape[count:])
-    index = items[0] if count == 1 and draw(st.booleans()) else tuple(items)
-    node = cc.Index(x, index, name=draw(names))
-    assert node.shape == tuple(expected), (x.shape, index)
-    return node
-
-
-def op_rearrange(draw, pool):
-    x = pick(draw, pool)
-    axes = list(draw(st.permutations(AXIS_NAMES)))[: x.rank]
-    kinds = ["permute", "new_axis"]
-    if x.rank >= 2:
-        kinds.append("merge")
-    if any(s >= 1 for s in x.shape):
-        kinds.append("split")
-    if x.rank >= 1:
-        kinds.append("ellipsis")
-    kind = draw(st.sampled_from(kinds))
-    sizes: dict[str, int] = {}
-    left = list(axes)
-    if kind == "permute":
-        right = list(draw(st.permutations(axes)))
-        expected = tuple(x.shape[axes.index(a)] for a in right)
-    elif kind == "new_axis":
-        new = "n_new"
-        sizes[new] = draw(st.integers(1, 3))
-        at = draw(st.integers(0, len(axes)))
-        right = axes[:at] + [new] + axes[at:]
-        expected = x.shape[:at] + (sizes[new],) + x.shape[at:]
-    elif kind == "merge":
-        i = draw(st.integers(0, x.rank - 2))
-        right = axes[:i] + [f"({axes[i]} {axes[i + 1]})"] + axes[i + 2 :]
-        expected = x.shape[:i] + (x.shape[i] * x.shape[i + 1],) + x.shape[i + 2 :]
-    elif kind == "split":
-        i = draw(st.sampled_from([j for j, s in enumerate(x.shape) if s >= 1]))
-        size = x.shape[i]
-        factor = draw(st.sampled_from([f for f in range(1, size + 1) if size % f == 0]))
-        outer, inner = axes[i] + "o", axes[i] + "i"
-        sizes[outer] = factor
-        left = axes[:i] + [f"({outer} {inner})"] + axes[i + 1 :]
-        right = axes[:i] + [outer, inner] + axes[i + 1 :]
-        expected = x.shape[:i] + (factor, size // factor) + x.shape[i + 1 :]
-    else:  # ellipsis: move the last axis first
-        left, right = ["...", axes[-1]], [axes[-1], "..."]
-        expected = (x.shape[-1],) + x.shape[:-1]
-    sep = draw(st.sampled_from([" -> ", "->", "  ->   "]))
-    pattern = " ".join(left) + sep + " ".join(right)
-    node = cc.Rearrange(x, pattern, name=draw(names), **sizes)
-    assert node.shape == expected, (pattern, x.shape)
-    return node
-
-
-def op_concat(draw, pool):
-    ranked = [n for n in pool if n.rank >= 1]
-    if not ranked:
-        return op_add(draw, pool)
-    x = pick(draw, ranked)
-    axis = draw(st.integers(-x.rank, x.rank - 1))
-    a = axis % x.rank
-    fitting = [
-        n for n in ranked
-        if n.rank == x.rank and all(p == q for j, (p, q) in enumerate(zip(n.shape, x.shape)) if j != a)
-    ]
-    others = [pick(draw, fitting) for _ in range(draw(st.integers(0, 2)))]
-    node = cc.Concat(x, *others, axis=axis, name=draw(names))
-    total = x.shape[a] + sum(n.shape[a] for n in others)
-    assert node.shape == x.shape[:a] + (total,) + x.shape[a + 1 :]
-    return node
-
-
-def op_twin(draw, pool):
-    """An equal node built again (a different object): must print as a repeat."""
-    node = pick(draw, pool)
-    twin = node.evolve()
-    assert twin is not node and twin == node
-    return twin
-
-
-def op_rename(draw, pool):
-    """The same structure under another name: a distinct node, often with a shared name."""
-    return pick(draw, pool).rename(draw(names))
-
-
-OPS = {
-    "Einsum": op_einsum,
-    "Add": op_add,
-    "GeneralFunction": op_function,
-    "Index": op_index,
-    "Rearrange": op_rearrange,
-    "Concat": op_concat,
-    "twin": op_twin,
-    "rename": op_rename,
-}
-
-
-@st.composite
-def dags(draw, max_ops=14):
-    """A pool of nodes: leaves, then ops over nodes already in the pool."""
-    pool = [draw(leaf()) for _ in range(draw(st.integers(1, 4)))]
-    for _ in range(draw(st.integers(2, max_ops))):
-        node = OPS[draw(st.sampled_from(sorted(OPS)))](draw, pool)
-        if node.rank <= MAX_POOL_RANK:  # keeps Rearrange within AXIS_NAMES
-            pool.append(node)
-    return pool
-
-
-def gather_all(pool):
-    """One root holding the whole pool: every node summed to rank 0, then added."""
-    totals = [cc.Einsum.from_einsum_string(LETTERS[: n.rank] + "->", n) for n in pool]
-    return cc.Add(*totals, name="all")
-
-
-@st.composite
-def circuits_(draw):
-    pool = draw(dags())
-    return gather_all(pool) if draw(st.booleans()) else pool[-1]
-
-
-@st.composite
-def root_lists(draw):
-    pool = draw(dags())
-    count = draw(st.integers(1, 4))
-    first = gather_all(pool) if draw(st.booleans()) else pool[-1]
-    return [first] + [pick(draw, pool) for _ in range(count - 1)]
-
 
 # ------------------------------------------------- independent structure checks
 
@@ -405,7 +81,7 @@ _REF = re.compile(
     r"^(?P<indent> *)(?:(?P<serial_named>\d+) '(?P<name_s>(?:[^'\\]|\\.)*)'"
     r"|'(?P<name>(?:[^'\\]|\\.)*)'|(?P<serial>\d+))(?P<rest> .*)?$"
 )
-_UNESCAPE = {"\\\\": "\\", "\\'": "'", "\\n": "\n"}
+_UNESCAPE = {"\\\\": "\\", "\\'": "'", "\\n": "\n", "\\r": "\r"}
 
 
 def unescape(text: str) -> str:
@@ -475,13 +151,8 @@ def check_text_against_format(roots, text, shapes=False, serials=False):
 
 # ------------------------------------------------------------------ properties
 
-SETTINGS = settings(
-    max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
-
-
-@SETTINGS
-@given(circuits_())
+@settings(max_examples=400)
+@given(random_circuits())
 def test_parse_of_repr_is_equal_and_reprints_identically(circuit):
     text = circuit.repr()
     check_text_against_format([circuit], text)
@@ -492,8 +163,8 @@ def test_parse_of_repr_is_equal_and_reprints_identically(circuit):
     assert parsed.repr() == text
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(circuits_(), st.booleans(), st.booleans())
+@settings(max_examples=300)
+@given(random_circuits(), st.booleans(), st.booleans())
 def test_round_trip_with_shapes_and_serials(circuit, shapes, serials):
     text = circuit.repr(shapes=shapes, serials=serials)
     check_text_against_format([circuit], text, shapes=shapes, serials=serials)
@@ -505,7 +176,7 @@ def test_round_trip_with_shapes_and_serials(circuit, shapes, serials):
     assert parsed.repr() == circuit.repr()
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300)
 @given(root_lists(), st.booleans(), st.booleans())
 def test_several_roots_round_trip(roots, shapes, serials):
     text = cc.repr_many(roots, shapes=shapes, serials=serials)
@@ -516,7 +187,7 @@ def test_several_roots_round_trip(roots, shapes, serials):
     assert cc.repr_many(parsed, shapes=shapes, serials=serials) == text
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150)
 @given(dags())
 def test_separately_built_equal_circuits_are_equal(pool):
     """Rebuilding every node of a DAG bottom-up from its parts gives equal nodes."""

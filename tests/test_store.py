@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
+import subprocess
+import sys
 
 import pytest
+import safetensors
 import safetensors.torch
 import torch
 
@@ -104,7 +108,10 @@ def test_requires_grad_and_noncontiguous_tensors_round_trip(tmp_path):
     for tensor in (weight, view):
         node = cc.Array(tensor, name="t")
         again = cc.parse(node.repr(store=store), store=store)
-        assert again == node
+        assert again.repr() == node.repr()
+        # a tensor requiring grad is a variable, distinct from its value read back (which needs none)
+        assert again == cc.Array(tensor.detach(), name="t")
+        assert (again == node) == (not tensor.requires_grad)
         assert torch.equal(again.tensor(), tensor.detach())
 
 
@@ -116,3 +123,162 @@ def test_unloaded_arrays_print_identically_and_compare_equal(tmp_path):
     assert without.repr() == text
     arrays = [n for n in cc.unique_nodes([without]) if isinstance(n, cc.Array)]
     assert arrays and all(not a.is_loaded for a in arrays)
+
+
+# ------------------------------------------------------------ loading reads into memory
+
+
+def _run_python(script: str) -> subprocess.CompletedProcess:
+    """Run ``script`` in a subprocess: a SIGBUS there fails a test instead of killing the run."""
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+
+
+_LOAD_THEN_TRUNCATE = """
+import os, sys, torch
+import circuits as cc
+store = cc.TensorStore(sys.argv[1], mmap={mmap})
+full = store.save(torch.arange(1_000_000, dtype=torch.float32))
+tensor = store.load(full[:24])
+path = store.path / (full + ".safetensors")
+with open(path, "r+b") as file:  # overwrite the data in place, then cut the file short
+    file.seek(-4096, os.SEEK_END)
+    file.write(bytes(4096))
+os.truncate(path, 100)
+print(int(tensor.sum().item() == sum(range(1_000_000))), float(tensor[-1]))
+"""
+
+
+def test_loaded_tensors_do_not_change_when_the_file_does(tmp_path):
+    result = _run_python(_LOAD_THEN_TRUNCATE.format(mmap=False).replace("sys.argv[1]", repr(str(tmp_path))))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["1", "999999.0"]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="SIGBUS on a truncated mapping is Linux's behaviour")
+def test_mmap_is_an_option_with_the_documented_caveat(tmp_path):
+    store = cc.TensorStore(tmp_path, mmap=True)
+    full = store.save(torch.arange(6.0))
+    assert torch.equal(store.load(full[:24]), torch.arange(6.0))
+    assert "mmap=True" in repr(store) and "mmap" in cc.TensorStore.__doc__
+    result = _run_python(_LOAD_THEN_TRUNCATE.format(mmap=True).replace("sys.argv[1]", repr(str(tmp_path))))
+    assert result.returncode == -signal.SIGBUS
+
+
+def test_truncated_file_is_a_store_error_naming_it(tmp_path):
+    store = cc.TensorStore(tmp_path)
+    full = store.save(torch.arange(1000.0))
+    path = tmp_path / f"{full}.safetensors"
+    os.truncate(path, path.stat().st_size // 2)
+    with pytest.raises(cc.StoreError, match="is not a whole safetensors file") as caught:
+        store.load(full[:24])
+    assert str(path) in str(caught.value)
+    assert isinstance(caught.value.__cause__, safetensors.SafetensorError)
+
+
+def test_garbage_and_unreadable_files_are_store_errors(tmp_path):
+    store = cc.TensorStore(tmp_path)
+    garbage = tmp_path / f"{'a' * 64}.safetensors"
+    garbage.write_bytes(b"not a safetensors file at all")
+    with pytest.raises(cc.StoreError, match="is not a whole safetensors file") as caught:
+        store.load("a" * 24)
+    assert str(garbage) in str(caught.value)
+    garbage.unlink()
+    (tmp_path / f"{'b' * 64}.safetensors").mkdir()  # a directory where a file should be
+    with pytest.raises(cc.StoreError, match="cannot read") as caught:
+        store.load("b" * 24)
+    assert isinstance(caught.value.__cause__, IsADirectoryError)
+
+
+# ------------------------------------------------------------ messages that say what is wrong
+
+
+def test_file_renamed_to_its_prefix_is_misnamed_not_corrupted(tmp_path):
+    store = cc.TensorStore(tmp_path)
+    full = store.save(torch.ones(3))
+    os.rename(tmp_path / f"{full}.safetensors", tmp_path / f"{full[:24]}.safetensors")
+    with pytest.raises(cc.StoreError) as caught:
+        cc.TensorStore(tmp_path).load(full[:24])
+    message = str(caught.value)
+    assert "full 64-hex content hash" in message and full in message and "corrupted" not in message
+
+
+def test_file_with_another_key_is_not_one_this_store_wrote(tmp_path):
+    path = tmp_path / f"{'c' * 64}.safetensors"
+    safetensors.torch.save_file({"weight": torch.ones(2), "bias": torch.zeros(2)}, str(path))
+    with pytest.raises(cc.StoreError) as caught:
+        cc.TensorStore(tmp_path).load("c" * 24)
+    message = str(caught.value)
+    assert "'bias', 'weight'" in message or "'weight', 'bias'" in message
+    assert "not a file this store wrote" in message and str(path) in message
+
+
+def test_a_regular_file_is_not_a_store(tmp_path):
+    (tmp_path / "m.tensors").write_text("not a directory")
+    with pytest.raises(cc.StoreError, match="is not a directory") as caught:
+        cc.TensorStore(tmp_path / "m.tensors")
+    assert str(tmp_path / "m.tensors") in str(caught.value)
+    assert isinstance(caught.value.__cause__, FileExistsError)
+
+
+def test_a_dtype_safetensors_cannot_write_is_a_store_error(tmp_path):
+    with pytest.raises(cc.StoreError, match="complex128"):
+        cc.TensorStore(tmp_path).save(torch.zeros(2, dtype=torch.complex128))
+    assert os.listdir(tmp_path) == []
+
+
+# ------------------------------------------------------------ saving repairs what it finds damaged
+
+
+def _flip_last_bytes(path):
+    data = bytearray(path.read_bytes())
+    data[-3:] = bytes(255 - b for b in data[-3:])
+    path.write_bytes(bytes(data))
+
+
+def _flip_header_byte(path):
+    data = bytearray(path.read_bytes())
+    data[9] ^= 0x20  # inside the JSON header
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda p: os.truncate(p, p.stat().st_size - 5),
+        lambda p: os.truncate(p, 0),
+        _flip_last_bytes,
+        _flip_header_byte,
+        lambda p: safetensors.torch.save_file({"other": torch.ones(4)}, str(p)),
+        lambda p: safetensors.torch.save_file({"tensor": torch.ones(4, dtype=torch.float64)}, str(p)),
+        lambda p: safetensors.torch.save_file({"tensor": torch.ones(2, 2)}, str(p)),
+    ],
+    ids=["truncated", "empty", "flipped-data", "flipped-header", "other-key", "other-dtype", "other-shape"],
+)
+def test_saving_over_a_damaged_file_repairs_it(tmp_path, damage):
+    tensor = torch.tensor([1.5, -2.0, 3.25, 7.0])
+    store = cc.TensorStore(tmp_path)
+    full = store.save(tensor)
+    damage(tmp_path / f"{full}.safetensors")
+    assert store.save(tensor) == full
+    again = cc.TensorStore(tmp_path).load(full[:24])
+    assert again.dtype == tensor.dtype and torch.equal(again, tensor)
+
+
+def test_saving_compares_bytes_not_values(tmp_path):
+    # -0.0 == 0.0 and NaN != NaN as floats; as bytes, each differs from the other
+    tensor = torch.tensor([-(2**31), 0x7FC00001], dtype=torch.int32).view(torch.float32)  # -0.0, a NaN
+    lookalike = torch.tensor([0x00000000, 0x7FC00000], dtype=torch.int32).view(torch.float32)  # 0.0, NaN
+    store = cc.TensorStore(tmp_path)
+    full = store.save(tensor)
+    safetensors.torch.save_file({"tensor": lookalike}, str(tmp_path / f"{full}.safetensors"))
+    store.save(tensor)
+    assert torch.equal(store.load(full).view(torch.int32), tensor.view(torch.int32))
+
+
+def test_saving_an_intact_file_leaves_it_alone(tmp_path):
+    store = cc.TensorStore(tmp_path)
+    full = store.save(torch.ones(3))
+    before = os.stat(tmp_path / f"{full}.safetensors")
+    store.save(torch.ones(3))
+    after = os.stat(tmp_path / f"{full}.safetensors")
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
