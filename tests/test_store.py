@@ -144,7 +144,7 @@ with open(path, "r+b") as file:  # overwrite the data in place, then cut the fil
     file.seek(-4096, os.SEEK_END)
     file.write(bytes(4096))
 os.truncate(path, 100)
-print(int(tensor.sum().item() == sum(range(1_000_000))), float(tensor[-1]))
+print(int(torch.equal(tensor, torch.arange(1_000_000, dtype=torch.float32))), float(tensor[-1]))
 """
 
 
