@@ -24,13 +24,13 @@ from circuits.models.loaders import (
 )
 
 __all__ = [
-    "AttnOnlyConfig",
     "CONVENTIONS",
+    "NEG_INF",
+    "TRANSFORMER_LENS_KEYS",
+    "AttnOnlyConfig",
     "GPT2Config",
     "LlamaConfig",
     "ModelError",
-    "NEG_INF",
-    "TRANSFORMER_LENS_KEYS",
     "attn_only_random_weights",
     "build_attn_only",
     "build_gpt2",

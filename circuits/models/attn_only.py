@@ -11,13 +11,15 @@ at the golden dimensions into the golden file (all but the array hashes).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
 from circuits.models import common
 from circuits.models.common import einsum
 from circuits.nodes import Add, Array, Circuit
+from circuits.passes.attention import causal_mask_array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +31,9 @@ class AttnOnlyConfig:
     vocab_size: int
     n_ctx: int
     ln_eps: float = 1e-5
+
+    def __post_init__(self):
+        common.check_config(self, ("n_heads", "d_model", "d_head", "vocab_size", "n_ctx"), epsilons=("ln_eps",))
 
     def weight_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every weight the builder takes, by circuit name, with its shape."""
@@ -57,6 +62,7 @@ def attn_only_random_weights(config: AttnOnlyConfig, seed: int = 0, dtype: torch
     return common.random_weights(shapes, seed=seed, dtype=dtype, ones=scales)
 
 
+@common.checked_options()
 def build_attn_only(
     config: AttnOnlyConfig,
     weights: Mapping[str, Any],
@@ -67,19 +73,31 @@ def build_attn_only(
     convention: str = "default",
     causal: bool = False,
     neg_inf: float = common.NEG_INF,
+    attach: bool = False,
 ) -> Circuit:
     """The model as a circuit whose root is the per-token loss ``'t.loss'``.
 
     ``weights`` maps the names of ``config.weight_shapes()`` to tensors
     (``'t.w.unembed_bias'`` is optional).  ``tokens`` is an int tensor
     ``[S+1]`` or ``[B,S+1]`` (``[S+2]``/``[B,S+2]`` with
-    ``convention="golden"``), or None with ``seq_len`` (and ``batch_size``)
-    for a zero placeholder.  ``causal=True`` writes the masked form that the
-    ``causal_mask`` pass produces; the default leaves attention unmasked.
+    ``convention="golden"``), copied, or None with ``seq_len`` (and
+    ``batch_size``) for a zero placeholder.  ``causal=True`` writes the masked
+    form that the ``causal_mask`` pass produces; the default leaves attention
+    unmasked.  An unknown option is a ``ModelError`` listing the accepted ones.
+
+    The arrays hold the given weight tensors, not copies.  ``attach=False``
+    detaches them, so no gradient reaches them; ``attach=True`` keeps them in
+    autograd, so ``cc.evaluate(c).mean().backward()`` fills their ``.grad``.
+    Either way an in-place change to a weight (an optimizer step) makes the
+    circuit stale: evaluating it raises ``StaleTensorError``, so rebuild it
+    after each step.
     """
     if not isinstance(config, AttnOnlyConfig):
         raise common.ModelError(f"build_attn_only needs an AttnOnlyConfig, got {type(config).__name__}")
-    tensors = common.check_weights("attention-only", weights, config.weight_shapes(), optional=_OPTIONAL)
+    common.check_build_options(causal, neg_inf, attach)
+    tensors = common.check_weights(
+        "attention-only", weights, config.weight_shapes(), optional=_OPTIONAL, attach=attach
+    )
     w = {name: Array(tensor, name=name) for name, tensor in tensors.items()}
     toks = common.make_tokens(
         tokens,
@@ -89,7 +107,7 @@ def build_attn_only(
         vocab_size=config.vocab_size,
         max_positions=config.n_ctx,
     )
-    mask = common.causal_mask_array(toks.seq_len, common.weights_dtype(tensors)) if causal else None
+    mask = causal_mask_array(toks.seq_len, common.weights_dtype(tensors)) if causal else None
 
     resid: Circuit = common.embed(w["t.w.tok_embeds"], toks)
     pos = common.positions(w["t.w.pos_embeds"], toks.seq_len)

@@ -9,14 +9,19 @@ the ``[S+1]`` and the ``[B,S+1]`` token layouts.
 
 from __future__ import annotations
 
+import difflib
+import functools
+import inspect
+import math
 import string
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import torch
 
-from circuits.errors import ModelError
+from circuits.errors import ModelError, shown
 from circuits.nodes import Add, Array, Circuit, Concat, Einsum, GeneralFunction, Index, Scalar
-from circuits.passes.attention import NEG_INF, causal_mask_array, neg_inf_bias
+from circuits.passes.attention import NEG_INF, neg_inf_bias
 
 #: How the token array is cut into model inputs and targets.
 #: ``"default"``: ``[S+1]`` tokens, inputs ``[:-1]``, targets ``[1:]``.
@@ -27,6 +32,62 @@ CONVENTIONS = {
 }
 
 _BATCH_LETTERS = "bBxXyYzZ" + string.ascii_letters
+
+#: The keyword options every builder takes, which the loaders pass on to it.
+BUILD_OPTIONS = ("seq_len", "batch_size", "convention", "causal", "neg_inf", "attach")
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+# ----------------------------------------------------------------- options
+
+
+def checked_options(*forwarded: str) -> Callable[[_F], _F]:
+    """Refuse an unknown option or a bad call with a ModelError listing what is accepted.
+
+    Python's own TypeError is no ``CircuitError`` and cannot list the options
+    a loader takes through ``**options`` and passes on (``forwarded``).
+    """
+
+    def decorate(function: _F) -> _F:
+        signature = inspect.signature(function)
+        params = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        optional = [p.name for p in params if p.default is not p.empty or p.kind is p.KEYWORD_ONLY]
+        accepted = optional + [name for name in forwarded if name not in optional]
+        known = {p.name for p in params} | set(forwarded)
+        listing = ", ".join(accepted) or "none"
+
+        @functools.wraps(function)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            unknown = [key for key in kwargs if key not in known]
+            if unknown:
+                close = difflib.get_close_matches(unknown[0], accepted, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ModelError(
+                    f"{function.__name__}: unknown option {', '.join(repr(shown(k)) for k in unknown)}{hint}; "
+                    f"accepted: {listing}"
+                )
+            try:
+                signature.bind(*args, **kwargs)
+            except TypeError as error:
+                raise ModelError(f"{function.__name__}: {error}; options accepted: {listing}") from error
+            return function(*args, **kwargs)
+
+        return checked  # type: ignore[return-value]
+
+    return decorate
+
+
+def check_build_options(causal: Any, neg_inf: Any, attach: Any) -> None:
+    """The builders' flags, refused unless of the right kind: ``causal="no"`` would be true."""
+    for what, value in (("causal", causal), ("attach", attach)):
+        if not isinstance(value, bool):
+            raise ModelError(f"{what}={shown(repr(value))} is not a bool (True or False)")
+    if isinstance(neg_inf, bool) or not isinstance(neg_inf, (int, float)) or not -math.inf < neg_inf < 0:
+        raise ModelError(
+            f"neg_inf={shown(repr(neg_inf))} is not a finite negative number (the masked form multiplies it "
+            "by 0 where attention is allowed, so -inf would give NaN)"
+        )
 
 
 # ------------------------------------------------------------------ einsum
@@ -103,10 +164,11 @@ def make_tokens(
     ``tokens`` is an integer tensor ``[S+k]`` or ``[B,S+k]`` (``k`` is 1 for the
     ``"default"`` convention, 2 for ``"golden"``), or None for an all-zero
     placeholder of ``seq_len`` positions (and ``batch_size`` rows if given),
-    to be swapped later with ``update('toks_int_var', ...)``.
+    to be swapped later with ``update('toks_int_var', ...)``.  Given tokens
+    are copied: the caller may reuse the tensor without changing the circuit.
     """
     if convention not in CONVENTIONS:
-        raise ModelError(f"convention {convention!r} is not one of {sorted(CONVENTIONS)}")
+        raise ModelError(f"convention {shown(repr(convention))} is not one of {sorted(CONVENTIONS)}")
     extra, input_slice, target_slice = CONVENTIONS[convention]
     if tokens is None:
         if seq_len is None:
@@ -115,24 +177,7 @@ def make_tokens(
         shape = (seq_len + extra,) if batch_size is None else (_check_positive("batch_size", batch_size), seq_len + extra)
         tokens = torch.zeros(shape, dtype=torch.int64)
     else:
-        if not isinstance(tokens, torch.Tensor):
-            try:
-                tokens = torch.as_tensor(tokens)
-            except Exception as error:
-                raise ModelError(f"tokens of type {type(tokens).__name__} are not a tensor ({error})") from None
-        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
-            raise ModelError(f"tokens have dtype {tokens.dtype}; expected an integer tensor of token ids")
-        if tokens.ndim not in (1, 2):
-            raise ModelError(
-                f"tokens have shape {list(tokens.shape)}; expected [S+{extra}] or [B,S+{extra}] "
-                f"(convention {convention!r})"
-            )
-        tokens = tokens.to(torch.int64)
-        if tokens.shape[-1] <= extra:
-            raise ModelError(
-                f"tokens have shape {list(tokens.shape)}: the {convention!r} convention needs more than "
-                f"{extra} tokens per row (inputs {_slice_text(input_slice)}, targets {_slice_text(target_slice)})"
-            )
+        tokens = _token_copy(tokens, convention)
         if seq_len is not None and seq_len != tokens.shape[-1] - extra:
             raise ModelError(
                 f"seq_len={seq_len} but tokens of shape {list(tokens.shape)} give "
@@ -156,6 +201,76 @@ def make_tokens(
     inputs = Index(var, prefix + (input_slice,), name="input_toks_int")
     targets = Index(var, prefix + (target_slice,), name="true_toks_int")
     return Tokens(var, inputs, targets, positions, batched)
+
+
+def _token_copy(tokens: Any, convention: str) -> torch.Tensor:
+    """A private int64 copy of the caller's token ids, or a ModelError saying why there is none.
+
+    Wrapping the caller's tensor would let a later ``tokens.fill_(...)``
+    change what the circuit computes; a tensor without readable values
+    (``meta``, sparse) cannot be hashed or indexed.
+    """
+    extra, input_slice, target_slice = CONVENTIONS[convention]
+    if not isinstance(tokens, torch.Tensor):
+        try:
+            tokens = torch.as_tensor(tokens)
+        except Exception as error:
+            raise ModelError(f"tokens of type {type(tokens).__name__} are not a tensor ({error})") from error
+    if tokens.is_meta or tokens.layout != torch.strided or tokens.is_quantized or tokens.is_nested:
+        kind = "meta" if tokens.is_meta else f"{tokens.layout}, quantized or nested"
+        raise ModelError(f"tokens are a {kind} tensor, whose values cannot be read; give a dense tensor of token ids")
+    if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+        raise ModelError(f"tokens have dtype {tokens.dtype}; expected an integer tensor of token ids")
+    if tokens.ndim not in (1, 2):
+        raise ModelError(
+            f"tokens have shape {list(tokens.shape)}; expected [S+{extra}] or [B,S+{extra}] "
+            f"(convention {convention!r})"
+        )
+    if tokens.shape[-1] <= extra:
+        raise ModelError(
+            f"tokens have shape {list(tokens.shape)}: the {convention!r} convention needs more than "
+            f"{extra} tokens per row (inputs {_slice_text(input_slice)}, targets {_slice_text(target_slice)})"
+        )
+    try:
+        return tokens.detach().to(torch.int64, copy=True)
+    except Exception as error:  # a tensor subclass or device whose values cannot be read
+        raise ModelError(f"tokens of type {type(tokens).__name__} cannot be read ({error})") from error
+
+
+def check_config(
+    config: Any,
+    sizes: Iterable[str],
+    *,
+    counts: Iterable[str] = ("n_layers",),
+    epsilons: Iterable[str] = (),
+    flags: Iterable[str] = (),
+) -> None:
+    """Refuse a config field of the wrong kind, naming it: a str or a float size would
+    fail deep inside the build, and a zero or negative one build a wrong model.
+
+    ``sizes`` are positive ints (or None where the dataclass's default is None),
+    ``counts`` non-negative ints (a 0-layer model is a model), ``epsilons``
+    finite non-negative numbers, ``flags`` bools.
+    """
+    kind = type(config).__name__
+    for field in sizes:
+        value = getattr(config, field)
+        if value is not None and not _is_int(value, 1):
+            raise ModelError(f"{kind}: {field}={shown(repr(value))} is not a positive int")
+    for field in counts:
+        if not _is_int(getattr(config, field), 0):
+            raise ModelError(f"{kind}: {field}={shown(repr(getattr(config, field)))} is not an int >= 0")
+    for field in epsilons:
+        value = getattr(config, field)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+            raise ModelError(f"{kind}: {field}={shown(repr(value))} is not a finite number >= 0")
+    for field in flags:
+        if not isinstance(getattr(config, field), bool):
+            raise ModelError(f"{kind}: {field}={shown(repr(getattr(config, field)))} is not a bool")
+
+
+def _is_int(value: Any, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
 def _check_positive(what: str, value: Any) -> int:
@@ -266,12 +381,14 @@ def check_weights(
     weights: Mapping[str, Any],
     expected: Mapping[str, tuple[int, ...]],
     optional: Iterable[str] = (),
+    attach: bool = False,
 ) -> dict[str, torch.Tensor]:
     """The weights as tensors, or one ModelError listing every problem.
 
     Missing names, names the model does not use, wrong shapes and
     non-floating tensors are all reported together, each with the shape
-    that was expected.
+    that was expected.  The tensors are the caller's (no copy), detached
+    unless ``attach``, so that gradients reach them only when asked for.
     """
     if not isinstance(weights, Mapping):
         raise ModelError(f"{family}: weights must be a mapping from name to tensor, got {type(weights).__name__}")
@@ -282,9 +399,9 @@ def check_weights(
         problems.append(
             "missing: " + ", ".join(f"{n!r} {list(expected[n])}" for n in missing)
         )
-    unknown = sorted(n for n in weights if n not in expected)
+    unknown = sorted((n for n in weights if n not in expected), key=str)
     if unknown:
-        problems.append("not used by this model: " + ", ".join(repr(n) for n in unknown))
+        problems.append("not used by this model: " + ", ".join(shown(repr(n)) for n in unknown))
     tensors: dict[str, torch.Tensor] = {}
     for name, shape in expected.items():
         if name not in weights:
@@ -293,7 +410,7 @@ def check_weights(
         if not isinstance(value, torch.Tensor):
             try:
                 value = torch.as_tensor(value)
-            except Exception:
+            except (TypeError, ValueError, RuntimeError):
                 problems.append(f"{name!r} is a {type(value).__name__}, not a tensor")
                 continue
         if tuple(value.shape) != tuple(shape):
@@ -302,7 +419,10 @@ def check_weights(
         if not value.is_floating_point():
             problems.append(f"{name!r} has dtype {value.dtype}, expected a floating dtype")
             continue
-        tensors[name] = value.detach()
+        if value.is_meta:
+            problems.append(f"{name!r} is a meta tensor, which has a shape but no values")
+            continue
+        tensors[name] = value if attach else value.detach()
     if problems:
         raise ModelError(f"{family} weights do not fit the config:\n  " + "\n  ".join(problems))
     dtypes = {t.dtype for t in tensors.values()}

@@ -22,6 +22,7 @@ import torch
 
 from circuits.errors import ModelError
 from circuits.models.attn_only import AttnOnlyConfig, build_attn_only
+from circuits.models.common import BUILD_OPTIONS, checked_options
 from circuits.nodes import Circuit
 
 #: The beginning-of-sequence token that starts every row of the task.
@@ -63,6 +64,7 @@ def load_demo_weights() -> dict[str, torch.Tensor]:
     return dict(safetensors.torch.load(data))
 
 
+@checked_options(*BUILD_OPTIONS)
 def load_demo_model(tokens: Any = None, **options: Any) -> Circuit:
     """The shipped induction model as a circuit whose root is the per-token loss ``'t.loss'``.
 

@@ -27,14 +27,16 @@ bare head-summing Einsum lets ``split_heads`` treat every family alike.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
-from circuits.errors import ModelError
+from circuits.errors import ModelError, shown
 from circuits.models import common
 from circuits.models.common import einsum, fn
 from circuits.nodes import Add, Array, Circuit
+from circuits.passes.attention import causal_mask_array
 
 #: Activation names as Hugging Face spells them -> the GeneralFunction computing them.
 ACTIVATIONS = {"gelu_new": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu", "swish": "silu", "tanh": "tanh"}
@@ -51,6 +53,12 @@ class GPT2Config:
     ln_eps: float = 1e-5
     act: str = "gelu_new"
     tie_word_embeddings: bool = True
+
+    def __post_init__(self):
+        common.check_config(
+            self, ("n_heads", "d_model", "vocab_size", "n_ctx", "d_mlp"), epsilons=("ln_eps",),
+            flags=("tie_word_embeddings",),
+        )
 
     @property
     def d_head(self) -> int:
@@ -97,6 +105,7 @@ def gpt2_random_weights(config: GPT2Config, seed: int = 0, dtype: torch.dtype = 
     return common.random_weights(shapes, seed=seed, dtype=dtype, ones=scales)
 
 
+@common.checked_options()
 def build_gpt2(
     config: GPT2Config,
     weights: Mapping[str, Any],
@@ -107,19 +116,24 @@ def build_gpt2(
     convention: str = "default",
     causal: bool = True,
     neg_inf: float = common.NEG_INF,
+    attach: bool = False,
 ) -> Circuit:
     """GPT-2 as a circuit whose root is the per-token loss ``'t.loss'``.
 
     ``weights`` maps the names of ``config.weight_shapes()`` to tensors; with
     ``tie_word_embeddings`` ``'t.w.unembed'`` may be left out (the token
-    embedding is used); ``'t.w.unembed_bias'`` is optional.  Tokens and options as in ``build_attn_only``.
+    embedding is used); ``'t.w.unembed_bias'`` is optional.  Tokens and
+    options (``attach`` too) as in ``build_attn_only``.
     """
     if not isinstance(config, GPT2Config):
         raise ModelError(f"build_gpt2 needs a GPT2Config, got {type(config).__name__}")
-    if config.act not in ACTIVATIONS:
-        raise ModelError(f"GPT-2: activation {config.act!r} is not supported; supported: {sorted(ACTIVATIONS)}")
+    if not isinstance(config.act, str) or config.act not in ACTIVATIONS:
+        raise ModelError(
+            f"GPT-2: activation {shown(repr(config.act))} is not supported; supported: {sorted(ACTIVATIONS)}"
+        )
+    common.check_build_options(causal, neg_inf, attach)
     optional = ("t.w.unembed_bias",) + (("t.w.unembed",) if config.tie_word_embeddings else ())
-    tensors = common.check_weights("GPT-2", weights, config.weight_shapes(), optional=optional)
+    tensors = common.check_weights("GPT-2", weights, config.weight_shapes(), optional=optional, attach=attach)
     w = {name: Array(tensor, name=name) for name, tensor in tensors.items()}
     if "t.w.unembed" not in w:
         w["t.w.unembed"] = Array(tensors["t.w.tok_embeds"], name="t.w.unembed")
@@ -131,7 +145,7 @@ def build_gpt2(
         vocab_size=config.vocab_size,
         max_positions=config.n_ctx,
     )
-    mask = common.causal_mask_array(toks.seq_len, common.weights_dtype(tensors)) if causal else None
+    mask = causal_mask_array(toks.seq_len, common.weights_dtype(tensors)) if causal else None
     act = ACTIVATIONS[config.act]
 
     idxed = common.embed(w["t.w.tok_embeds"], toks)

@@ -32,14 +32,16 @@ form.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
-from circuits.errors import ModelError
+from circuits.errors import ModelError, shown
 from circuits.models import common
 from circuits.models.common import einsum, fn
 from circuits.nodes import Add, Array, Circuit, Index
+from circuits.passes.attention import causal_mask_array
 
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "relu": "relu", "gelu_new": "gelu_new", "tanh": "tanh"}
 
@@ -58,6 +60,15 @@ class LlamaConfig:
     rope_theta: float = 10000.0
     act: str = "silu"
     tie_word_embeddings: bool = False
+
+    def __post_init__(self):
+        common.check_config(
+            self, ("n_heads", "d_model", "d_mlp", "vocab_size", "n_kv_heads", "d_head", "max_positions"),
+            epsilons=("rms_eps",), flags=("tie_word_embeddings",),
+        )
+        theta = self.rope_theta
+        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta < float("inf"):
+            raise ModelError(f"LlamaConfig: rope_theta={shown(repr(theta))} is not a finite positive number")
 
     @property
     def kv_heads(self) -> int:
@@ -115,6 +126,21 @@ def rope_cos_sin(
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
+def _rope_copies(rope: Any, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Private copies of the caller's ``(cos, sin)``: a later edit of theirs must not reach the circuit."""
+    try:
+        cos, sin = rope
+        tables = tuple(torch.as_tensor(t).detach() for t in (cos, sin))
+    except Exception as error:
+        raise ModelError(f"Llama: rope= must be a pair of tensors (cos, sin), got {type(rope).__name__}") from error
+    if any(t.is_meta or not t.is_floating_point() for t in tables):
+        raise ModelError(
+            "Llama: rope tables must be floating tensors with values, got "
+            + " and ".join(f"{'meta ' if t.is_meta else ''}{t.dtype}" for t in tables)
+        )
+    return tables[0].to(dtype, copy=True), tables[1].to(dtype, copy=True)
+
+
 def _rotate(x: Circuit, cos: Circuit, sin: Circuit, name: str) -> Add:
     """``x * cos + rotate_half(x) * sin`` (Hugging Face's ``apply_rotary_pos_emb``)."""
     with_cos = einsum("hqc,qc->hqc", x, cos, name=f"{name}_cos")
@@ -122,6 +148,7 @@ def _rotate(x: Circuit, cos: Circuit, sin: Circuit, name: str) -> Add:
     return Add(with_cos, with_sin, name=name)
 
 
+@common.checked_options()
 def build_llama(
     config: LlamaConfig,
     weights: Mapping[str, Any],
@@ -133,26 +160,30 @@ def build_llama(
     causal: bool = True,
     neg_inf: float = common.NEG_INF,
     rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+    attach: bool = False,
 ) -> Circuit:
     """A Llama-style decoder as a circuit whose root is the per-token loss ``'t.loss'``.
 
     ``weights`` maps the names of ``config.weight_shapes()`` to tensors (with
     ``tie_word_embeddings`` ``'t.w.unembed'`` may be left out).  ``rope`` gives
-    the ``(cos, sin)`` tables ``[S, d_head]`` for a scaled rotary variant; by
-    default they are ``rope_cos_sin(config, S)``.  Tokens and options as in
-    ``build_attn_only``.
+    the ``(cos, sin)`` tables ``[S, d_head]`` for a scaled rotary variant
+    (copied, never attached); by default they are ``rope_cos_sin(config, S)``.
+    Tokens and options (``attach`` too) as in ``build_attn_only``.
     """
     if not isinstance(config, LlamaConfig):
         raise ModelError(f"build_llama needs a LlamaConfig, got {type(config).__name__}")
-    if config.act not in ACTIVATIONS:
-        raise ModelError(f"Llama: activation {config.act!r} is not supported; supported: {sorted(ACTIVATIONS)}")
+    if not isinstance(config.act, str) or config.act not in ACTIVATIONS:
+        raise ModelError(
+            f"Llama: activation {shown(repr(config.act))} is not supported; supported: {sorted(ACTIVATIONS)}"
+        )
+    common.check_build_options(causal, neg_inf, attach)
     heads, kv_heads = config.n_heads, config.kv_heads
     if heads % kv_heads:
         raise ModelError(f"Llama: {heads} query heads are not a multiple of {kv_heads} key/value heads")
     if config.head_size % 2:
         raise ModelError(f"Llama: rotary embedding needs an even head size, got d_head {config.head_size}")
     optional = ("t.w.unembed",) if config.tie_word_embeddings else ()
-    tensors = common.check_weights("Llama", weights, config.weight_shapes(), optional=optional)
+    tensors = common.check_weights("Llama", weights, config.weight_shapes(), optional=optional, attach=attach)
     dtype = common.weights_dtype(tensors)
     w = {name: Array(tensor, name=name) for name, tensor in tensors.items()}
     if "t.w.unembed" not in w:
@@ -169,7 +200,7 @@ def build_llama(
     if rope is None:
         cos_t, sin_t = rope_cos_sin(config, seq, dtype)
     else:
-        cos_t, sin_t = (torch.as_tensor(t).detach().to(dtype) for t in rope)
+        cos_t, sin_t = _rope_copies(rope, dtype)
         expected = (seq, config.head_size)
         if tuple(cos_t.shape) != expected or tuple(sin_t.shape) != expected:
             raise ModelError(
@@ -178,7 +209,7 @@ def build_llama(
             )
     cos = Array(cos_t, name="t.a.c.rope_cos")
     sin = Array(sin_t, name="t.a.c.rope_sin")
-    mask = common.causal_mask_array(seq, dtype) if causal else None
+    mask = causal_mask_array(seq, dtype) if causal else None
     act = ACTIVATIONS[config.act]
     group = heads // kv_heads
     repeat = torch.arange(kv_heads).repeat_interleave(group) if group > 1 else None

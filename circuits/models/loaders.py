@@ -13,21 +13,36 @@
   ``"attn_only"`` families (see ``TRANSFORMER_LENS_KEYS``).
 
 Weights are copied (so later changes to the model do not make the circuit's
-array hashes stale) and converted to the builders' layouts.
+array hashes stale) and converted to the builders' layouts.  With
+``attach=True`` (``from_hf``, ``from_hf_state_dict``,
+``from_transformer_lens``) they are not copied: every weight array holds a
+view of the model's parameter (a transpose, reshape or slice of it), so
+``cc.evaluate(c).mean().backward()`` fills the parameters' ``.grad`` as the
+model's own backward would (a tied embedding gets both uses' gradients).
+The caveat: an in-place update of a parameter (an optimizer step) changes
+the arrays' tensors, so evaluating the circuit raises ``StaleTensorError``;
+rebuild it after each step.
+
+Every mistake (an unknown option, a config field of the wrong kind, a broken
+checkpoint file, weights that do not fit) is a ``ModelError`` naming the
+option, field or file at fault.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 
-from circuits.errors import ModelError
+from circuits.errors import ModelError, shown
 from circuits.models.attn_only import AttnOnlyConfig, build_attn_only
+from circuits.models.common import BUILD_OPTIONS, CONVENTIONS, checked_options
 from circuits.models.gpt2 import GPT2Config, build_gpt2
 from circuits.models.llama import LlamaConfig, build_llama
 from circuits.nodes import Circuit
@@ -47,11 +62,16 @@ def _get(config: Any, key: str, default: Any = None) -> Any:
 
 
 class _Reader:
-    """Takes tensors from a state dict, collecting every problem before raising."""
+    """Takes tensors from a state dict, collecting every problem before raising.
 
-    def __init__(self, family: str, state_dict: Mapping[str, Any]):
+    Detached unless ``attach``: then the tensors are the state dict's own
+    (a model's parameters with ``state_dict(keep_vars=True)``).
+    """
+
+    def __init__(self, family: str, state_dict: Mapping[str, Any], attach: bool = False):
         self.family = family
         self.state = state_dict
+        self.attach = attach
         self.used: set[str] = set()
         self.missing: list[str] = []
         self.misshapen: list[str] = []
@@ -69,20 +89,28 @@ class _Reader:
         if tuple(tensor.shape) != tuple(shape):
             self.misshapen.append(f"{key!r} has shape {list(tensor.shape)}, expected {list(shape)}")
             return None
-        return tensor.detach()
+        if tensor.is_meta:
+            self.misshapen.append(f"{key!r} is a meta tensor, which has a shape but no values")
+            return None
+        return tensor if self.attach else tensor.detach()
 
     def finish(self, ignore: Callable[[str], bool] = lambda key: False) -> None:
-        unknown = sorted(k for k in self.state if k not in self.used and not ignore(k))
+        unknown = sorted((k for k in self.state if k not in self.used and not ignore(k)), key=str)
         problems = []
         if self.missing:
             problems.append("missing: " + ", ".join(self.missing))
         if self.misshapen:
             problems.append("misshapen: " + "; ".join(self.misshapen))
         if unknown:
-            shown = ", ".join(repr(k) for k in unknown[:12]) + (f", ... ({len(unknown)} in all)" if len(unknown) > 12 else "")
-            problems.append(f"not understood (another architecture or an unsupported option?): {shown}")
+            listed = ", ".join(shown(repr(k)) for k in unknown[:12])
+            listed += f", ... ({len(unknown)} in all)" if len(unknown) > 12 else ""
+            problems.append(f"not understood (another architecture or an unsupported option?): {listed}")
         if problems:
             raise ModelError(f"{self.family} state dict does not fit the config:\n  " + "\n  ".join(problems))
+
+    def weights(self, out: Mapping[str, torch.Tensor | None]) -> dict[str, torch.Tensor]:
+        """The converted weights: views of the state dict's tensors if attached, private copies if not."""
+        return {name: t if self.attach else _own(t) for name, t in out.items() if t is not None}
 
 
 def _own(tensor: torch.Tensor) -> torch.Tensor:
@@ -91,43 +119,89 @@ def _own(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _strip_prefix(state_dict: Mapping[str, Any], prefix: str) -> dict[str, Any]:
-    return {(k[len(prefix):] if k.startswith(prefix) else k): v for k, v in state_dict.items()}
+    return {(k.removeprefix(prefix)): v for k, v in state_dict.items()}
+
+
+# ------------------------------------------------------------ config fields
+
+
+def _int_field(family: str, config: Any, key: str, default: Any = None, low: int = 1) -> int:
+    """An int field ``>= low``: a str, float, bool or 0 in ``config.json`` would build a wrong model."""
+    value = _get(config, key, default)
+    if value is None:
+        raise ModelError(f"{family} config: no {key!r} (an int >= {low})")
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ModelError(f"{family} config: {key!r} is {shown(repr(value))}; expected an int >= {low}")
+    return value
+
+
+def _optional_int(family: str, config: Any, key: str) -> int | None:
+    return None if _get(config, key) is None else _int_field(family, config, key)
+
+
+def _number_field(family: str, config: Any, key: str, default: float, positive: bool = False) -> float:
+    """A finite number (> 0 if ``positive``, else >= 0), as epsilons and rotary bases are."""
+    value = _get(config, key, default)
+    bad = isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+    if bad or value < 0 or (positive and value == 0):
+        raise ModelError(
+            f"{family} config: {key!r} is {shown(repr(value))}; expected a finite number "
+            f"{'> 0' if positive else '>= 0'}"
+        )
+    return float(value)
+
+
+def _typed_field(family: str, config: Any, key: str, default: Any, kind: type) -> Any:
+    value = _get(config, key, default)
+    if not isinstance(value, kind):
+        raise ModelError(f"{family} config: {key!r} is {shown(repr(value))}; expected a {kind.__name__}")
+    return value
 
 
 # ------------------------------------------------------------------- GPT-2
 
 
 def gpt2_config_from_hf(config: Any) -> GPT2Config:
+    """Our ``GPT2Config`` from a Hugging Face one (object or ``config.json`` dict), each field checked."""
+    family = "GPT-2"
     problems = []
-    if not _get(config, "scale_attn_weights", True):
+    if not _typed_field(family, config, "scale_attn_weights", True, bool):
         problems.append("scale_attn_weights=False")
-    if _get(config, "scale_attn_by_inverse_layer_idx", False):
-        problems.append("scale_attn_by_inverse_layer_idx=True")
-    if _get(config, "add_cross_attention", False):
-        problems.append("add_cross_attention=True")
+    for option in ("scale_attn_by_inverse_layer_idx", "add_cross_attention"):
+        if _typed_field(family, config, option, False, bool):
+            problems.append(f"{option}=True")
     if problems:
         raise ModelError(f"GPT-2 config options not supported: {', '.join(problems)}")
-    return GPT2Config(
-        n_layers=int(_get(config, "n_layer")),
-        n_heads=int(_get(config, "n_head")),
-        d_model=int(_get(config, "n_embd")),
-        vocab_size=int(_get(config, "vocab_size")),
-        n_ctx=int(_get(config, "n_positions")),
-        d_mlp=_get(config, "n_inner"),
-        ln_eps=float(_get(config, "layer_norm_epsilon", 1e-5)),
-        act=str(_get(config, "activation_function", "gelu_new")),
-        tie_word_embeddings=bool(_get(config, "tie_word_embeddings", True)),
+    ours = GPT2Config(
+        n_layers=_int_field(family, config, "n_layer", low=0),
+        n_heads=_int_field(family, config, "n_head"),
+        d_model=_int_field(family, config, "n_embd"),
+        vocab_size=_int_field(family, config, "vocab_size"),
+        n_ctx=_int_field(family, config, "n_positions"),
+        d_mlp=_optional_int(family, config, "n_inner"),
+        ln_eps=_number_field(family, config, "layer_norm_epsilon", 1e-5),
+        act=_typed_field(family, config, "activation_function", "gelu_new", str),
+        tie_word_embeddings=_typed_field(family, config, "tie_word_embeddings", True, bool),
     )
+    if ours.d_model % ours.n_heads:
+        raise ModelError(f"GPT-2 config: 'n_embd' {ours.d_model} is not divisible by 'n_head' {ours.n_heads}")
+    return ours
 
 
-def gpt2_weights_from_hf(config: GPT2Config, state_dict: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-    """Hugging Face GPT-2 (Conv1D ``[in, out]`` weights, fused ``c_attn``) -> the builder's names and layouts."""
+def gpt2_weights_from_hf(
+    config: GPT2Config, state_dict: Mapping[str, Any], attach: bool = False
+) -> dict[str, torch.Tensor]:
+    """Hugging Face GPT-2 (Conv1D ``[in, out]`` weights, fused ``c_attn``) -> the builder's names and layouts.
+
+    Every conversion is a view (reshape of a contiguous tensor, permute,
+    transpose), so that with ``attach`` no weight is copied.
+    """
     lm_head = state_dict.get("lm_head.weight")
     state = _strip_prefix({k: v for k, v in state_dict.items() if k != "lm_head.weight"}, "transformer.")
     if lm_head is not None:
         state["lm_head.weight"] = lm_head
     d, h, c, v, m = config.d_model, config.n_heads, config.d_head, config.vocab_size, config.mlp_size
-    r = _Reader("GPT-2", state)
+    r = _Reader("GPT-2", state, attach)
     out: dict[str, Any] = {
         "t.w.tok_embeds": r.take("wte.weight", (v, d)),
         "t.w.pos_embeds": r.take("wpe.weight", (config.n_ctx, d)),
@@ -140,7 +214,7 @@ def gpt2_weights_from_hf(config: GPT2Config, state_dict: Mapping[str, Any]) -> d
         qkv_bias = r.take(p + "attn.c_attn.bias", (3 * d,))
         if qkv is not None:
             # output column (which * d + head * c + j) -> [which][head, j, input]
-            split = qkv.T.reshape(3, h, c, d)
+            split = qkv.reshape(d, 3, h, c).permute(1, 2, 3, 0)
             for i, which in enumerate("qkv"):
                 out[f"a{layer}.w.{which}"] = split[i]
         if qkv_bias is not None:
@@ -166,48 +240,70 @@ def gpt2_weights_from_hf(config: GPT2Config, state_dict: Mapping[str, Any]) -> d
         out["t.w.unembed"] = unembed
     # attention-mask buffers that older transformers versions saved
     r.finish(ignore=lambda k: bool(re.fullmatch(r"h\.\d+\.attn\.(bias|masked_bias)", k)))
-    return {name: _own(t) for name, t in out.items() if t is not None}
+    return r.weights(out)
 
 
 # ------------------------------------------------------------------- Llama
 
 
+def _rope_params(config: Any) -> Mapping[str, Any]:
+    """``rope_parameters`` (transformers 5) or ``rope_scaling`` (4.x), as a mapping."""
+    for key in ("rope_parameters", "rope_scaling"):
+        params = _get(config, key)
+        if params is not None and not isinstance(params, Mapping):
+            raise ModelError(f"Llama config: {key!r} is {shown(repr(params))}; expected an object (a mapping)")
+        if params:
+            return params
+    return {}
+
+
 def _rope_type(config: Any) -> str:
-    params = _get(config, "rope_parameters") or _get(config, "rope_scaling") or {}
-    return str(params.get("rope_type", params.get("type", "default")))
+    params = _rope_params(config)
+    return _typed_field("Llama", params, "rope_type", _typed_field("Llama", params, "type", "default", str), str)
 
 
 def _rope_theta(config: Any) -> float:
     params = _get(config, "rope_parameters") or {}
-    return float(params.get("rope_theta", _get(config, "rope_theta", 10000.0)))
+    if "rope_theta" in params:
+        return _number_field("Llama", params, "rope_theta", 10000.0, positive=True)
+    return _number_field("Llama", config, "rope_theta", 10000.0, positive=True)
 
 
 def llama_config_from_hf(config: Any) -> LlamaConfig:
-    problems = []
-    for option in ("attention_bias", "mlp_bias"):
-        if _get(config, option, False):
-            problems.append(f"{option}=True")
+    """Our ``LlamaConfig`` from a Hugging Face one (object or ``config.json`` dict), each field checked."""
+    family = "Llama"
+    problems = [f"{option}=True" for option in ("attention_bias", "mlp_bias") if _typed_field(family, config, option, False, bool)]
     if problems:
         raise ModelError(f"Llama config options not supported: {', '.join(problems)}")
-    heads = int(_get(config, "num_attention_heads"))
-    return LlamaConfig(
-        n_layers=int(_get(config, "num_hidden_layers")),
+    _rope_params(config)
+    heads = _int_field(family, config, "num_attention_heads")
+    ours = LlamaConfig(
+        n_layers=_int_field(family, config, "num_hidden_layers", low=0),
         n_heads=heads,
-        n_kv_heads=int(_get(config, "num_key_value_heads", heads)),
-        d_model=int(_get(config, "hidden_size")),
-        d_head=_get(config, "head_dim"),
-        d_mlp=int(_get(config, "intermediate_size")),
-        vocab_size=int(_get(config, "vocab_size")),
-        max_positions=_get(config, "max_position_embeddings"),
-        rms_eps=float(_get(config, "rms_norm_eps", 1e-6)),
+        n_kv_heads=_int_field(family, config, "num_key_value_heads", heads),
+        d_model=_int_field(family, config, "hidden_size"),
+        d_head=_optional_int(family, config, "head_dim"),
+        d_mlp=_int_field(family, config, "intermediate_size"),
+        vocab_size=_int_field(family, config, "vocab_size"),
+        max_positions=_optional_int(family, config, "max_position_embeddings"),
+        rms_eps=_number_field(family, config, "rms_norm_eps", 1e-6),
         rope_theta=_rope_theta(config),
-        act=str(_get(config, "hidden_act", "silu")),
-        tie_word_embeddings=bool(_get(config, "tie_word_embeddings", False)),
+        act=_typed_field(family, config, "hidden_act", "silu", str),
+        tie_word_embeddings=_typed_field(family, config, "tie_word_embeddings", False, bool),
     )
+    if heads % ours.kv_heads:
+        raise ModelError(
+            f"Llama config: 'num_attention_heads' {heads} is not a multiple of 'num_key_value_heads' {ours.kv_heads}"
+        )
+    if ours.d_head is None and ours.d_model % heads:
+        raise ModelError(f"Llama config: 'hidden_size' {ours.d_model} is not divisible by 'num_attention_heads' {heads}")
+    return ours
 
 
-def llama_weights_from_hf(config: LlamaConfig, state_dict: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-    """Hugging Face Llama (``nn.Linear`` ``[out, in]`` weights) -> the builder's names and layouts."""
+def llama_weights_from_hf(
+    config: LlamaConfig, state_dict: Mapping[str, Any], attach: bool = False
+) -> dict[str, torch.Tensor]:
+    """Hugging Face Llama (``nn.Linear`` ``[out, in]`` weights) -> the builder's names and layouts (views)."""
     d, h, g, c, v, m = (
         config.d_model,
         config.n_heads,
@@ -216,7 +312,7 @@ def llama_weights_from_hf(config: LlamaConfig, state_dict: Mapping[str, Any]) ->
         config.vocab_size,
         config.d_mlp,
     )
-    r = _Reader("Llama", state_dict)
+    r = _Reader("Llama", state_dict, attach)
     out: dict[str, Any] = {"t.w.tok_embeds": r.take("model.embed_tokens.weight", (v, d))}
     for layer in range(config.n_layers):
         p = f"model.layers.{layer}."
@@ -235,7 +331,7 @@ def llama_weights_from_hf(config: LlamaConfig, state_dict: Mapping[str, Any]) ->
     if unembed is not None and not config.tie_word_embeddings:
         out["t.w.unembed"] = unembed
     r.finish(ignore=lambda k: k.endswith("rotary_emb.inv_freq"))
-    return {name: _own(t) for name, t in out.items() if t is not None}
+    return r.weights(out)
 
 
 def _hf_rope_tables(rotary_module: Any, seq_len: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -256,44 +352,76 @@ def _rope_from_transformers(config_dict: Mapping[str, Any], seq_len: int, dtype:
         raise ModelError(
             f"this Llama checkpoint uses the {_rope_type(config_dict)!r} rotary variant, which is computed "
             f"with transformers; install it (pip install 'circuits[hf]'): {error}"
-        ) from None
-    hf_config = HFLlamaConfig(**{k: v for k, v in config_dict.items() if k not in ("architectures", "model_type")})
-    return _hf_rope_tables(LlamaRotaryEmbedding(hf_config), seq_len, dtype)
+        ) from error
+    try:
+        hf_config = HFLlamaConfig(**{k: v for k, v in config_dict.items() if k not in ("architectures", "model_type")})
+        return _hf_rope_tables(LlamaRotaryEmbedding(hf_config), seq_len, dtype)
+    except Exception as error:  # transformers' own complaint about the rope parameters
+        raise ModelError(
+            f"Llama: transformers cannot compute the {_rope_type(config_dict)!r} rotary tables from this config: "
+            f"{shown(str(error))}"
+        ) from error
 
 
 # ------------------------------------------------------------- entry points
 
 
 def _positions(tokens: Any, seq_len: int | None, convention: str) -> int | None:
-    from circuits.models.common import CONVENTIONS
-
+    """Positions the tokens give (for the rotary tables); None to let the builder say what is wrong."""
     if tokens is None or convention not in CONVENTIONS:
         return seq_len
-    return int(torch.as_tensor(tokens).shape[-1]) - CONVENTIONS[convention][0]
+    shape = getattr(tokens, "shape", None)
+    if shape is None:
+        try:
+            shape = torch.as_tensor(tokens).shape
+        except (TypeError, ValueError, RuntimeError):
+            return None
+    return int(shape[-1]) - CONVENTIONS[convention][0] if len(shape) else None
 
 
 def _model_type(config: Any) -> str:
     model_type = _get(config, "model_type")
-    if model_type not in SUPPORTED_HF:
+    if not isinstance(model_type, str) or model_type not in SUPPORTED_HF:
         archs = _get(config, "architectures")
+        listed = ", ".join(map(str, archs)) if isinstance(archs, list) else archs
         raise ModelError(
-            f"unsupported architecture: model_type {model_type!r}"
-            + (f" ({', '.join(archs)})" if archs else "")
+            f"unsupported architecture: model_type {shown(repr(model_type))}"
+            + (f" ({shown(str(listed))})" if listed else "")
             + f"; supported: {', '.join(f'{t!r} ({c})' for t, c in SUPPORTED_HF.items())}"
         )
     return model_type
 
 
-def hf_to_weights(config: Any, state_dict: Mapping[str, Any]) -> tuple[str, Any, dict[str, torch.Tensor]]:
-    """``(family, builder config, weights)`` from a Hugging Face config (object or dict) and state dict."""
-    model_type = _model_type(config)
-    if model_type == "gpt2":
-        ours = gpt2_config_from_hf(config)
-        return "gpt2", ours, gpt2_weights_from_hf(ours, state_dict)
-    ours = llama_config_from_hf(config)
-    return "llama", ours, llama_weights_from_hf(ours, state_dict)
+def _config_for(config: Any) -> tuple[str, Any]:
+    """``(family, builder config)`` from a Hugging Face config, every field checked."""
+    if _model_type(config) == "gpt2":
+        return "gpt2", gpt2_config_from_hf(config)
+    return "llama", llama_config_from_hf(config)
 
 
+def _attach(options: Mapping[str, Any]) -> bool:
+    attach = options.get("attach", False)
+    if not isinstance(attach, bool):
+        raise ModelError(f"attach={shown(repr(attach))} is not a bool (True or False)")
+    return attach
+
+
+def hf_to_weights(
+    config: Any, state_dict: Mapping[str, Any], attach: bool = False
+) -> tuple[str, Any, dict[str, torch.Tensor]]:
+    """``(family, builder config, weights)`` from a Hugging Face config (object or dict) and state dict.
+
+    The weights are copies, or views of the state dict's tensors with ``attach``.
+    """
+    family, ours = _config_for(config)
+    if not isinstance(state_dict, Mapping) or not all(isinstance(k, str) for k in state_dict):
+        raise ModelError(f"a state dict must map str keys to tensors, got {type(state_dict).__name__}")
+    if family == "gpt2":
+        return family, ours, gpt2_weights_from_hf(ours, state_dict, attach)
+    return family, ours, llama_weights_from_hf(ours, state_dict, attach)
+
+
+@checked_options(*BUILD_OPTIONS)
 def from_hf_state_dict(
     config: Any,
     state_dict: Mapping[str, Any],
@@ -305,9 +433,10 @@ def from_hf_state_dict(
     """A circuit from a Hugging Face config (object or ``config.json`` dict) and a state dict.
 
     ``options`` are the builder's: ``seq_len``, ``batch_size``,
-    ``convention``, ``causal``, ``neg_inf``.
+    ``convention``, ``causal``, ``neg_inf``, ``attach`` (see the module
+    docstring: with it, the arrays are views of the state dict's tensors).
     """
-    family, ours, weights = hf_to_weights(config, state_dict)
+    family, ours, weights = hf_to_weights(config, state_dict, _attach(options))
     if family == "gpt2":
         if rope is not None:
             raise ModelError("rope= applies to Llama models only")
@@ -322,14 +451,19 @@ def from_hf_state_dict(
     return build_llama(ours, weights, tokens, rope=rope, **options)
 
 
+@checked_options(*BUILD_OPTIONS)
 def from_hf(model: Any, tokens: Any = None, **options: Any) -> Circuit:
     """A circuit equal to an in-memory ``GPT2LMHeadModel`` or ``LlamaForCausalLM``.
 
     ``tokens``: an int tensor ``[S+1]`` or ``[B,S+1]`` (inputs all but the
-    last, targets all but the first), or None with ``seq_len=`` (and
+    last, targets all but the first; copied), or None with ``seq_len=`` (and
     ``batch_size=``) for a placeholder.  Other options as in the builders:
-    ``convention="golden"``, ``causal``, ``neg_inf``.  The root is the per-token
-    loss ``'t.loss'``; the logits are ``'t.call'``.
+    ``convention="golden"``, ``causal``, ``neg_inf``, and ``attach=True`` to
+    make every weight array a view of the model's parameter, so that a
+    backward pass through the circuit fills ``model.parameters()``'s
+    ``.grad`` (rebuild the circuit after an optimizer step: see the module
+    docstring).  The root is the per-token loss ``'t.loss'``; the logits are
+    ``'t.call'``.
     """
     config = getattr(model, "config", None)
     if config is None or not hasattr(model, "state_dict"):
@@ -347,46 +481,126 @@ def from_hf(model: Any, tokens: Any = None, **options: Any) -> Circuit:
         if seq is not None and rotary is not None:
             dtype = model.get_input_embeddings().weight.dtype
             rope = _hf_rope_tables(rotary, seq, dtype)
-    return from_hf_state_dict(config, model.state_dict(), tokens, rope=rope, **options)
+    state = model.state_dict(keep_vars=_attach(options))
+    return from_hf_state_dict(config, state, tokens, rope=rope, **options)
+
+
+# ------------------------------------------------------------- checkpoints
+
+
+def _read_json(path: Path) -> Any:
+    """A JSON file's value, or a ModelError naming the file and what is wrong with it."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ModelError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from error
+    except OSError as error:
+        raise ModelError(f"{path}: cannot be read ({error.strerror or error})") from error
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ModelError(f"{path}: not valid JSON ({error})") from error
+
+
+def _index_shards(index: Path, directory: Path) -> dict[str, list[str]]:
+    """Shard file -> the tensor names ``model.safetensors.index.json`` puts in it.
+
+    Every shard must be a file inside ``directory`` (after following
+    symlinks): an index is data, and must not make us read another
+    checkpoint's weights (``../other/model.safetensors``) or any other file.
+    """
+    value = _read_json(index)
+    weight_map = value.get("weight_map") if isinstance(value, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        what = "not a JSON object" if not isinstance(value, dict) else f"'weight_map' is {shown(repr(weight_map))}"
+        raise ModelError(f"{index}: {what}; expected {{\"weight_map\": {{tensor name: shard file, ...}}}}")
+    shards: dict[str, list[str]] = {}
+    for key, name in weight_map.items():
+        if not isinstance(name, str):
+            raise ModelError(f"{index}: weight_map[{shown(repr(key))}] is {shown(repr(name))}, not a file name")
+        shards.setdefault(name, []).append(key)
+    root = directory.resolve()
+    for name in shards:
+        path = directory / name
+        if Path(name).is_absolute() or not path.resolve().is_relative_to(root):
+            raise ModelError(
+                f"{index}: shard {shown(repr(name))} is outside the checkpoint directory {directory} "
+                "(an absolute path, '..' or a symlink leading out); refused"
+            )
+        if not path.is_file():
+            raise ModelError(f"{index}: names shard {shown(repr(name))}, which is missing from {directory}")
+    return shards
+
+
+def _read_safetensors(
+    directory: Path, names: list[str], index: Path | None = None, shards: Mapping[str, list[str]] = {}
+) -> dict[str, torch.Tensor]:
+    """Every tensor of the files; a name in two files, or missing from the shard the index names, is refused."""
+    from safetensors.torch import load_file
+
+    state: dict[str, torch.Tensor] = {}
+    origin: dict[str, Path] = {}
+    for name in names:
+        path = directory / name
+        try:
+            tensors = load_file(str(path))
+        except Exception as error:  # SafetensorError, OSError: truncated, garbage, unreadable
+            raise ModelError(f"{path}: not a readable safetensors file ({shown(str(error))})") from error
+        for key in shards.get(name, ()):
+            if key not in tensors:
+                raise ModelError(f"{index}: puts {shown(repr(key))} in {shown(name)}, which has no such tensor")
+        for key in tensors:
+            if key in origin:
+                raise ModelError(f"{path} and {origin[key]} both hold {shown(repr(key))}: which one is meant?")
+            origin[key] = path
+        state.update(tensors)
+    return state
 
 
 def _read_checkpoint_tensors(directory: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
     index = directory / "model.safetensors.index.json"
     if index.exists():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    else:
-        files = sorted(p.name for p in directory.glob("*.safetensors"))
+        shards = _index_shards(index, directory)
+        return _read_safetensors(directory, sorted(shards), index, shards)
+    files = sorted(path.name for path in directory.glob("*.safetensors"))
     if files:
-        state: dict[str, torch.Tensor] = {}
-        for name in files:
-            state.update(load_file(str(directory / name)))
-        return state
+        return _read_safetensors(directory, files)
     bin_file = directory / "pytorch_model.bin"
     if bin_file.exists():
-        return torch.load(bin_file, map_location="cpu", weights_only=True)
+        try:
+            state = torch.load(bin_file, map_location="cpu", weights_only=True)
+        except Exception as error:  # unpickling errors of every kind
+            raise ModelError(f"{bin_file}: not a readable torch state dict ({shown(str(error))})") from error
+        if not isinstance(state, Mapping):
+            raise ModelError(f"{bin_file}: holds a {type(state).__name__}, not a state dict")
+        return dict(state)
     raise ModelError(
         f"{directory} has no weights: expected model.safetensors, sharded *.safetensors with "
         "model.safetensors.index.json, or pytorch_model.bin"
     )
 
 
+@checked_options(*(option for option in BUILD_OPTIONS if option != "attach"))
 def load_hf_checkpoint(path: str | os.PathLike, tokens: Any = None, **options: Any) -> Circuit:
     """A circuit from a local Hugging Face checkpoint directory (``config.json`` + safetensors).
 
-    Options as in ``from_hf``.  ``transformers`` is not needed (except for
-    Llama checkpoints with a scaled rotary variant).
+    Options as in ``from_hf`` (but ``attach``: the weights read are the
+    circuit's own).  ``transformers`` is not needed (except for Llama
+    checkpoints with a scaled rotary variant).  A broken ``config.json``,
+    weights file or shard index is a ``ModelError`` naming the file; shards
+    the index names outside the directory are refused.
     """
     directory = Path(path)
     config_file = directory / "config.json"
     if not config_file.is_file():
         raise ModelError(f"{directory} is not a checkpoint directory: no config.json")
+    config = _read_json(config_file)
+    if not isinstance(config, dict):
+        raise ModelError(f"{config_file}: not a JSON object of config fields (it holds {shown(repr(config), 60)})")
     try:
-        config = json.loads(config_file.read_text())
-    except json.JSONDecodeError as error:
-        raise ModelError(f"{config_file} is not valid JSON: {error}") from None
-    _model_type(config)
+        _config_for(config)
+    except ModelError as error:
+        raise ModelError(f"{config_file}: {error}") from error
     return from_hf_state_dict(config, _read_checkpoint_tensors(directory), tokens, **options)
 
 
@@ -429,21 +643,67 @@ TRANSFORMER_LENS_KEYS = {
 _TL_IGNORED = re.compile(r"(.*\.)?(hook_[\w.]*|mask|IGNORE)$")
 
 
-def _tl_dims(state: Mapping[str, Any]) -> dict[str, int]:
-    required = ("embed.W_E", "pos_embed.W_pos", "blocks.0.attn.W_Q")
-    missing = [k for k in required if k not in state]
+def _tl_dims(state: Mapping[str, Any], family: str) -> dict[str, int]:
+    """The dimensions read off the tensors (``V d P H c L``, and ``M`` for GPT-2)."""
+    if not isinstance(state, Mapping) or not all(isinstance(k, str) for k in state):
+        raise ModelError(f"from_transformer_lens needs a state dict (str keys to tensors), got {type(state).__name__}")
+    ranks = {"embed.W_E": 2, "pos_embed.W_pos": 2, "blocks.0.attn.W_Q": 3}
+    if family == "gpt2":
+        ranks["blocks.0.mlp.W_in"] = 2
+    missing = [k for k in ranks if k not in state]
     if missing:
+        hint = "; an attention-only model? use family='attn_only'" if missing == ["blocks.0.mlp.W_in"] else ""
         raise ModelError(
-            f"TransformerLens state dict: missing {', '.join(repr(k) for k in missing)}, needed to read the "
-            f"model's dimensions; accepted keys: {', '.join(f'{k} {s}' for k, s in TRANSFORMER_LENS_KEYS.items())}"
+            f"TransformerLens {family}: missing {', '.join(repr(k) for k in missing)}, needed to read the "
+            f"model's dimensions{hint}; accepted keys: "
+            f"{', '.join(f'{k} {s}' for k, s in TRANSFORMER_LENS_KEYS.items())}"
         )
-    vocab, d_model = state["embed.W_E"].shape
-    n_ctx = state["pos_embed.W_pos"].shape[0]
-    heads, _, d_head = state["blocks.0.attn.W_Q"].shape
-    layers = 1 + max(int(m.group(1)) for k in state if (m := re.match(r"blocks\.(\d+)\.", k)))
-    return {"V": vocab, "d": d_model, "P": n_ctx, "H": heads, "c": d_head, "L": layers}
+    for key, rank in ranks.items():
+        if not isinstance(state[key], torch.Tensor) or state[key].ndim != rank:
+            shape = list(state[key].shape) if isinstance(state[key], torch.Tensor) else type(state[key]).__name__
+            raise ModelError(f"TransformerLens {family}: {key!r} is {shape}, expected {TRANSFORMER_LENS_KEYS[key]}")
+    dims = dict(zip("Vd", state["embed.W_E"].shape))
+    dims["P"] = state["pos_embed.W_pos"].shape[0]
+    dims["H"], _, dims["c"] = state["blocks.0.attn.W_Q"].shape
+    dims["L"] = 1 + max(int(m.group(1)) for k in state if (m := re.match(r"blocks\.(\d+)\.", k)))
+    dims["M"] = state["blocks.0.mlp.W_in"].shape[-1] if family == "gpt2" else 0
+    return dims
 
 
+def _tl_layer(r: _Reader, out: dict[str, Any], family: str, layer: int, dims: Mapping[str, int]) -> list[str]:
+    """One block's weights into ``out`` (builder names); returns the attention biases that are not zero
+    (the attention-only builder has none)."""
+    d, H, c, M = dims["d"], dims["H"], dims["c"], dims["M"]
+    p = f"blocks.{layer}."
+    nonzero = []
+    out[f"a{layer}.ln.w.scale"] = r.take(p + "ln1.w", (d,))
+    out[f"a{layer}.ln.w.bias"] = r.take(p + "ln1.b", (d,))
+    for which in "qkv":
+        weight = r.take(p + f"attn.W_{which.upper()}", (H, d, c))
+        out[f"a{layer}.w.{which}"] = None if weight is None else weight.transpose(1, 2)
+        bias = r.take(p + f"attn.b_{which.upper()}", (H, c), optional=family == "attn_only")
+        if family == "gpt2":
+            out[f"a{layer}.w.{which}_bias"] = None if bias is None else bias.reshape(H, 1, c)
+        elif bias is not None and bool(bias.any()):
+            nonzero.append(p + f"attn.b_{which.upper()}")
+    w_o = r.take(p + "attn.W_O", (H, c, d))
+    out[f"a{layer}.w.o"] = None if w_o is None else w_o.transpose(1, 2)
+    b_o = r.take(p + "attn.b_O", (d,), optional=family == "attn_only")
+    if family != "gpt2":
+        return nonzero + ([p + "attn.b_O"] if b_o is not None and bool(b_o.any()) else [])
+    out[f"a{layer}.w.o_bias"] = b_o
+    out[f"m{layer}.ln.w.scale"] = r.take(p + "ln2.w", (d,))
+    out[f"m{layer}.ln.w.bias"] = r.take(p + "ln2.b", (d,))
+    w_in = r.take(p + "mlp.W_in", (d, M))
+    out[f"m{layer}.w.proj_in"] = None if w_in is None else w_in.T
+    out[f"m{layer}.w.in_bias"] = r.take(p + "mlp.b_in", (M,))
+    w_out = r.take(p + "mlp.W_out", (M, d))
+    out[f"m{layer}.w.proj_out"] = None if w_out is None else w_out.T
+    out[f"m{layer}.w.out_bias"] = r.take(p + "mlp.b_out", (d,))
+    return nonzero
+
+
+@checked_options(*BUILD_OPTIONS)
 def from_transformer_lens(
     state_dict: Mapping[str, Any],
     tokens: Any = None,
@@ -460,52 +720,19 @@ def from_transformer_lens(
     are read off the tensors; ``ln_eps`` and ``act`` (GPT-2's MLP activation)
     are not in a state dict, so give them if they differ from the defaults.
     Accepted keys and shapes: ``TRANSFORMER_LENS_KEYS``.  Other options as in
-    the builders.
+    the builders; with ``attach=True`` the arrays are views of the state
+    dict's tensors (pass ``model.state_dict(keep_vars=True)`` for gradients).
     """
     if family not in ("gpt2", "attn_only"):
-        raise ModelError(f"from_transformer_lens: family {family!r} is not 'gpt2' or 'attn_only'")
-    if not isinstance(state_dict, Mapping):
-        raise ModelError(f"from_transformer_lens needs a state dict (a mapping), got {type(state_dict).__name__}")
-    dims = _tl_dims(state_dict)
+        raise ModelError(f"from_transformer_lens: family {shown(repr(family))} is not 'gpt2' or 'attn_only'")
+    dims = _tl_dims(state_dict, family)
     V, d, P, H, c, L = (dims[k] for k in "VdPHcL")
-    r = _Reader(f"TransformerLens {family}", state_dict)
+    r = _Reader(f"TransformerLens {family}", state_dict, _attach(options))
     out: dict[str, Any] = {
         "t.w.tok_embeds": r.take("embed.W_E", (V, d)),
         "t.w.pos_embeds": r.take("pos_embed.W_pos", (P, d)),
     }
-    d_mlp = None
-    if family == "gpt2":
-        if "blocks.0.mlp.W_in" not in state_dict:
-            raise ModelError("TransformerLens gpt2: no 'blocks.0.mlp.W_in' [d,M]; an attention-only model? use family='attn_only'")
-        d_mlp = state_dict["blocks.0.mlp.W_in"].shape[-1]
-    nonzero_biases = []
-    for layer in range(L):
-        p = f"blocks.{layer}."
-        out[f"a{layer}.ln.w.scale"] = r.take(p + "ln1.w", (d,))
-        out[f"a{layer}.ln.w.bias"] = r.take(p + "ln1.b", (d,))
-        for which in "qkv":
-            weight = r.take(p + f"attn.W_{which.upper()}", (H, d, c))
-            out[f"a{layer}.w.{which}"] = None if weight is None else weight.transpose(1, 2)
-            bias = r.take(p + f"attn.b_{which.upper()}", (H, c), optional=family == "attn_only")
-            if family == "gpt2":
-                out[f"a{layer}.w.{which}_bias"] = None if bias is None else bias.reshape(H, 1, c)
-            elif bias is not None and bool(bias.any()):
-                nonzero_biases.append(p + f"attn.b_{which.upper()}")
-        w_o = r.take(p + "attn.W_O", (H, c, d))
-        out[f"a{layer}.w.o"] = None if w_o is None else w_o.transpose(1, 2)
-        b_o = r.take(p + "attn.b_O", (d,), optional=family == "attn_only")
-        if family == "gpt2":
-            out[f"a{layer}.w.o_bias"] = b_o
-            out[f"m{layer}.ln.w.scale"] = r.take(p + "ln2.w", (d,))
-            out[f"m{layer}.ln.w.bias"] = r.take(p + "ln2.b", (d,))
-            w_in = r.take(p + "mlp.W_in", (d, d_mlp))
-            out[f"m{layer}.w.proj_in"] = None if w_in is None else w_in.T
-            out[f"m{layer}.w.in_bias"] = r.take(p + "mlp.b_in", (d_mlp,))
-            w_out = r.take(p + "mlp.W_out", (d_mlp, d))
-            out[f"m{layer}.w.proj_out"] = None if w_out is None else w_out.T
-            out[f"m{layer}.w.out_bias"] = r.take(p + "mlp.b_out", (d,))
-        elif b_o is not None and bool(b_o.any()):
-            nonzero_biases.append(p + "attn.b_O")
+    nonzero_biases = [key for layer in range(L) for key in _tl_layer(r, out, family, layer, dims)]
     out["final.ln.w.scale"] = r.take("ln_final.w", (d,))
     out["final.ln.w.bias"] = r.take("ln_final.b", (d,))
     w_u = r.take("unembed.W_U", (d, V))
@@ -522,14 +749,14 @@ def from_transformer_lens(
             "TransformerLens attn_only: the attention-only builder has no attention biases, but "
             f"{', '.join(repr(k) for k in nonzero_biases)} are not all zero"
         )
-    weights = {name: _own(t) for name, t in out.items() if t is not None}
+    weights = r.weights(out)
     if family == "gpt2":
-        config = GPT2Config(
-            n_layers=L, n_heads=H, d_model=d, vocab_size=V, n_ctx=P, d_mlp=d_mlp, ln_eps=ln_eps, act=act,
-            tie_word_embeddings=False,
-        )
         if H * c != d:
             raise ModelError(f"TransformerLens gpt2: {H} heads x d_head {c} != d_model {d}")
+        config = GPT2Config(
+            n_layers=L, n_heads=H, d_model=d, vocab_size=V, n_ctx=P, d_mlp=dims["M"], ln_eps=ln_eps, act=act,
+            tie_word_embeddings=False,
+        )
         return build_gpt2(config, weights, tokens, **options)
     config = AttnOnlyConfig(n_layers=L, n_heads=H, d_model=d, d_head=c, vocab_size=V, n_ctx=P, ln_eps=ln_eps)
     return build_attn_only(config, weights, tokens, **options)
