@@ -8,7 +8,10 @@
 canonical form.  A mistake in the file is one message on stderr,
 ``FILE:LINE: what is wrong`` followed by the line itself (``FILE: what is
 wrong`` when no line is at fault: a missing file, say), and exit status 1;
-usage mistakes exit with status 2 (argparse's convention).  No traceback.
+usage mistakes exit with status 2 (argparse's convention).  No traceback,
+and nothing from the file reaches the terminal unescaped or uncut (see
+``circuits.errors.shown``): a binary file read by mistake cannot flood it or
+send it escape sequences.
 """
 
 from __future__ import annotations
@@ -16,12 +19,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
-from circuits.errors import CircuitError, ParseError
+from circuits.errors import SHOWN_CHARACTERS, CircuitError, ParseError, StoreError, shown
 
 EXIT_FILE_ERROR = 1
+#: How much of an error message is written: its own words, with what it quotes
+#: from the file (a line, a name) cut by ``shown``, never megabytes of input.
+MESSAGE_CHARACTERS = 4 * SHOWN_CHARACTERS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,28 +81,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _print_command(args: argparse.Namespace) -> int:
     from circuits.parsing import parse_many
     from circuits.printing import repr_many
-    from circuits.saving import load_many
+    from circuits.saving import load_many, read_text
 
-    shown = "<stdin>" if args.file == "-" else args.file
+    source = "<stdin>" if args.file == "-" else shown(args.file)
     try:
-        roots = parse_many(sys.stdin.read()) if args.file == "-" else load_many(args.file)
+        if args.file == "-":
+            roots = parse_many(read_text(getattr(sys.stdin, "buffer", sys.stdin), "<stdin>"))
+        else:
+            roots = load_many(args.file)
         text = repr_many(roots, depth=args.depth, shapes=args.shapes, serials=args.serials)
     except ParseError as error:
-        where = f"{shown}:{error.line_number}" if error.line_number is not None else shown
-        detail = f"\n    {error.line}" if error.line is not None else ""
-        return _fail(f"{where}: {error.message}{detail}")
-    except FileNotFoundError:
-        return _fail(f"{shown}: no such file")
-    except IsADirectoryError:
-        return _fail(f"{shown}: is a directory, not a circuit file")
-    except UnicodeDecodeError as error:
-        return _fail(f"{shown}: not UTF-8 text ({error.reason} at byte {error.start})")
-    except OSError as error:
-        return _fail(f"{shown}: {error.strerror or error}")
+        where = f"{source}:{error.line_number}" if error.line_number is not None else source
+        detail = f"\n    {shown(error.line)}" if error.line is not None else ""
+        return _fail(f"{where}: {shown(error.message, MESSAGE_CHARACTERS)}{detail}")
+    except StoreError as error:  # names its file, and the line if one is at fault
+        return _fail(shown(str(error), MESSAGE_CHARACTERS))
     except CircuitError as error:
-        return _fail(f"{shown}: {error}")
+        return _fail(f"{source}: {shown(str(error), MESSAGE_CHARACTERS)}")
     if not roots:
-        return _fail(f"{shown}: no circuit in it (the file is empty or all comments)")
+        return _fail(f"{source}: no circuit in it (the file is empty or all comments)")
     print(text)
     return 0
 

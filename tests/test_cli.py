@@ -16,10 +16,10 @@ from circuits.cli import main
 GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "golden" / "attn_only_2l.circ"
 
 
-def _run(*args: str) -> subprocess.CompletedProcess:
+def _run(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
     """``python -m circuits ARGS`` in a subprocess, as a user would run the console script."""
     return subprocess.run(
-        [sys.executable, "-m", "circuits", *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "circuits", *args], input=stdin, capture_output=True, timeout=120, check=False
     )
 
 
@@ -35,7 +35,7 @@ def test_print_a_saved_file_in_a_subprocess(saved):
     path, circuit = saved
     result = _run("print", str(path))
     assert result.returncode == 0, result.stderr
-    assert result.stdout == circuit.repr() + "\n" and result.stderr == ""
+    assert result.stdout.decode() == circuit.repr() + "\n" and result.stderr == b""
 
 
 def test_print_options(saved, capsys):
@@ -61,9 +61,9 @@ def test_bad_file_is_one_message_with_its_line(tmp_path):
     bad.write_text("'a' Add\n  'x' [3] Array 0123456789abcdef01234567\n  'y' Einsum ab,->ab\n")
     result = _run("print", str(bad))
     assert result.returncode == 1
-    assert result.stdout == ""
-    assert "Traceback" not in result.stderr
-    first, *rest = result.stderr.rstrip("\n").split("\n")
+    assert result.stdout == b""
+    assert b"Traceback" not in result.stderr
+    first, *rest = result.stderr.decode().rstrip("\n").split("\n")
     assert first.startswith(f"{bad}:3: ")
     assert rest == ["      'y' Einsum ab,->ab"]  # the offending line, as written, indented
 
@@ -86,7 +86,7 @@ def test_parse_errors_report_file_and_line(tmp_path, capsys, text, line):
 
 
 def test_missing_tensor_in_the_store_reports_its_line(saved, capsys):
-    path, circuit = saved
+    path, _ = saved
     for tensor in (path.parent / "p.tensors").glob("*.safetensors"):
         tensor.unlink()
     assert main(["print", str(path)]) == 1
@@ -94,33 +94,94 @@ def test_missing_tensor_in_the_store_reports_its_line(saved, capsys):
     assert err.startswith(f"{path}:") and "no tensor with hash prefix" in err
 
 
-def test_missing_file_directory_and_binary(tmp_path):
+def test_missing_file_directory_and_binary(tmp_path, capsys):
     result = _run("print", str(tmp_path / "nothing.circ"))
-    assert result.returncode == 1 and "Traceback" not in result.stderr
-    assert result.stderr.strip() == f"{tmp_path / 'nothing.circ'}: no such file"
+    assert result.returncode == 1 and b"Traceback" not in result.stderr
+    assert result.stderr.decode().strip() == f"{tmp_path / 'nothing.circ'}: no such file"
     assert main(["print", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == f"{tmp_path}: is a directory, not a circuit file\n"
     empty = tmp_path / "empty.circ"
     empty.write_text("# nothing here\n")
     assert main(["print", str(empty)]) == 1
+    assert capsys.readouterr().err.startswith(f"{empty}: no circuit in it")
     binary = tmp_path / "b.circ"
-    binary.write_bytes(b"\xff\xfe\x00garbage")
+    binary.write_bytes(b"'a' Add\n\xff\xfe\x00garbage")
     assert main(["print", str(binary)]) == 1
+    assert capsys.readouterr().err == f"{binary}:2: not UTF-8 text (invalid start byte at column 1)\n"
+
+
+def _stdin(data: bytes) -> io.TextIOWrapper:
+    """Standard input as Python gives it: text over a binary buffer, which ``print -`` reads."""
+    return io.TextIOWrapper(io.BytesIO(data))
 
 
 def test_stdin(saved, capsys, monkeypatch):
     path, circuit = saved
-    monkeypatch.setattr(sys, "stdin", io.StringIO(path.read_text()))
+    monkeypatch.setattr(sys, "stdin", _stdin(path.read_bytes()))
     assert main(["print", "-", "--depth", "0"]) == 0
     assert capsys.readouterr().out == circuit.repr(depth=0) + "\n"
-    monkeypatch.setattr(sys, "stdin", io.StringIO("'a' Add\n\t'b' Add"))
+    monkeypatch.setattr(sys, "stdin", _stdin(b"'a' Add\n\t'b' Add"))
     assert main(["print", "-"]) == 1
     assert capsys.readouterr().err.startswith("<stdin>:2: ")
+    monkeypatch.setattr(sys, "stdin", io.StringIO(path.read_text()))  # a text stream will do too
+    assert main(["print", "-"]) == 0
+    assert capsys.readouterr().out == circuit.repr() + "\n"
+
+
+def test_byte_order_mark_and_crlf_in_a_file_and_on_stdin(saved, capsys, monkeypatch):
+    path, circuit = saved
+    windows = b"\xef\xbb\xbf" + path.read_bytes().replace(b"\n", b"\r\n")
+    path.write_bytes(windows)
+    assert main(["print", str(path)]) == 0
+    assert capsys.readouterr().out == circuit.repr() + "\n"
+    monkeypatch.setattr(sys, "stdin", _stdin(windows))
+    assert main(["print", "-"]) == 0
+    assert capsys.readouterr().out == circuit.repr() + "\n"
+
+
+# ------------------------------------------------------------ nothing raw or huge reaches the terminal
+
+
+def test_dev_zero_is_refused_at_its_first_line():
+    result = _run("print", "/dev/zero")
+    assert result.returncode == 1 and result.stdout == b""
+    assert result.stderr.decode() == (
+        "/dev/zero:1: the line is longer than 1048576 characters: not a circuit file? "
+        "(the limit is circuits.saving.MAX_LINE_CHARACTERS)\n"
+    )
+    piped = _run("print", "-", stdin=bytes(3 << 20))
+    assert piped.returncode == 1 and piped.stderr.decode().startswith("<stdin>:1: the line is longer")
+
+
+def test_terminal_escapes_in_a_file_are_shown_escaped(tmp_path):
+    bad = tmp_path / "ansi.circ"
+    bad.write_bytes(b"'a' Add\n  '\x1b[2J\x1b]0;owned\x07' Frobnicate\n")
+    result = _run("print", str(bad))
+    assert result.returncode == 1
+    err = result.stderr.decode()
+    assert "\x1b" not in err and "\x07" not in err
+    assert err.startswith(f"{bad}:2: unknown variant 'Frobnicate'")
+    assert err.endswith("\n      '\\x1b[2J\\x1b]0;owned\\x07' Frobnicate\n")
+
+
+@pytest.mark.parametrize("line", ["x" * 1_000_000, "'a' " + "X" * 1_000_000, "'a' Add\n  '" + "é" * 1_000_000])
+def test_a_megabyte_line_is_cut_in_the_message(tmp_path, capsys, line):
+    bad = tmp_path / "big.circ"
+    bad.write_text(line)  # no newline at the end
+    assert main(["print", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"{bad}:") and len(err) < 2000 and "more characters)" in err
+
+
+def test_a_file_name_with_escapes_is_shown_escaped(tmp_path, capsys):
+    assert main(["print", str(tmp_path / "\x1b[31mred.circ")]) == 1
+    assert capsys.readouterr().err == f"{tmp_path}/\\x1b[31mred.circ: no such file\n"
 
 
 def test_help(capsys):
     result = _run("--help")
     assert result.returncode == 0
-    assert "print" in result.stdout and "demo" in result.stdout
+    assert b"print" in result.stdout and b"demo" in result.stdout
     for command, expected in [("print", "--depth"), ("demo", "--block-len")]:
         with pytest.raises(SystemExit) as caught:
             main([command, "--help"])

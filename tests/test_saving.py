@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import errno
+import io
+import os
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 
 import circuits as cc
 import circuits.models as cm
-from circuits.saving import store_path
+from circuits import saving
+from circuits.saving import read_text, store_path
 
 SMALL = cm.AttnOnlyConfig(n_layers=2, n_heads=3, d_model=12, d_head=4, vocab_size=23, n_ctx=16)
 
@@ -32,7 +39,7 @@ def test_round_trip_with_weights_evaluates_identically(tmp_path):
     assert arrays and all(a.is_loaded for a in arrays)
     assert torch.equal(loaded.evaluate(), circuit.evaluate())
     # a rewrite of the loaded circuit behaves like one of the original
-    ablate = lambda n: cc.Scalar(0.0, shape=n.shape)  # noqa: E731
+    ablate = lambda n: cc.Scalar(0.0, shape=n.shape)
     assert torch.equal(
         loaded.update("b1.a.head0", ablate).evaluate(), circuit.update("b1.a.head0", ablate).evaluate()
     )
@@ -102,6 +109,149 @@ def test_missing_tensor_in_the_store_names_the_line(tmp_path):
     assert caught.value.line_number == 3 and "'q'" in caught.value.line
 
 
-def test_missing_file(tmp_path):
-    with pytest.raises(FileNotFoundError):
+def test_mmap_loads_the_same_circuit(tmp_path):
+    x = cc.Array(torch.randn(3, 4), name="x")
+    circuit = cc.Einsum.from_einsum_string("ab,b->a", x, cc.Array(torch.randn(4), name="v"), name="y")
+    path = cc.save(circuit, tmp_path / "model.circ")
+    loaded = cc.load(path, mmap=True)
+    assert loaded == circuit and torch.equal(loaded.evaluate(), circuit.evaluate())
+    assert cc.load_many(path, mmap=True) == [circuit]
+
+
+# ------------------------------------------------------------ typed errors naming the path
+
+
+def test_load_of_a_missing_file(tmp_path):
+    with pytest.raises(cc.StoreError, match="no such file") as caught:
         cc.load(tmp_path / "nothing.circ")
+    assert str(tmp_path / "nothing.circ") in str(caught.value)
+    assert isinstance(caught.value.__cause__, FileNotFoundError)
+
+
+def test_load_of_a_directory(tmp_path):
+    (tmp_path / "dir.circ").mkdir()
+    with pytest.raises(cc.StoreError, match="is a directory") as caught:
+        cc.load(tmp_path / "dir.circ")
+    assert str(tmp_path / "dir.circ") in str(caught.value)
+    assert isinstance(caught.value.__cause__, IsADirectoryError)
+
+
+def test_load_of_a_file_that_is_not_utf8(tmp_path):
+    path = tmp_path / "latin1.circ"
+    path.write_bytes("'a' Add\n  'caf\xe9' [] Scalar 1\n".encode("latin-1"))
+    with pytest.raises(cc.StoreError) as caught:
+        cc.load(path)
+    assert str(caught.value).startswith(f"{path}:2: not UTF-8 text")
+    assert "column 7" in str(caught.value)
+    assert isinstance(caught.value.__cause__, UnicodeDecodeError)
+
+
+def test_load_with_a_store_that_is_a_regular_file(tmp_path):
+    path = cc.save(cc.Array(torch.ones(2), name="a"), tmp_path / "m.circ")
+    shutil.rmtree(tmp_path / "m.tensors")
+    (tmp_path / "m.tensors").write_text("a file, not a store")
+    with pytest.raises(cc.StoreError, match="is not a directory") as caught:
+        cc.load(path)
+    assert str(tmp_path / "m.tensors") in str(caught.value)
+
+
+def test_load_with_a_garbage_store_file(tmp_path):
+    path = cc.save(cc.Array(torch.ones(2), name="a"), tmp_path / "m.circ")
+    (tensor_file,) = (tmp_path / "m.tensors").iterdir()
+    tensor_file.write_bytes(b"\x00" * 100)
+    with pytest.raises(cc.ParseError) as caught:
+        cc.load(path)
+    assert caught.value.line_number == 1 and str(tensor_file) in caught.value.message
+    assert isinstance(caught.value.__cause__, cc.StoreError)
+
+
+@pytest.mark.parametrize("code", [errno.EACCES, errno.EROFS])
+def test_save_into_a_read_only_directory(tmp_path, monkeypatch, code):
+    """As root nothing is read-only, so the OS calls that create files and directories refuse."""
+    path = tmp_path / "m.circ"
+    cc.save(cc.Array(torch.ones(2), name="a"), path)
+    before = path.read_bytes()
+    real_open = os.open
+
+    def refuse_open(target, flags, *args, **kwargs):
+        if flags & os.O_CREAT and Path(target).parent == tmp_path:
+            raise OSError(code, os.strerror(code), str(target))
+        return real_open(target, flags, *args, **kwargs)
+
+    def refuse_mkdir(target, *args, **kwargs):
+        raise OSError(code, os.strerror(code), str(target))
+
+    monkeypatch.setattr(os, "open", refuse_open)
+    monkeypatch.setattr(os, "mkdir", refuse_mkdir)
+    with pytest.raises(cc.StoreError, match=os.strerror(code)) as caught:  # the text, the store exists
+        cc.save(cc.Array(torch.zeros(2), name="b"), path)
+    assert str(path) in str(caught.value) and caught.value.__cause__.errno == code
+    assert path.read_bytes() == before
+    with pytest.raises(cc.StoreError, match="cannot create the tensor store") as caught:  # a new store
+        cc.save(cc.Array(torch.zeros(2), name="b"), tmp_path / "new.circ")
+    assert str(tmp_path / "new.tensors") in str(caught.value) and caught.value.__cause__.errno == code
+
+
+def test_save_where_the_store_is_a_regular_file(tmp_path):
+    (tmp_path / "m.tensors").write_text("a file")
+    with pytest.raises(cc.StoreError, match="is not a directory") as caught:
+        cc.save(cc.Array(torch.ones(2), name="a"), tmp_path / "m.circ")
+    assert str(tmp_path / "m.tensors") in str(caught.value)
+    assert not (tmp_path / "m.circ").exists()
+
+
+def test_save_under_a_regular_file(tmp_path):
+    (tmp_path / "file").write_text("a file")
+    with pytest.raises(cc.StoreError) as caught:
+        cc.save(cc.Array(torch.ones(2), name="a"), tmp_path / "file" / "m.circ")
+    assert str(tmp_path / "file" / "m.tensors") in str(caught.value)
+    assert isinstance(caught.value.__cause__, NotADirectoryError)
+
+
+def test_save_of_a_name_utf8_cannot_encode(tmp_path):
+    bad = cc.Add(cc.Array(torch.ones(2), name="x"), name="head\ud800\x1b[2J")
+    with pytest.raises(cc.StoreError) as caught:
+        cc.save(bad, tmp_path / "m.circ")
+    message = str(caught.value)
+    assert "'head\\ud800\\x1b[2J' Add" in message and str(tmp_path / "m.circ") in message
+    assert "\x1b" not in message and "\ud800" not in message
+    assert isinstance(caught.value.__cause__, UnicodeEncodeError)
+    assert os.listdir(tmp_path) == []  # refused before anything was written
+
+
+# ------------------------------------------------------------ reading text
+
+
+def test_byte_order_mark_and_crlf_are_accepted(tmp_path):
+    circuit = cc.Add(cc.Array(torch.arange(3.0), name="w"), cc.Scalar(1.0), name="out")
+    path = cc.save(circuit, tmp_path / "m.circ")
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes().replace(b"\n", b"\r\n"))
+    loaded = cc.load(path)
+    assert loaded == circuit and torch.equal(loaded.evaluate(), circuit.evaluate())
+    assert read_text(path) == circuit.repr() + "\n"
+
+
+def test_a_name_with_a_carriage_return_survives_a_file(tmp_path):
+    circuit = cc.Add(cc.Array(torch.ones(2), name="a\rb"), name="c\r\nd")
+    assert cc.load(cc.save(circuit, tmp_path / "m.circ")) == circuit
+
+
+def test_read_text_bounds_each_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(saving, "MAX_LINE_CHARACTERS", 10)
+    path = tmp_path / "long.circ"
+    path.write_text("'a' Add\n  'b' Add\n" + "x" * 11)
+    with pytest.raises(cc.StoreError) as caught:
+        read_text(path)
+    assert str(caught.value).startswith(f"{path}:3: the line is longer than 10 characters")
+    path.write_text("'a' Add\n" + "x" * 10 + "\n" + "y" * 10)  # exactly the limit, with and without newline
+    assert read_text(path) == "'a' Add\n" + "x" * 10 + "\n" + "y" * 10
+
+
+def test_read_text_from_streams():
+    data = "\ufeff'a' Add\r\n  'b' Add\r\n".encode()
+    stream = io.BytesIO(data)
+    assert read_text(stream, "<bytes>") == "'a' Add\n  'b' Add\n"
+    assert not stream.closed  # the caller's stream is left open
+    assert read_text(io.StringIO("'a' Add\n")) == "'a' Add\n"
+    with pytest.raises(cc.StoreError, match="^<bytes>:2: not UTF-8"):
+        read_text(io.BytesIO(b"'a' Add\n\xff"), "<bytes>")
