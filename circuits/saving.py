@@ -36,7 +36,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import IO, Union
 
-from circuits.errors import MissingTensorError, StoreError, shown
+from circuits.errors import MissingTensorError, NodeTypeError, StoreError, shown
 from circuits.nodes import Array, Circuit
 from circuits.parsing import parse, parse_many
 from circuits.printing import repr_many
@@ -71,23 +71,24 @@ def save(circuits: Circuit | Iterable[Circuit], path: PathLike) -> Path:
     """Write one circuit (or several, sharing references) and its tensors; return the text's path.
 
     Everything that can be checked is checked before anything is written:
-    every array must have its tensor, or already be in the store (an array
-    parsed without its tensor cannot be saved elsewhere), and the text must
-    encode as UTF-8.  Tensors go first, the text last, so the text never
+    every array must have its tensor, unedited since the array was made, or
+    already be in the store (an array parsed without its tensor cannot be
+    saved elsewhere), and the text must encode as UTF-8.  Tensors go first, the text last, so the text never
     names a tensor that is not on disk.
     """
     roots = [circuits] if isinstance(circuits, Circuit) else list(circuits)
     for position, root in enumerate(roots):
         if not isinstance(root, Circuit):
-            raise TypeError(f"save: root {position} is a {type(root).__name__}, not a circuit")
+            raise NodeTypeError(f"save: root {position} is a {type(root).__name__}, not a circuit")
     path = Path(path)
     tensors = store_path(path)
     arrays = [n for n in unique_nodes(roots) if isinstance(n, Array)]
     _check_tensors_at_hand([n for n in arrays if not n.is_loaded], tensors)
+    at_hand = {n.content_hash: n.tensor() for n in arrays if n.is_loaded}  # refuses one edited in place
     data = _encoded(repr_many(roots) + "\n", path)
     store = TensorStore(tensors)
-    for node in {n.content_hash: n for n in arrays if n.is_loaded}.values():
-        store.save(node.tensor(), node.content_hash)
+    for content_hash, tensor in at_hand.items():
+        store.save(tensor, content_hash)
     remove_dead_temporaries(path.parent, path.name)
     write_atomically(path, data)
     return path
@@ -99,15 +100,17 @@ def _check_tensors_at_hand(missing: Sequence[Array], tensors: Path) -> None:
         return
     existing = TensorStore(tensors) if tensors.is_dir() else None
     for node in missing:
-        try:
-            if existing is None:
-                raise StoreError("no store")
-            existing.resolve(node.content_hash)
-        except StoreError:
-            raise MissingTensorError(
-                f"save: {node.describe()} {list(node.shape)} with hash {node.extra} has no tensor "
-                f"(it was parsed without its store) and {shown(str(tensors))} does not hold it"
-            ) from None
+        cause = None
+        if existing is not None:
+            try:
+                existing.resolve(node.content_hash)
+                continue
+            except StoreError as error:
+                cause = error
+        raise MissingTensorError(
+            f"save: {node.describe()} {list(node.shape)} with hash {node.extra} has no tensor "
+            f"(it was parsed without its store) and {shown(str(tensors))} does not hold it"
+        ) from cause
 
 
 def _encoded(text: str, path: Path) -> bytes:

@@ -112,10 +112,10 @@ class TensorStore:
         if not matches:
             matches = [h for h in self._known_hashes(True) if h.startswith(prefix)]
         if not matches:
-            raise StoreError(f"no tensor with hash prefix {prefix} in {shown(str(self.path))}")
+            raise StoreError(f"no tensor with hash prefix {shown(prefix)} in {shown(str(self.path))}")
         if len(matches) > 1:
             raise StoreError(
-                f"hash prefix {prefix} is ambiguous in {shown(str(self.path))}: matches "
+                f"hash prefix {shown(prefix)} is ambiguous in {shown(str(self.path))}: matches "
                 f"{[shown(h) for h in sorted(matches)[:5]]}"
             )
         return matches[0]

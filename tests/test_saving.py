@@ -255,3 +255,18 @@ def test_read_text_from_streams():
     assert read_text(io.StringIO("'a' Add\n")) == "'a' Add\n"
     with pytest.raises(cc.StoreError, match="^<bytes>:2: not UTF-8"):
         read_text(io.BytesIO(b"'a' Add\n\xff"), "<bytes>")
+
+
+def test_checks_come_before_any_write(tmp_path):
+    fresh = cc.Array(torch.zeros(2), name="fresh")
+    edited = torch.ones(2)
+    stale = cc.Array(edited, name="stale")
+    edited.add_(1)
+    with pytest.raises(cc.StaleTensorError, match="'stale'"):
+        cc.save([fresh, stale], tmp_path / "m.circ")
+    with pytest.raises(cc.NodeTypeError, match="root 1 is a Tensor"):
+        cc.save([fresh, edited], tmp_path / "m.circ")
+    placeholder = cc.parse(fresh.repr())
+    with pytest.raises(cc.MissingTensorError, match="'fresh'"):
+        cc.save(placeholder, tmp_path / "m.circ")
+    assert os.listdir(tmp_path) == []
