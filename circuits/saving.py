@@ -14,7 +14,8 @@ them back: the same circuit, with its weights, evaluating identically.
   ``parse`` does.
 - Saving again to the same path replaces the text; tensors already in the
   store are kept (files are named by content, so they are never stale,
-  only possibly unused).
+  only possibly unused), once read back and found intact: a damaged one
+  is rewritten.
 - ``load`` of a text file without a store beside it (the golden file, say)
   gives arrays that know their shape and hash but have no tensor: they
   print identically and raise ``MissingTensorError`` when evaluated.  With
@@ -129,7 +130,9 @@ def _encoded(text: str, path: Path) -> bytes:
 def load(path: PathLike, mmap: bool = False) -> Circuit:
     """The one circuit saved at ``path``, with its tensors from the store beside it if there is one.
 
-    ``mmap=True`` maps the tensor files rather than reading them (see ``TensorStore``).
+    The tensor files are read into memory.  ``mmap=True`` maps them instead
+    (no copy), but then a store file changed or truncated while the circuit
+    is alive changes its tensors or kills the process with SIGBUS.
     """
     text, store = _read(path, mmap)
     return parse(text, store=store)
