@@ -1,16 +1,40 @@
-"""Shared test fixtures: the golden file lives in ../shared, never copied here."""
+"""Shared test fixtures: the golden file lives in ../shared, never copied here.
+
+Hypothesis profiles, chosen by the environment variable CIRCUITS_HYPOTHESIS_PROFILE:
+``default`` (random exploration, so every local run tries new examples) and
+``ci`` (derandomized: the same examples on every run, no example database, and
+the blob to reproduce any failure printed), which ``.ci/run`` selects.  Neither
+has a deadline or the timing health check, so a slow or loaded machine fails
+nothing.  Torch's global generator is seeded before every test, so tests that
+draw unseeded random tensors are reproducible too.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
-from hypothesis import settings
+import torch
+from hypothesis import HealthCheck, settings
 
 GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "golden" / "attn_only_2l.circ"
 
-settings.register_profile("default", deadline=None)
-settings.load_profile("default")
+settings.register_profile("default", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    deadline=None,
+    database=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get("CIRCUITS_HYPOTHESIS_PROFILE", "default"))
+
+
+@pytest.fixture(autouse=True)
+def _seed_torch():
+    torch.manual_seed(0)
 
 
 @pytest.fixture(scope="session")

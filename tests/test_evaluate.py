@@ -25,6 +25,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from strategies import index_items, seeds, shapes
 from torch.overrides import TorchFunctionMode
 
 import circuits as cc
@@ -34,9 +35,6 @@ EXACT = dict(rtol=0.0, atol=0.0)
 ELEMENTWISE_TOL = {torch.float32: dict(rtol=1e-5, atol=1e-6), torch.float64: dict(rtol=1e-12, atol=1e-12)}
 REDUCTION_TOL = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.float64: dict(rtol=1e-10, atol=1e-10)}
 
-seeds = st.integers(0, 2**31 - 1)
-small_shapes = st.lists(st.integers(1, 4), max_size=3).map(tuple)
-shapes_with_empty = st.lists(st.integers(0, 4), max_size=3).map(tuple)
 
 
 def rand(seed: int, shape, dtype, low=None) -> torch.Tensor:
@@ -58,7 +56,7 @@ def close(actual: torch.Tensor, expected: torch.Tensor, tol) -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @settings(max_examples=15)
-@given(shape=shapes_with_empty, seed=seeds)
+@given(shape=shapes(), seed=seeds)
 def test_array(dtype, shape, seed):
     value = rand(seed, shape, dtype)
     close(cc.Array(value, name="x").evaluate(), value.clone(), EXACT)
@@ -66,7 +64,7 @@ def test_array(dtype, shape, seed):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @settings(max_examples=15)
-@given(shape=shapes_with_empty, value=st.floats(-1e6, 1e6, allow_nan=False, width=32))
+@given(shape=shapes(), value=st.floats(-1e6, 1e6, allow_nan=False, width=32))
 def test_scalar_is_a_full_tensor(dtype, shape, value):
     result = cc.Scalar(value, shape=shape, name="s").evaluate(dtype=dtype)
     expected = torch.empty(shape, dtype=dtype)
@@ -90,7 +88,7 @@ def test_scalar_defaults_to_the_circuits_floating_dtype():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @settings(max_examples=10)
-@given(shape=small_shapes, seed=seeds)
+@given(shape=shapes(min_size=1), seed=seeds)
 def test_symbol_bound_by_name_and_by_node(dtype, shape, seed):
     value = rand(seed, shape, dtype)
     toks = cc.Symbol(shape, name="toks")
@@ -138,7 +136,7 @@ def test_inputs_that_match_no_symbol_are_an_error():
 @settings(max_examples=25)
 @given(data=st.data(), seed=seeds)
 def test_add_broadcasts(dtype, data, seed):
-    out_shape = data.draw(shapes_with_empty)
+    out_shape = data.draw(shapes())
     count = data.draw(st.integers(1, 4))
     operands = []
     for i in range(count):
@@ -261,7 +259,7 @@ def test_every_function_the_library_registers_has_a_reference_here():
 @given(data=st.data(), seed=seeds)
 def test_registered_function(name, dtype, data, seed):
     reference, low, min_rank, tol = REFERENCES[name]
-    shape = data.draw(st.lists(st.integers(1, 5), min_size=min_rank, max_size=3).map(tuple))
+    shape = data.draw(shapes(min_rank, 3, min_size=1, max_size=5))
     value = rand(seed, shape, dtype, low=low)
     if name == "reciprocal":
         value = value * torch.where(rand(seed + 1, shape, dtype) < 0, -1.0, 1.0).to(dtype)
@@ -322,8 +320,8 @@ def gen_index_name(dim, batch_x, batch_index, check):
 @given(data=st.data(), seed=seeds)
 def test_gen_index_variants(dtype, batch_x, batch_index, check, data, seed):
     batch_rank = data.draw(st.integers(1, 2)) if batch_x else 0
-    batch = tuple(data.draw(st.lists(st.integers(1, 3), min_size=batch_rank, max_size=batch_rank)))
-    rest = tuple(data.draw(st.lists(st.integers(1, 3), min_size=1, max_size=3)))
+    batch = data.draw(shapes(batch_rank, batch_rank, min_size=1, max_size=3))
+    rest = data.draw(shapes(1, 3, min_size=1, max_size=3))
     dim = data.draw(st.integers(-len(rest), len(rest) - 1))
     size = rest[dim % len(rest)]
     if batch_x and not batch_index:
@@ -331,7 +329,7 @@ def test_gen_index_variants(dtype, batch_x, batch_index, check, data, seed):
     elif batch_x:
         index_shape = batch
     else:
-        index_shape = tuple(data.draw(st.lists(st.integers(0, 3), max_size=2)))
+        index_shape = data.draw(shapes(max_rank=2, max_size=3))
     low = 0 if check else -size  # unchecked indices wrap negatives, like Python
     generator = torch.Generator().manual_seed(seed)
     index = torch.randint(low, size, index_shape, generator=generator)
@@ -402,21 +400,8 @@ def test_golden_gen_index_uses_on_small_tensors(golden_text):
 
 @st.composite
 def index_cases(draw):
-    shape = tuple(draw(st.lists(st.integers(1, 4), min_size=1, max_size=3)))
-    items = []
-    for size in shape[: draw(st.integers(0, len(shape)))]:
-        kind = draw(st.sampled_from(["int", "slice", "tensor", "tensor"]))
-        if kind == "int":
-            items.append(draw(st.integers(-size, size - 1)))
-        elif kind == "slice":
-            start = draw(st.one_of(st.none(), st.integers(-size, size)))
-            begin = 0 if start is None else start % size if start < 0 else start
-            stops = [s for s in range(-size, size + 1) if (s + size if s < 0 else s) >= begin]
-            stop = draw(st.one_of(st.none(), st.sampled_from(stops)))
-            items.append(slice(start, stop))
-        else:
-            items.append(draw(st.lists(st.integers(-size, size - 1), max_size=4)))
-    return shape, tuple(items)
+    shape = draw(shapes(min_rank=1))
+    return shape, draw(index_items(shape))
 
 
 def index_by_loops(x, items):
@@ -448,9 +433,9 @@ def index_by_loops(x, items):
 def test_index_is_outer_indexing(dtype, case, seed):
     shape, items = case
     x = rand(seed, shape, dtype)
-    node_items = tuple(torch.tensor(i, dtype=torch.int64) if isinstance(i, list) else i for i in items)
-    node = cc.Index(cc.Array(x, name="x"), node_items, name="idx")
-    close(node.evaluate(), index_by_loops(x, items), EXACT)
+    node = cc.Index(cc.Array(x, name="x"), items, name="idx")
+    loop_items = tuple(i.tolist() if isinstance(i, torch.Tensor) else i for i in items)
+    close(node.evaluate(), index_by_loops(x, loop_items), EXACT)
 
 
 def test_two_tensor_indices_pick_axes_independently():
@@ -476,7 +461,7 @@ REARRANGE_CASES = [
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", range(len(REARRANGE_CASES)))
 @settings(max_examples=6)
-@given(shape=st.lists(st.integers(1, 4), min_size=3, max_size=3).map(tuple), seed=seeds)
+@given(shape=shapes(3, 3, min_size=1), seed=seeds)
 def test_rearrange(dtype, case, shape, seed):
     pattern, sizes, reference = REARRANGE_CASES[case]
     x = rand(seed, shape, dtype)
@@ -491,7 +476,7 @@ def test_rearrange(dtype, case, shape, seed):
 @settings(max_examples=25)
 @given(data=st.data(), seed=seeds)
 def test_concat(dtype, data, seed):
-    shape = list(data.draw(st.lists(st.integers(1, 3), min_size=1, max_size=3)))
+    shape = list(data.draw(shapes(1, 3, min_size=1, max_size=3)))
     axis = data.draw(st.integers(-len(shape), len(shape) - 1))
     lengths = data.draw(st.lists(st.integers(0, 3), min_size=1, max_size=4))
     parts = []

@@ -7,6 +7,7 @@ import torch
 from experiments_reference import split_circuit, tokens, weights
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from strategies import seeded_tensor, seeds
 
 import circuits as cc
 from circuits import experiments as ex
@@ -152,7 +153,6 @@ def rewrite(circuit: cc.Circuit, op: str, name: str, seed: int) -> cc.Circuit:
     found = circuit.get(name)
     if not found:
         return circuit
-    generator = torch.Generator().manual_seed(seed)
     if op == "zero":
         return circuit.update(name, lambda n: cc.Scalar(0.0, shape=n.shape, name=n.name))
     if op == "scale":
@@ -167,11 +167,11 @@ def rewrite(circuit: cc.Circuit, op: str, name: str, seed: int) -> cc.Circuit:
     if op == "noise":
         return circuit.update(
             name,
-            lambda n: cc.Add(
-                n, cc.Array(torch.randn(n.shape, generator=generator, dtype=torch.float64)), name=n.name
-            ),
+            lambda n: cc.Add(n, cc.Array(seeded_tensor(n.shape, seed, torch.float64)), name=n.name),
         )
     if op == "tokens":
+        if not any(node.get("toks_int_var") for node in found):
+            return circuit  # nothing below reads the tokens (say, zeroed before): patching it is an error
         return ex.patch(circuit, name, {"toks_int_var": tokens(seed)})
     if op == "weight":
         return circuit.update("a1.w.v", lambda n: cc.Array(n.value + 0.01 * (seed % 5), name=n.name))
@@ -184,7 +184,7 @@ def rewrite(circuit: cc.Circuit, op: str, name: str, seed: int) -> cc.Circuit:
         st.tuples(
             st.sampled_from(["zero", "scale", "noise", "tokens", "weight", "revert"]),
             st.sampled_from(NAMES),
-            st.integers(0, 1000),
+            seeds,
         ),
         min_size=1,
         max_size=8,

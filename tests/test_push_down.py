@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import torch
 from hypothesis import given, settings
-from hypothesis import strategies as st
+from strategies import indexed_circuits
 
 import circuits as cc
 from circuits.passes import push_down_index, push_index
 
-TOL = dict(rtol=1e-10, atol=1e-10)
+TOL = {"rtol": 1e-10, "atol": 1e-10}
 
 
 def arr(*shape, name=None, seed=0):
@@ -38,8 +38,10 @@ def indexed(value: torch.Tensor, items) -> torch.Tensor:
 
 
 def check(node: cc.Index) -> cc.Circuit:
+    """float64 throughout: a circuit of Scalars alone would run in float32, far coarser than TOL."""
     pushed = push_index(node)
-    torch.testing.assert_close(pushed.evaluate(), indexed(node.node.evaluate(), node.index), **TOL)
+    expected = indexed(node.node.evaluate(dtype=torch.float64), node.index)
+    torch.testing.assert_close(pushed.evaluate(dtype=torch.float64), expected, **TOL)
     assert pushed.shape == node.shape
     return pushed
 
@@ -137,44 +139,6 @@ def test_loss_at_one_position_equals_full_loss_there():
 
 
 # ------------------------------------------------------------------ property
-
-
-@st.composite
-def indexed_circuits(draw):
-    """A random small DAG of pushable ops over float64 arrays, with a random Index on top."""
-    nodes = [arr(3, 4, name="p", seed=1), arr(4, name="q", seed=2), arr(3, 4, name="r", seed=3)]
-    for _ in range(draw(st.integers(1, 6))):
-        kind = draw(st.sampled_from(["einsum", "add", "tanh", "softmax", "concat", "rearrange", "index"]))
-        x = draw(st.sampled_from(nodes[-3:]))
-        if x.rank != 2:
-            x = cc.Einsum.from_einsum_string("a,b->ab", arr(3, name="u"), x)  # back to rank 2
-        if kind == "einsum":
-            node = cc.Einsum.from_einsum_string("ab,cb->ac", x, arr(x.shape[1], x.shape[1], name="m"))
-        elif kind == "add":
-            node = cc.Add(x, arr(x.shape[1], name="bias"), cc.Scalar(0.5))
-        elif kind in ("tanh", "softmax"):
-            node = cc.GeneralFunction.new_by_name(x, spec_name=kind)
-        elif kind == "concat":
-            node = cc.Concat(x, x, axis=draw(st.integers(0, 1)))
-        elif kind == "rearrange":
-            node = cc.Rearrange(x, "a b -> b a")
-        else:
-            node = cc.Index(x, (slice(draw(st.integers(0, 1)), None), slice(None)))
-        nodes.append(node)
-    top = nodes[-1]
-    items = []
-    for size in top.shape:
-        choice = draw(st.integers(0, 3))
-        if choice == 0:
-            items.append(draw(st.integers(-size, size - 1)))
-        elif choice == 1:
-            start = draw(st.integers(0, size - 1))
-            items.append(slice(start, draw(st.integers(start + 1, size))))
-        elif choice == 2:
-            items.append(torch.tensor(draw(st.lists(st.integers(0, size - 1), min_size=1, max_size=3))))
-        else:
-            items.append(slice(None))
-    return cc.Index(top, tuple(items))
 
 
 @settings(max_examples=150)
