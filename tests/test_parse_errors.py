@@ -6,8 +6,6 @@ by hand (1-based, blank and comment lines included).
 
 from __future__ import annotations
 
-import contextlib
-import signal
 from pathlib import Path
 
 import pytest
@@ -285,22 +283,6 @@ def test_rearrange_with_unicode_axis_names_reads_back():
 # ----------------------------------------------------------------------- fuzzing
 
 
-@contextlib.contextmanager
-def time_limit(seconds: int):
-    """Fail instead of hanging (SIGALRM; the tests run in the main thread)."""
-
-    def on_alarm(signum, frame):
-        raise TimeoutError(f"parsing took more than {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def _small_circuits() -> list[str]:
     emb = cc.Array(torch.arange(15.0).reshape(5, 3), name="it's \\ #emb")
     toks = cc.Symbol((4,), name="toks\nx")
@@ -353,35 +335,36 @@ def mutated(draw, base_texts):
 
 def check_parse_or_parse_error(text: str):
     """Either parses (and then round-trips) or raises ParseError naming a real line."""
-    with time_limit(10):
-        try:
-            roots = cc.parse_many(text)
-        except cc.ParseError as error:
-            if error.line_number is not None:
-                lines = text.split("\n")
-                assert 1 <= error.line_number <= len(lines)
-                if not error.line.startswith("<"):  # very deep indents are abbreviated
-                    assert error.line == lines[error.line_number - 1]
-            return
-        printed = cc.repr_many(roots)
-        assert cc.parse_many(printed) == roots
-        assert cc.repr_many(cc.parse_many(printed)) == printed
-        try:
-            cc.parse(text)
-        except cc.ParseError as error:
-            assert len(roots) != 1
-            assert len(roots) == 0 or error.line_number is not None
+    try:
+        roots = cc.parse_many(text)
+    except cc.ParseError as error:
+        if error.line_number is not None:
+            lines = text.split("\n")
+            assert 1 <= error.line_number <= len(lines)
+            if not error.line.startswith("<"):  # very deep indents are abbreviated
+                assert error.line == lines[error.line_number - 1]
+        return
+    printed = cc.repr_many(roots)
+    assert cc.parse_many(printed) == roots
+    assert cc.repr_many(cc.parse_many(printed)) == printed
+    try:
+        cc.parse(text)
+    except cc.ParseError as error:
+        assert len(roots) != 1
+        assert len(roots) == 0 or error.line_number is not None
 
 
 FUZZ = settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+@pytest.mark.slow
 @FUZZ
 @given(mutated(SMALL))
 def test_fuzzed_small_circuits_parse_or_raise_parse_error(text):
     check_parse_or_parse_error(text)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(GOLDEN_TEXT is None, reason="needs ../shared/golden")
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mutated([GOLDEN_TEXT or ""]))
