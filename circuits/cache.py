@@ -41,8 +41,15 @@ in calls where Scalars take that dtype.  Not cached:
 The cache assumes that nodes mean what their hash says: a GeneralFunction
 re-registered under the same name with another function, or a tensor
 modified in place after it was put in an Array, makes cached values stale
-(call ``clear()``).  Returned tensors may be the cached values themselves:
-do not modify them in place (``.clone()`` first).
+(call ``clear()``).  A tensor wrapped in an Array and then edited in
+place is caught: torch's version counter of every Array tensor a cached
+value was computed from is recorded, and if one changed the cache is
+cleared before the next call (which then raises ``StaleTensorError`` if the
+circuit still holds that Array).  Returned tensors may be the cached
+values themselves; one that the caller edits in place is noticed by its
+version counter and computed again, never served edited.  Values computed
+under ``torch.inference_mode()`` have no version counter, so for them this
+check cannot be made: do not edit those in place (``.clone()`` first).
 
 The budget: bytes of storage
 ----------------------------
@@ -77,14 +84,27 @@ from __future__ import annotations
 import collections
 import dataclasses
 import sys
+import weakref
 from typing import Any, Callable, Iterable
 
 import torch
 
-from circuits.errors import NodeTypeError
+from circuits.errors import CacheError, NodeTypeError
 from circuits.nodes import Array, Circuit, Scalar, Symbol
 
 __all__ = ["CacheStats", "Evaluator"]
+
+
+def _version(tensor: torch.Tensor) -> int | None:
+    """torch's in-place edit counter; None for inference tensors, which have none (see the docstring)."""
+    return None if tensor.is_inference() else tensor._version
+
+
+def check_cache_bytes(cache_bytes: Any, what: str) -> int:
+    """A cache budget: a non-negative int of bytes (``CacheError`` otherwise)."""
+    if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
+        raise CacheError(f"{what}: cache_bytes must be a non-negative int (bytes), got {cache_bytes!r}")
+    return cache_bytes
 
 
 def _evaluate_module():
@@ -114,11 +134,12 @@ class CacheStats:
 
 
 class _Entry:
-    __slots__ = ("key", "value", "storage", "scalar_dtype", "float_dtype")
+    __slots__ = ("float_dtype", "key", "scalar_dtype", "storage", "value", "version")
 
     def __init__(self, key, value, storage, scalar_dtype, float_dtype):
         self.key = key  # (node hash, call options)
         self.value = value
+        self.version = _version(value)  # a caller editing a returned value in place bumps it
         self.storage = storage  # the storage key charged for this value
         self.scalar_dtype = scalar_dtype  # the Scalars' dtype it was computed with; None: no Scalar below
         self.float_dtype = float_dtype  # promoted floating dtype of the Arrays below; None: none
@@ -146,13 +167,14 @@ class Evaluator:
     """
 
     def __init__(self, cache_bytes: int):
-        if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
-            raise ValueError(f"Evaluator: cache_bytes must be a non-negative int, got {cache_bytes!r}")
-        self.cache_bytes = cache_bytes
+        self.cache_bytes = check_cache_bytes(cache_bytes, "Evaluator")
         self._entries: collections.OrderedDict[tuple, _Entry] = collections.OrderedDict()
         self._storages: dict[Any, list[int]] = {}  # storage key -> [nbytes, entries using it]
         self._nbytes = 0
         self._by_hash: dict[bytes, list[tuple]] = {}  # node hash -> its entry keys (one per option set)
+        # id(tensor) -> (weak reference, version) of every Array tensor read by a storing run: a
+        # cached value computed from a tensor edited in place since must not be served
+        self._leaves: dict[int, tuple[weakref.ref, int]] = {}
         self.stats = CacheStats()
 
     # ----------------------------------------------------------- reading
@@ -217,6 +239,7 @@ class Evaluator:
                     f"evaluate: root {position} is a {type(root).__name__}, not a circuit node"
                 )
         options = (None if device is None else str(device), dtype)
+        self._drop_if_leaves_changed()
         excluded: set[bytes] = set()
         compile_ = _evaluate_module()._compile
         while True:
@@ -230,6 +253,9 @@ class Evaluator:
             # cached with Scalars of another dtype than this call gives them: not valid here; the
             # Arrays below them count the same either way, so the second compile settles it
             excluded.update(stale)
+        for key in probe.edited:
+            if key in self._entries:
+                self._drop(key)
         for entry in probe.hits:
             self._entries.move_to_end(entry.key)
         order = plan.order
@@ -286,6 +312,27 @@ class Evaluator:
             del self._storages[entry.storage]
             self._nbytes -= record[0]
 
+    def _drop_if_leaves_changed(self) -> None:
+        """Clear the cache if a tensor read into it was edited in place since.
+
+        A cached value stands for its node's hash; if an Array's tensor
+        changed, that node can no longer be evaluated (its reading raises
+        ``StaleTensorError``), and neither may a value computed from it be
+        served.  Which entries depend on which tensor is not tracked, so
+        all go: editing wrapped tensors is a mistake, not a workflow.
+        """
+        for reference, version in self._leaves.values():
+            tensor = reference()
+            if tensor is not None and tensor._version != version:
+                self.clear()
+                return
+
+    def _remember_leaf(self, tensor: torch.Tensor) -> None:
+        key = id(tensor)
+        known = self._leaves.get(key)
+        if known is None or known[0]() is not tensor:
+            self._leaves[key] = (weakref.ref(tensor), tensor._version)
+
     def discard(self, nodes: Iterable[Circuit | bytes]) -> int:
         """Drop the cached values of ``nodes`` (nodes or their hashes); returns how many were dropped."""
         dropped = 0
@@ -301,18 +348,20 @@ class Evaluator:
         self._entries.clear()
         self._storages.clear()
         self._by_hash.clear()
+        self._leaves.clear()
         self._nbytes = 0
 
 
 class _Probe:
     """Called by the schedule's walk on each node it enters: the cached value, or None."""
 
-    __slots__ = ("entries", "options", "excluded", "hits", "hit_hashes", "float_dtypes", "first_device")
+    __slots__ = ("edited", "entries", "excluded", "first_device", "float_dtypes", "hit_hashes", "hits", "options")
 
     def __init__(self, entries, options, excluded):
         self.entries = entries
         self.options = options
         self.excluded = excluded
+        self.edited: list[tuple] = []  # keys of entries whose value was modified in place
         self.hits: list[_Entry] = []
         self.hit_hashes: set[bytes] = set()
         self.float_dtypes: set[torch.dtype] = set()
@@ -323,6 +372,10 @@ class _Probe:
             return None
         entry = self.entries.get((node.hash, self.options))
         if entry is None or node.hash in self.excluded:
+            return None
+        if _version(entry.value) != entry.version:  # the caller edited a value we returned: recompute
+            self.excluded.add(node.hash)
+            self.edited.append(entry.key)
             return None
         self.hits.append(entry)
         self.hit_hashes.add(node.hash)
@@ -363,6 +416,8 @@ class _Storer:
                     meta[slot] = (False, entry.float_dtype, entry.scalar_dtype is not None)
             elif isinstance(node, Array):
                 tensor = node.value
+                if tensor is not None:
+                    evaluator._remember_leaf(tensor)
                 meta[slot] = (
                     False,
                     tensor.dtype if tensor is not None and tensor.is_floating_point() else None,

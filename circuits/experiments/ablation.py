@@ -15,12 +15,20 @@ the token Array ``'toks_int_var'``, to a tensor or node; see
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Mapping
 
 import torch
 
 from circuits.cache import Evaluator
-from circuits.experiments.inputs import EXPANDED, REBATCHED, SAME, ExperimentError, with_inputs
+from circuits.experiments.inputs import (
+    EXPANDED,
+    REBATCHED,
+    SAME,
+    ExperimentError,
+    check_keys_found,
+    with_inputs,
+)
 from circuits.nodes import Array, Circuit, Rearrange, Scalar
 from circuits.rewrite import update
 
@@ -99,6 +107,9 @@ def mean_ablate(
         node.rank < 2 for key in dataset_inputs for node in circuit.get(key)
     )
 
+    if isinstance(circuit, Circuit):
+        check_keys_found(circuit, dataset_inputs, "mean_ablate")
+
     def mean_of(node: Circuit) -> Circuit:
         on_dataset, kind = with_inputs(node, dataset_inputs, what="mean_ablate")
         if on_dataset.hash == node.hash:
@@ -115,6 +126,12 @@ def mean_ablate(
                 f"mean_ablate: {node.describe()} {list(node.shape)} on the dataset has shape "
                 f"{list(on_dataset.shape)}; expected its batch axis leading (or give the dataset extra "
                 "leading axes)"
+            )
+        averaged = on_dataset.shape[: on_dataset.rank - node.rank] if kind == EXPANDED else on_dataset.shape[:1]
+        if math.prod(averaged) == 0:
+            raise ExperimentError(
+                f"mean_ablate: the dataset has no examples: {node.describe()} on it has shape "
+                f"{list(on_dataset.shape)}, and the mean over the dataset axes {list(averaged)} is undefined"
             )
         with torch.no_grad():
             value = ev.evaluate(on_dataset)
@@ -138,6 +155,9 @@ def rewrite_on_inputs(circuit: Circuit, matcher: Any, inputs: Mapping[Any, Any],
     Resample ablation and patching are this one rewrite; they differ in
     what the inputs mean to the experiment, so each says its own ``shape_hint``.
     """
+
+    if isinstance(circuit, Circuit):
+        check_keys_found(circuit, inputs, what)
 
     def on_inputs(node: Circuit) -> Circuit:
         new, kind = with_inputs(node, inputs, what=what)

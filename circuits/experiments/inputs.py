@@ -17,22 +17,26 @@ How the new value relates to the node it replaces decides the rewrite:
   unbatched ``[S+1]`` circuit, or ``[N, B, S+1]`` for a batched one).
 
 A key that matches nothing in the subtree being rewritten leaves it as it
-is (that subtree does not depend on that input).
+is (that subtree does not depend on that input); the experiments refuse a
+key that matches no node of the whole circuit (a typo would otherwise
+measure an effect of exactly zero).
 """
 
 from __future__ import annotations
 
+import difflib
 from typing import Any, Mapping
 
 import torch
 
 from circuits.batching import expand
-from circuits.errors import CircuitError
+from circuits.errors import CircuitError, shown
 from circuits.matching import IterativeMatcher
 from circuits.nodes import Array, Circuit
 from circuits.rewrite import replace
+from circuits.traversal import unique_nodes
 
-__all__ = ["ExperimentError", "with_inputs"]
+__all__ = ["ExperimentError", "check_keys_found", "with_inputs"]
 
 SAME, REBATCHED, EXPANDED = "same", "rebatched", "expanded"
 
@@ -92,10 +96,10 @@ def with_inputs(
     for key, value in inputs.items():
         if isinstance(key, IterativeMatcher):
             raise ExperimentError(f"{what}: input keys are plain matcher forms (a name, a node), not {key!r}")
-        found = circuit.get(key)
-        if not found:
+        nodes = circuit.get(key)
+        if not nodes:
             continue
-        for node in found:
+        for node in nodes:
             new = _replacement(node, value, what)
             kind = _relation(node, new, what)
             kinds.add(kind)
@@ -113,3 +117,26 @@ def with_inputs(
         result = expand(result, {node: new for node, new in batched.items()})
     kind = EXPANDED if EXPANDED in kinds else REBATCHED if REBATCHED in kinds else SAME
     return result, kind
+
+
+def check_keys_found(circuit: Circuit, inputs: Mapping[Any, Any], what: str) -> None:
+    """Refuse input keys that match no node of ``circuit``: a typo would measure an effect of zero.
+
+    (A key that is in the circuit but not below a rewritten node is no
+    mistake: that node does not depend on it, and keeps its value.)
+    """
+    if not isinstance(inputs, Mapping):
+        raise ExperimentError(
+            f"{what}: inputs must be a mapping {{name or matcher: tensor or node}}, got {type(inputs).__name__}"
+        )
+    missed = [key for key in inputs if not isinstance(key, IterativeMatcher) and not circuit.are_any_found(key)]
+    if not missed:
+        return
+    names = sorted({node.name for node in unique_nodes([circuit]) if node.name is not None})
+    hints = []
+    for key in missed:
+        close = difflib.get_close_matches(key, names, n=1) if isinstance(key, str) else []
+        hints.append(shown(repr(key)) + (f" (did you mean {close[0]!r}?)" if close else ""))
+    raise ExperimentError(
+        f"{what}: input keys that match no node of {circuit.describe()}: {', '.join(hints)}"
+    )

@@ -41,13 +41,15 @@ Evaluator (LRU among the admitted values).
 
 from __future__ import annotations
 
+import collections
 import re
 import time
 from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
-from circuits.cache import Evaluator
+from circuits.cache import Evaluator, check_cache_bytes
+from circuits.errors import shown
 from circuits.experiments.ablation import DEFAULT_CACHE_BYTES, zero_ablate
 from circuits.experiments.inputs import ExperimentError
 from circuits.experiments.metrics import Metric, mean_loss
@@ -145,6 +147,52 @@ def _label(target: Any) -> Any:
     return repr(target)
 
 
+def _targets(targets: Any) -> list[tuple[Any, Any]]:
+    """``[(label, target)]``, refusing what cannot be a collection of targets."""
+    if isinstance(targets, (str, bytes, Circuit)):
+        raise ExperimentError(
+            f"sweep: targets must be a list (or mapping) of targets, got the single {type(targets).__name__} "
+            f"{shown(repr(targets))}; write [{shown(repr(targets))}]"
+        )
+    if isinstance(targets, Mapping):
+        items = list(targets.items())
+    else:
+        try:
+            items = [(_label(t), t) for t in targets]
+        except TypeError:
+            raise ExperimentError(
+                f"sweep: targets must be a list (or mapping) of targets, got {type(targets).__name__}"
+            ) from None
+    counts = collections.Counter(repr(label) for label, _ in items)
+    repeated = [label for label, count in counts.items() if count > 1]
+    if repeated:
+        raise ExperimentError(
+            f"sweep: the targets labelled {', '.join(repeated[:5])} appear more than once; give each target "
+            "once, or a mapping {label: target} to tell them apart"
+        )
+    return items
+
+
+def _ablated(ablation: Callable, circuit: Circuit, label: Any, target: Any) -> Circuit:
+    result = ablation(circuit, target)
+    if not isinstance(result, Circuit):
+        raise ExperimentError(
+            f"sweep: ablation {getattr(ablation, '__name__', repr(ablation))} returned a "
+            f"{type(result).__name__} for target {label!r}, not a circuit"
+        )
+    return result
+
+
+def _number(value: Any, metric_name: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError) as error:
+        shape = f" of shape {list(value.shape)}" if isinstance(value, torch.Tensor) else ""
+        raise ExperimentError(
+            f"sweep: metric {metric_name} gave a {type(value).__name__}{shape}, not one number ({error})"
+        ) from error
+
+
 def _reuse_plan(circuits: list[Circuit]) -> tuple[set[bytes], dict[int, list[bytes]]]:
     """Which computed values later circuits of the sweep will read, and when each is read last.
 
@@ -225,10 +273,13 @@ def sweep(
         raise ExperimentError(f"sweep: expected a circuit node, got {type(circuit).__name__}")
     if policy not in ("planned", "lru"):
         raise ExperimentError(f"sweep: policy {policy!r} is not 'planned' or 'lru'")
-    items = list(targets.items()) if isinstance(targets, Mapping) else [(_label(t), t) for t in targets]
+    check_cache_bytes(cache_bytes, "sweep")
+    if evaluator is not None and not isinstance(evaluator, Evaluator):
+        raise ExperimentError(f"sweep: evaluator must be a cc.Evaluator, got {type(evaluator).__name__}")
+    if not callable(ablation):
+        raise ExperimentError(f"sweep: ablation must be a function (circuit, target) -> circuit, got {ablation!r}")
+    items = _targets(targets)
     labels = [label for label, _ in items]
-    if len(set(map(repr, labels))) != len(labels):
-        raise ExperimentError("sweep: two targets have the same label; give a mapping {label: target}")
     ev = evaluator if evaluator is not None else Evaluator(cache_bytes)
     as_metric = isinstance(metric, Metric)
     metric_name = metric.name if as_metric else getattr(metric, "__name__", repr(metric))
@@ -238,7 +289,7 @@ def sweep(
 
     # Every circuit first: fail fast on a bad target, and know which values later ones read.
     base = _head_splitter(circuit)
-    circuits = [measured(circuit)] + [measured(ablation(base(target), target)) for _, target in items]
+    circuits = [measured(circuit)] + [measured(_ablated(ablation, base(target), label, target)) for label, target in items]
     reads, last_read = _reuse_plan(circuits)
 
     def planned(node: Circuit) -> bool:
@@ -250,7 +301,7 @@ def sweep(
         start = time.perf_counter()
         with torch.no_grad():
             value = ev.evaluate(circuits[position], store=admit)
-            number = float(value) if as_metric else float(metric(value))
+            number = _number(value if as_metric else metric(value), metric_name)
         seconds = time.perf_counter() - start
         if policy == "planned":
             done = last_read.pop(position, ())
