@@ -279,6 +279,10 @@ def _plan_concat(node: Index, child: Concat, items, name) -> _Plan | None:
                 local = list(items)
                 local[axis] = _canonical_slice(low - start, high - start, c.shape[axis])
                 parts.append(_index(c, local))
+        if not parts:  # an empty selection: an empty slice of the first part keeps the shape
+            local = list(items)
+            local[axis] = _canonical_slice(0, 0, child.children[0].shape[axis])
+            parts.append(_index(child.children[0], local))
         if len(parts) == 1:
             only = parts[0]
             if isinstance(only, Index):
