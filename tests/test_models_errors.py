@@ -387,3 +387,27 @@ def test_messages_quote_user_text_safely(gpt2_checkpoint):
 
 def test_errors_are_circuit_errors():
     assert issubclass(cm.ModelError, cc.CircuitError)
+
+
+@pytest.mark.parametrize(
+    "options, fragment",
+    [
+        ({"tokens": torch.zeros(2, 0, dtype=torch.int64)}, "tokens have shape [2, 0]"),
+        ({"seq_len": "5"}, "seq_len='5' is not a positive int"),
+        ({"tokens": torch.zeros(3, dtype=torch.int64), "convention": ["x"]}, "convention ['x']"),
+    ],
+)
+def test_llama_positions_that_make_no_rotary_table(options, fragment):
+    raises_model_error(lambda: cm.from_hf(llama(), **options), fragment)
+
+
+def test_rope_tables_are_copied_and_checked():
+    config = cm.LlamaConfig(1, 2, 8, 8, VOCAB)
+    weights, t = cm.llama_random_weights(config), tokens()
+    cos, sin = cm.rope_cos_sin(config, 6)
+    circuit = cm.build_llama(config, weights, t, rope=(cos, sin))
+    before = circuit.evaluate().clone()
+    cos.zero_()
+    torch.testing.assert_close(circuit.evaluate(), before, rtol=0, atol=0)
+    raises_model_error(lambda: cm.build_llama(config, weights, t, rope=cos), "rope= must be a pair", cause=Exception)
+    raises_model_error(lambda: cm.build_llama(config, weights, t, rope=(cos.long(), sin)), "floating tensors")

@@ -167,7 +167,7 @@ def make_tokens(
     to be swapped later with ``update('toks_int_var', ...)``.  Given tokens
     are copied: the caller may reuse the tensor without changing the circuit.
     """
-    if convention not in CONVENTIONS:
+    if not isinstance(convention, str) or convention not in CONVENTIONS:
         raise ModelError(f"convention {shown(repr(convention))} is not one of {sorted(CONVENTIONS)}")
     extra, input_slice, target_slice = CONVENTIONS[convention]
     if tokens is None:

@@ -126,8 +126,12 @@ def rope_cos_sin(
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def _rope_copies(rope: Any, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Private copies of the caller's ``(cos, sin)``: a later edit of theirs must not reach the circuit."""
+def _rope_arrays(config: LlamaConfig, rope: Any, seq: int, dtype: torch.dtype) -> tuple[Array, Array]:
+    """``'t.a.c.rope_cos'``/``'t.a.c.rope_sin'``: the default tables, or private copies of the caller's
+    ``(cos, sin)`` (a later edit of theirs must not reach the circuit)."""
+    if rope is None:
+        cos_t, sin_t = rope_cos_sin(config, seq, dtype)
+        return Array(cos_t, name="t.a.c.rope_cos"), Array(sin_t, name="t.a.c.rope_sin")
     try:
         cos, sin = rope
         tables = tuple(torch.as_tensor(t).detach() for t in (cos, sin))
@@ -138,7 +142,14 @@ def _rope_copies(rope: Any, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Ten
             "Llama: rope tables must be floating tensors with values, got "
             + " and ".join(f"{'meta ' if t.is_meta else ''}{t.dtype}" for t in tables)
         )
-    return tables[0].to(dtype, copy=True), tables[1].to(dtype, copy=True)
+    expected = (seq, config.head_size)
+    if any(tuple(t.shape) != expected for t in tables):
+        raise ModelError(
+            f"Llama: rope tables have shapes {list(tables[0].shape)} and {list(tables[1].shape)}, "
+            f"expected {list(expected)} each ([seq_len, d_head])"
+        )
+    cos_t, sin_t = (t.to(dtype, copy=True) for t in tables)
+    return Array(cos_t, name="t.a.c.rope_cos"), Array(sin_t, name="t.a.c.rope_sin")
 
 
 def _rotate(x: Circuit, cos: Circuit, sin: Circuit, name: str) -> Add:
@@ -197,18 +208,7 @@ def build_llama(
         max_positions=config.max_positions,
     )
     seq = toks.seq_len
-    if rope is None:
-        cos_t, sin_t = rope_cos_sin(config, seq, dtype)
-    else:
-        cos_t, sin_t = _rope_copies(rope, dtype)
-        expected = (seq, config.head_size)
-        if tuple(cos_t.shape) != expected or tuple(sin_t.shape) != expected:
-            raise ModelError(
-                f"Llama: rope tables have shapes {list(cos_t.shape)} and {list(sin_t.shape)}, "
-                f"expected {list(expected)} each ([seq_len, d_head])"
-            )
-    cos = Array(cos_t, name="t.a.c.rope_cos")
-    sin = Array(sin_t, name="t.a.c.rope_sin")
+    cos, sin = _rope_arrays(config, rope, seq, dtype)
     mask = causal_mask_array(seq, dtype) if causal else None
     act = ACTIVATIONS[config.act]
     group = heads // kv_heads

@@ -368,15 +368,19 @@ def _rope_from_transformers(config_dict: Mapping[str, Any], seq_len: int, dtype:
 
 def _positions(tokens: Any, seq_len: int | None, convention: str) -> int | None:
     """Positions the tokens give (for the rotary tables); None to let the builder say what is wrong."""
-    if tokens is None or convention not in CONVENTIONS:
-        return seq_len
-    shape = getattr(tokens, "shape", None)
-    if shape is None:
-        try:
-            shape = torch.as_tensor(tokens).shape
-        except (TypeError, ValueError, RuntimeError):
-            return None
-    return int(shape[-1]) - CONVENTIONS[convention][0] if len(shape) else None
+    if not isinstance(convention, str) or convention not in CONVENTIONS:
+        return None
+    if tokens is None:
+        positions = seq_len
+    else:
+        shape = getattr(tokens, "shape", None)
+        if shape is None:
+            try:
+                shape = torch.as_tensor(tokens).shape
+            except (TypeError, ValueError, RuntimeError):
+                return None
+        positions = int(shape[-1]) - CONVENTIONS[convention][0] if len(shape) else None
+    return positions if isinstance(positions, int) and not isinstance(positions, bool) and positions > 0 else None
 
 
 def _model_type(config: Any) -> str:
@@ -444,7 +448,10 @@ def from_hf_state_dict(
     if rope is None and _rope_type(config) != "default":
         seq = _positions(tokens, options.get("seq_len"), options.get("convention", "default"))
         if seq is None:
-            raise ModelError("pass tokens or seq_len= to build a model")
+            raise ModelError(
+                f"this Llama model's {_rope_type(config)!r} rotary tables need the number of positions: pass "
+                "tokens (an int tensor [S+1] or [B,S+1]) or seq_len= (a positive int), and a known convention"
+            )
         config_dict = config if isinstance(config, Mapping) else config.to_dict()
         dtype = next(iter(weights.values())).dtype
         rope = _rope_from_transformers(config_dict, seq, dtype)
@@ -533,7 +540,7 @@ def _index_shards(index: Path, directory: Path) -> dict[str, list[str]]:
 
 
 def _read_safetensors(
-    directory: Path, names: list[str], index: Path | None = None, shards: Mapping[str, list[str]] = {}
+    directory: Path, names: list[str], index: Path | None = None, shards: Mapping[str, list[str]] | None = None
 ) -> dict[str, torch.Tensor]:
     """Every tensor of the files; a name in two files, or missing from the shard the index names, is refused."""
     from safetensors.torch import load_file
@@ -546,7 +553,7 @@ def _read_safetensors(
             tensors = load_file(str(path))
         except Exception as error:  # SafetensorError, OSError: truncated, garbage, unreadable
             raise ModelError(f"{path}: not a readable safetensors file ({shown(str(error))})") from error
-        for key in shards.get(name, ()):
+        for key in (shards or {}).get(name, ()):
             if key not in tensors:
                 raise ModelError(f"{index}: puts {shown(repr(key))} in {shown(name)}, which has no such tensor")
         for key in tensors:
