@@ -7,6 +7,7 @@ reads back, so it takes several seconds and a few GB of memory.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import circuits as cc
@@ -37,6 +38,7 @@ def test_deep_chain_builds_hashes_compares_and_walks():
     assert shallow.split("\n")[6:] == ["    'leaf'", "  'leaf'"]
 
 
+@pytest.mark.slow
 def test_deep_chain_prints_and_parses():
     deep = chain(DEPTH, with_leaf_operand=False)
     text = deep.repr()

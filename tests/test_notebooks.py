@@ -15,6 +15,7 @@ def test_there_are_notebooks():
     assert [p.name[:2] for p in NOTEBOOKS] == ["01", "02", "03"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_runs(path):
     notebook = nbformat.read(path, as_version=4)
