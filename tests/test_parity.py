@@ -121,3 +121,12 @@ def test_bad_choices_and_random_state():
     state = torch.random.get_rng_state()
     parity.hf_model("gpt2")
     assert torch.equal(state, torch.random.get_rng_state())
+
+
+def test_the_command_line_runs_it(capsys):
+    from circuits.cli import main
+
+    assert main(["parity", "--family", "gpt2", "--dtype", "float64"]) == 0
+    out = capsys.readouterr().out
+    assert "gpt2 tiny float64" in out and "transformer.wte.weight" in out
+    assert out.strip().splitlines()[-1].startswith("All 1 within target")
