@@ -142,6 +142,7 @@ def test_byte_order_mark_and_crlf_in_a_file_and_on_stdin(saved, capsys, monkeypa
 # ------------------------------------------------------------ nothing raw or huge reaches the terminal
 
 
+@pytest.mark.slow
 def test_dev_zero_is_refused_at_its_first_line():
     result = _run("print", "/dev/zero")
     assert result.returncode == 1 and result.stdout == b""

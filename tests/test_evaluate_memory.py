@@ -72,6 +72,7 @@ def four_mb_chain(length: int) -> tuple[cc.Circuit, torch.Tensor]:
     return node, x
 
 
+@pytest.mark.slow
 def test_thousand_node_chain_of_4mb_intermediates_peaks_under_64mb(one_thread):
     chain, x = four_mb_chain(1000)
     assert len(cc.unique_nodes([chain])) == 1000 + 3

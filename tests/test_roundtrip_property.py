@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import re
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -151,6 +152,7 @@ def check_text_against_format(roots, text, shapes=False, serials=False):
 
 # ------------------------------------------------------------------ properties
 
+@pytest.mark.slow
 @settings(max_examples=400)
 @given(random_circuits())
 def test_parse_of_repr_is_equal_and_reprints_identically(circuit):
@@ -163,6 +165,7 @@ def test_parse_of_repr_is_equal_and_reprints_identically(circuit):
     assert parsed.repr() == text
 
 
+@pytest.mark.slow
 @settings(max_examples=300)
 @given(random_circuits(), st.booleans(), st.booleans())
 def test_round_trip_with_shapes_and_serials(circuit, shapes, serials):
@@ -176,6 +179,7 @@ def test_round_trip_with_shapes_and_serials(circuit, shapes, serials):
     assert parsed.repr() == circuit.repr()
 
 
+@pytest.mark.slow
 @settings(max_examples=300)
 @given(root_lists(), st.booleans(), st.booleans())
 def test_several_roots_round_trip(roots, shapes, serials):
