@@ -295,10 +295,10 @@ class _Expander:
 
         layout = gen_index_layout(old_x.shape, old_index.shape, dim, False, batch_index)
         d = layout.axis  # non-negative axis of the unbatched x
-        X, I = old_x.shape, old_index.shape
+        x_shape, index_shape = old_x.shape, old_index.shape
         bn = [f"B{i}" for i in range(k)]
-        xn = [f"x{i}" for i in range(len(X))]
-        ini = [f"i{i}" for i in range(len(I))]
+        xn = [f"x{i}" for i in range(len(x_shape))]
+        ini = [f"i{i}" for i in range(len(index_shape))]
         # axis names of the original output, with the batch in front: the target layout
         if batch_index:
             target = bn + ini + xn[:d] + xn[d + 1 :]
@@ -316,17 +316,17 @@ class _Expander:
                 got = xn[:d] + bn + ini + xn[d + 1 :]
             return self._arrange(GeneralFunction(x, index, spec=node.spec), got, target, node.name)
         # both batched: the index's own axes flattened into one, looked up per batch element
-        if len(I) == 0:
+        if len(index_shape) == 0:
             index = Rearrange(index, f"{' '.join(bn)} -> {' '.join(bn)} 1")
             flat = "1"
-        elif len(I) == 1:
+        elif len(index_shape) == 1:
             flat = ini[0]
         else:
             index = Rearrange(index, f"{' '.join(bn)} {' '.join(ini)} -> {' '.join(bn)} ({' '.join(ini)})")
             flat = "(" + " ".join(ini) + ")"
         spec = get_function(f"gen_index_at_{d}_batch_x_no_batch_index{check}")
         got = bn + xn[:d] + [flat] + xn[d + 1 :]
-        sizes = dict(zip(ini, I)) if len(I) > 1 else {}
+        sizes = dict(zip(ini, index_shape)) if len(index_shape) > 1 else {}
         return self._arrange(GeneralFunction(x, index, spec=spec), got, target, node.name, sizes)
 
     # ---------------------------------------------------------- helpers

@@ -20,7 +20,6 @@ import torch
 
 from circuits import spec as spec_rules
 from circuits.errors import (
-    CircuitError,
     ConcatError,
     EinsumError,
     FunctionSpecError,

@@ -15,7 +15,6 @@ from circuits.gcpause import gc_paused
 from circuits.nodes import Array, Circuit, Index, Scalar, Symbol
 from circuits.spec import format_shape
 from circuits.store import TensorStore
-from circuits.traversal import unique_nodes
 
 # Variants whose shape FORMAT.md prints by default: it does not follow from children.
 SHAPED_KINDS = (Array, Scalar, Symbol, Index)

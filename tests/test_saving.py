@@ -39,7 +39,8 @@ def test_round_trip_with_weights_evaluates_identically(tmp_path):
     assert arrays and all(a.is_loaded for a in arrays)
     assert torch.equal(loaded.evaluate(), circuit.evaluate())
     # a rewrite of the loaded circuit behaves like one of the original
-    ablate = lambda n: cc.Scalar(0.0, shape=n.shape)
+    def ablate(n):
+        return cc.Scalar(0.0, shape=n.shape)
     assert torch.equal(
         loaded.update("b1.a.head0", ablate).evaluate(), circuit.update("b1.a.head0", ablate).evaluate()
     )

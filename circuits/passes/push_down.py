@@ -136,8 +136,8 @@ def _plan_einsum(node: Index, child: Einsum, items, name) -> _Plan:
     for operand, axes in zip(child.children, child.operand_axes):
         operand_items = [by_letter.get(letter, FULL) for letter in axes]
         children.append(_index(operand, operand_items))
-        operand_axes.append(tuple(l for l in axes if not isinstance(by_letter.get(l), int)))
-    out_axes = tuple(l for l in child.out_axes if not isinstance(by_letter.get(l), int))
+        operand_axes.append(tuple(a for a in axes if not isinstance(by_letter.get(a), int)))
+    out_axes = tuple(a for a in child.out_axes if not isinstance(by_letter.get(a), int))
     return _rebuild(
         children, lambda kids: Einsum(*zip(kids, operand_axes), out_axes=out_axes, name=name)
     )
