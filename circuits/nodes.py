@@ -9,6 +9,7 @@ tree, however deep.
 
 from __future__ import annotations
 
+import copy
 import operator
 import re
 from typing import Any, Mapping, Sequence
@@ -151,6 +152,18 @@ class Circuit:
     def __reduce__(self):
         """Pickle and deepcopy as a flat list of nodes, so that any depth works (no recursion)."""
         return _unflatten, (_flatten(self),)
+
+    def __deepcopy__(self, memo: dict) -> Circuit:
+        records = _flatten(self)
+        for cls, fields, _ in records:
+            value = fields.get("value")
+            if isinstance(value, torch.Tensor) and value.requires_grad and not value.is_leaf:
+                raise LeafError(
+                    f"{spec_rules.describe(cls.kind, fields['name'])}: its tensor is inside an autograd graph "
+                    "(a view of a parameter, as attach=True makes), which torch cannot deep-copy; deep-copy "
+                    "a circuit built without attach=True"
+                )
+        return _unflatten(copy.deepcopy(records, memo))
 
     def rename(self, name: str | None) -> Circuit:
         return self if name == self.name else self.evolve(name=name)

@@ -256,3 +256,10 @@ def test_a_deep_copy_of_a_grad_leaf_is_a_new_variable():
     assert twin != c and twin.repr() == c.repr()
     twin.evaluate().sum().backward()
     assert w.grad is None
+
+
+def test_deep_copy_of_an_attached_weight_says_why_it_cannot():
+    parameter = torch.ones(2, 2, requires_grad=True)
+    c = cc.Add(cc.Array(parameter.t(), name="w.t"))
+    with pytest.raises(cc.LeafError, match="'w.t'.*autograd graph"):
+        copy.deepcopy(c)
