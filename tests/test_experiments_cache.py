@@ -178,7 +178,6 @@ def rewrite(circuit: cc.Circuit, op: str, name: str, seed: int) -> cc.Circuit:
     raise AssertionError(op)
 
 
-@pytest.mark.slow
 @settings(max_examples=60)
 @given(
     steps=st.lists(
