@@ -47,6 +47,7 @@ import einops
 import torch
 
 from circuits.errors import EvaluationError, MissingTensorError, NodeTypeError, StaleTensorError
+from circuits.functions import FunctionSpec, is_library_function
 from circuits.nodes import (
     Add,
     Array,
@@ -735,19 +736,28 @@ def _add_step(node: Add) -> Callable:
 
 
 def _function_step(node: GeneralFunction) -> Callable:
-    """The spec's function, with its value checked against the shape the spec declared.
+    """The spec's function; a user's is checked against the shape its ``shape_fn`` declared.
 
-    A registered function is the user's code: a value of another shape would
-    otherwise flow on, be broadcast, and give a wrong number that looks right.
+    A user's function returning another shape would otherwise flow on, be
+    broadcast, and give a wrong number that looks right.  The library's own
+    functions are run as they are (their shapes are right by construction).
     """
-    function, shape, spec_name = node.spec.function, node.shape, node.spec.name
+    spec = node.spec
+    if is_library_function(spec):
+        return spec.function
+    return _shape_checked(spec, node.shape)
+
+
+@functools.lru_cache(maxsize=1024)  # one wrapper per spec and shape, not per node
+def _shape_checked(spec: FunctionSpec, shape: tuple[int, ...]) -> Callable:
+    function = spec.function
 
     def checked(*tensors: torch.Tensor) -> torch.Tensor:
         value = function(*tensors)
         if not isinstance(value, torch.Tensor) or value.shape != shape:
             got = f"shape {format_shape(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
             raise ValueError(
-                f"function {spec_name!r} returned {got}, but its shape_fn declared {format_shape(shape)}"
+                f"function {spec.name!r} returned {got}, but its shape_fn declared {format_shape(shape)}"
             )
         return value
 

@@ -8,6 +8,7 @@ set of names, so it is built on demand from the name instead of listed.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Callable, Sequence
 
@@ -65,6 +66,19 @@ class FunctionSpec:
 
 
 _REGISTRY: dict[str, FunctionSpec] = {}
+# The specs this module defines, by id (the dict keeps them alive, so an id is never reused):
+# their shape_fns are known to agree with their functions, so evaluation need not check them.
+_LIBRARY_SPECS: dict[int, FunctionSpec] = {}
+
+
+def is_library_function(spec: FunctionSpec) -> bool:
+    """Whether ``spec`` is one of the library's own functions (not user code, nor a replacement)."""
+    return id(spec) in _LIBRARY_SPECS
+
+
+def _library(spec: FunctionSpec) -> FunctionSpec:
+    _LIBRARY_SPECS[id(spec)] = spec
+    return spec
 
 
 def register_function(spec: FunctionSpec, *, replace: bool = False) -> FunctionSpec:
@@ -155,16 +169,22 @@ _ELEMENTWISE: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 for _name, _fn in _ELEMENTWISE.items():
-    register_function(FunctionSpec(_name, 1, _same_shape, _fn, num_non_batchable_output_dims=0))
+    register_function(_library(FunctionSpec(_name, 1, _same_shape, _fn, num_non_batchable_output_dims=0)))
 register_function(
-    FunctionSpec("softmax", 1, _last_axis, lambda x: torch.softmax(x, dim=-1), num_non_batchable_output_dims=1)
-)
-register_function(
-    FunctionSpec(
-        "log_softmax", 1, _last_axis, lambda x: torch.log_softmax(x, dim=-1), num_non_batchable_output_dims=1
+    _library(
+        FunctionSpec("softmax", 1, _last_axis, lambda x: torch.softmax(x, dim=-1), num_non_batchable_output_dims=1)
     )
 )
-register_function(FunctionSpec("last_dim_size", 1, _drop_last_axis, _last_dim_size, num_non_batchable_output_dims=0))
+register_function(
+    _library(
+        FunctionSpec(
+            "log_softmax", 1, _last_axis, lambda x: torch.log_softmax(x, dim=-1), num_non_batchable_output_dims=1
+        )
+    )
+)
+register_function(
+    _library(FunctionSpec("last_dim_size", 1, _drop_last_axis, _last_dim_size, num_non_batchable_output_dims=0))
+)
 
 
 # ------------------------------------------------------------------- gen_index
@@ -213,6 +233,7 @@ def gen_index_layout(
     return GenIndexLayout(batch_rank, batch_rank + d, out)
 
 
+@functools.lru_cache(maxsize=None)  # a handful of members in practice; one object each
 def gen_index_spec(dim: int, batch_x: bool, batch_index: bool, check_index: bool) -> FunctionSpec:
     """The spec for one member of the gen_index family (see FORMAT.md)."""
     name = (
@@ -242,7 +263,7 @@ def gen_index_spec(dim: int, batch_x: bool, batch_index: bool, check_index: bool
             index = torch.where(index < 0, index + size, index)
         return _gather(x, index, layout, batch_index)
 
-    return FunctionSpec(name, 2, shape_fn, function)
+    return _library(FunctionSpec(name, 2, shape_fn, function))
 
 
 def _gather(x: torch.Tensor, index: torch.Tensor, layout: GenIndexLayout, batch_index: bool):

@@ -57,6 +57,8 @@ def _check_children(instance, attribute, value):
 
 
 def _check_shape(shape: Any, where: str) -> Shape:
+    if type(shape) is tuple and all(type(size) is int and 0 <= size < 2**63 for size in shape):
+        return shape  # the common case, checked in one pass
     try:
         if isinstance(shape, str) or any(isinstance(size, bool) for size in shape):
             raise TypeError
@@ -89,16 +91,10 @@ class Circuit:
         shape, extra = self._derive()
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "extra", extra)
-        object.__setattr__(
-            self, "hash", node_hash(self.kind, self.name, shape, extra, self.children, self._identity())
-        )
+        object.__setattr__(self, "hash", node_hash(self.kind, self.name, shape, extra, self.children))
 
     def _derive(self) -> tuple[Shape, str]:
         raise NotImplementedError
-
-    def _identity(self) -> str:
-        """What, beyond the printed line and the children, makes this node distinct (see Array)."""
-        return ""
 
     # ------------------------------------------------------------ identity
 
@@ -311,6 +307,9 @@ class Array(Circuit):
         object.__setattr__(self, "tensor_version", None if value is None else value._version)
         object.__setattr__(self, "tensor_requires_grad", value is not None and value.requires_grad)
         super().__attrs_post_init__()
+        if self.tensor_requires_grad:  # a variable: told apart from an equal value by its tensor object
+            identity = f"grad:{id(value)}"  # unique among live tensors, and this node keeps its tensor alive
+            object.__setattr__(self, "hash", node_hash(self.kind, self.name, self.shape, self.extra, (), identity))
 
     def _derive(self):
         if self.children:
@@ -321,10 +320,6 @@ class Array(Circuit):
                 f"{list(self.declared_shape)}"
             )
         return self.declared_shape, self.content_hash[:PRINTED_HEX_DIGITS]
-
-    def _identity(self) -> str:
-        # id() is unique among live tensors, and this node keeps its tensor alive
-        return f"grad:{id(self.value)}" if self.tensor_requires_grad else ""
 
     def _from_fields(self, fields: dict[str, Any]) -> Array:
         value, name = fields["value"], fields["name"]

@@ -165,8 +165,7 @@ def normalize_index(index, shape: Shape, where: str) -> tuple:
         )
     items = [_convert_item(item, axis, shape, where) for axis, item in enumerate(index)]
     items.extend(slice(None, None) for _ in range(len(shape) - len(index)))
-    check_index(items, shape, where)
-    return tuple(items)
+    return tuple(items)  # checked against the shape by Index._derive, on every construction
 
 
 def check_index(items: Sequence, shape: Shape, where: str) -> None:
@@ -180,27 +179,27 @@ def check_index(items: Sequence, shape: Shape, where: str) -> None:
             f"{where}: index has {len(items)} items for child shape {list(shape)} (rank {len(shape)})"
         )
     for axis, (item, size) in enumerate(zip(items, shape)):
-        context = f"{where}: axis {axis} of child shape {list(shape)}"
         if isinstance(item, slice):
-            _check_slice(item, size, context)
+            problem = _slice_problem(item, size)
         elif isinstance(item, torch.Tensor):
-            if item.numel() and (int(item.min()) < -size or int(item.max()) >= size):
-                raise IndexSpecError(
-                    f"{context}: tensor index values {_values_text(item)} are out of range for size {size}"
-                )
-        elif not -size <= item < size:
-            raise IndexSpecError(f"{context}: index {item} is out of range for size {size}")
+            out = item.numel() and (int(item.min()) < -size or int(item.max()) >= size)
+            problem = f"tensor index values {_values_text(item)} are out of range" if out else None
+        else:
+            problem = None if -size <= item < size else f"index {item} is out of range"
+        if problem is not None:
+            raise IndexSpecError(f"{where}: axis {axis} of child shape {list(shape)}: {problem} for size {size}")
 
 
-def _check_slice(item: slice, size: int, context: str) -> None:
+def _slice_problem(item: slice, size: int) -> str | None:
     start, stop = item.start, item.stop
+    if start is None and stop is None:
+        return None
     for bound in (start, stop):
         if bound is not None and not -size <= bound <= size:
-            raise IndexSpecError(f"{context}: slice {_slice_text(item)} is out of range for size {size}")
+            return f"slice {_slice_text(item)} is out of range"
     begin = 0 if start is None else start % size if start < 0 else start
     end = size if stop is None else stop + size if stop < 0 else stop
-    if end < begin:
-        raise IndexSpecError(f"{context}: slice {_slice_text(item)} ends before it starts for size {size}")
+    return f"slice {_slice_text(item)} ends before it starts" if end < begin else None
 
 
 def _values_text(tensor: torch.Tensor, limit: int = 16) -> str:
