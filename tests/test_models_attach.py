@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 import circuits as cc
 import circuits.models as cm
+from test_models_hf import transformer_lens_state
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
@@ -85,32 +86,10 @@ def test_tied_embedding_gets_both_gradients():
     assert (model.transformer.wte.weight.grad - want).abs().max() > 1e-6
 
 
-def transformer_lens_views(model) -> dict:
-    """A GPT-2's parameters in TransformerLens's layout, as differentiable views (no detach)."""
-    cfg, t = model.config, model.transformer
-    d, h = cfg.n_embd, cfg.n_head
-    c = d // h
-    state = {"embed.W_E": t.wte.weight, "pos_embed.W_pos": t.wpe.weight}
-    for layer, block in enumerate(t.h):
-        p = f"blocks.{layer}."
-        state[p + "ln1.w"], state[p + "ln1.b"] = block.ln_1.weight, block.ln_1.bias
-        for i, which in enumerate("QKV"):
-            state[p + f"attn.W_{which}"] = block.attn.c_attn.weight[:, i * d : (i + 1) * d].reshape(d, h, c).permute(1, 0, 2)
-            state[p + f"attn.b_{which}"] = block.attn.c_attn.bias[i * d : (i + 1) * d].reshape(h, c)
-        state[p + "attn.W_O"] = block.attn.c_proj.weight.reshape(h, c, d)
-        state[p + "attn.b_O"] = block.attn.c_proj.bias
-        state[p + "ln2.w"], state[p + "ln2.b"] = block.ln_2.weight, block.ln_2.bias
-        state[p + "mlp.W_in"], state[p + "mlp.b_in"] = block.mlp.c_fc.weight, block.mlp.c_fc.bias
-        state[p + "mlp.W_out"], state[p + "mlp.b_out"] = block.mlp.c_proj.weight, block.mlp.c_proj.bias
-    state["ln_final.w"], state["ln_final.b"] = t.ln_f.weight, t.ln_f.bias
-    state["unembed.W_U"] = model.lm_head.weight.T
-    return state
-
-
 @pytest.mark.parametrize("tied", [True, False])
 def test_transformer_lens_attached(tied):
     model, toks = gpt2(tied), tokens()
-    circuit = cm.from_transformer_lens(transformer_lens_views(model), toks, family="gpt2", attach=True)
+    circuit = cm.from_transformer_lens(transformer_lens_state(model, detach=False), toks, family="gpt2", attach=True)
     cc.evaluate(circuit).mean().backward()
     ours = {name: p.grad.clone() for name, p in model.named_parameters()}
     for name, want in hf_grads(model, toks).items():

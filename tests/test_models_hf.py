@@ -298,9 +298,10 @@ def test_scaled_rope_variant_uses_the_models_own_tables(tmp_path):
 # -------------------------------------------------------- TransformerLens
 
 
-def transformer_lens_state(model) -> dict:
+def transformer_lens_state(model, detach: bool = True) -> dict:
     """A Hugging Face GPT-2's weights in TransformerLens's HookedTransformer layout
-    (as TransformerLens's own convert_gpt2_weights writes them, unprocessed)."""
+    (as TransformerLens's own convert_gpt2_weights writes them, unprocessed);
+    ``detach=False`` keeps them differentiable views of the parameters."""
     cfg = model.config
     d, h = cfg.n_embd, cfg.n_head
     c = d // h
@@ -323,7 +324,7 @@ def transformer_lens_state(model) -> dict:
     state["ln_final.w"], state["ln_final.b"] = t.ln_f.weight, t.ln_f.bias
     state["unembed.W_U"] = model.lm_head.weight.T
     state["unembed.b_U"] = torch.zeros(cfg.vocab_size)
-    return {k: v.detach() for k, v in state.items()}
+    return {k: v.detach() for k, v in state.items()} if detach else state
 
 
 @pytest.mark.parametrize("tied", [True, False])
