@@ -98,17 +98,11 @@ def mean_ablate(
     >>> ablated = mean_ablate(split, "b1.a.head3", {"toks_int_var": tokens})
     """
     ev = evaluator if evaluator is not None else Evaluator(DEFAULT_CACHE_BYTES)
-    if not isinstance(dataset_inputs, Mapping):
-        raise ExperimentError(
-            "mean_ablate: dataset_inputs must be a mapping {name: tensor}, got "
-            f"{type(dataset_inputs).__name__}"
-        )
+    if isinstance(circuit, Circuit):
+        check_keys_found(circuit, dataset_inputs, "mean_ablate")  # a mapping, every key found
     unbatched_inputs = isinstance(circuit, Circuit) and any(
         node.rank < 2 for key in dataset_inputs for node in circuit.get(key)
     )
-
-    if isinstance(circuit, Circuit):
-        check_keys_found(circuit, dataset_inputs, "mean_ablate")
 
     def mean_of(node: Circuit) -> Circuit:
         on_dataset, kind = with_inputs(node, dataset_inputs, what="mean_ablate")
@@ -121,32 +115,37 @@ def mean_ablate(
                     "[N, ...] with an extra leading axis"
                 )
             kind = REBATCHED  # [N, S+1] for [B, S+1] with N == B: still a dataset of N rows
-        if kind == REBATCHED and on_dataset.rank != node.rank:
-            raise ExperimentError(
-                f"mean_ablate: {node.describe()} {list(node.shape)} on the dataset has shape "
-                f"{list(on_dataset.shape)}; expected its batch axis leading (or give the dataset extra "
-                "leading axes)"
-            )
-        averaged = on_dataset.shape[: on_dataset.rank - node.rank] if kind == EXPANDED else on_dataset.shape[:1]
-        if math.prod(averaged) == 0:
-            raise ExperimentError(
-                f"mean_ablate: the dataset has no examples: {node.describe()} on it has shape "
-                f"{list(on_dataset.shape)}, and the mean over the dataset axes {list(averaged)} is undefined"
-            )
-        with torch.no_grad():
-            value = ev.evaluate(on_dataset)
-            if kind == EXPANDED:
-                extra = on_dataset.rank - node.rank
-                mean = value.mean(dim=tuple(range(extra))) if extra else value
-                return Array(mean.clone(), name=node.name)
-            if node.rank == 0:
-                raise ExperimentError(f"mean_ablate: {node.describe()} has no batch axis to average over")
-            mean = value.mean(dim=0).clone()
-        axes = " ".join(f"x{i}" for i in range(node.rank - 1))
-        base = Array(mean, name=None if node.name is None else f"{node.name}.mean")
-        return Rearrange(base, f"{axes} -> batch {axes}".strip(), name=node.name, batch=node.shape[0])
+        return _dataset_mean(node, on_dataset, kind, ev)
 
     return rewrite_found(circuit, matcher, mean_of, "mean_ablate")
+
+
+def _dataset_mean(node: Circuit, on_dataset: Circuit, kind: str, ev: Evaluator) -> Circuit:
+    """``node``'s mean over the dataset axes of ``on_dataset`` (extra leading axes, or the leading one)."""
+    if kind == REBATCHED and on_dataset.rank != node.rank:
+        raise ExperimentError(
+            f"mean_ablate: {node.describe()} {list(node.shape)} on the dataset has shape "
+            f"{list(on_dataset.shape)}; expected its batch axis leading (or give the dataset extra "
+            "leading axes)"
+        )
+    extra = on_dataset.rank - node.rank
+    averaged = on_dataset.shape[:extra] if kind == EXPANDED else on_dataset.shape[:1]
+    if math.prod(averaged) == 0:
+        raise ExperimentError(
+            f"mean_ablate: the dataset has no examples: {node.describe()} on it has shape "
+            f"{list(on_dataset.shape)}, and the mean over the dataset axes {list(averaged)} is undefined"
+        )
+    if kind != EXPANDED and node.rank == 0:
+        raise ExperimentError(f"mean_ablate: {node.describe()} has no batch axis to average over")
+    with torch.no_grad():
+        value = ev.evaluate(on_dataset)
+        if kind == EXPANDED:
+            mean = value.mean(dim=tuple(range(extra))) if extra else value
+            return Array(mean.clone(), name=node.name)
+        mean = value.mean(dim=0).clone()
+    axes = " ".join(f"x{i}" for i in range(node.rank - 1))
+    base = Array(mean, name=None if node.name is None else f"{node.name}.mean")
+    return Rearrange(base, f"{axes} -> batch {axes}".strip(), name=node.name, batch=node.shape[0])
 
 
 def rewrite_on_inputs(circuit: Circuit, matcher: Any, inputs: Mapping[Any, Any], what: str, shape_hint: str) -> Circuit:

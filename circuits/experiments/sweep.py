@@ -269,15 +269,7 @@ def sweep(
     >>> table = sweep(circuit, head_names(circuit))        # zero each head, mean loss
     >>> table["b0.a.head1"] - table.baseline
     """
-    if not isinstance(circuit, Circuit):
-        raise ExperimentError(f"sweep: expected a circuit node, got {type(circuit).__name__}")
-    if policy not in ("planned", "lru"):
-        raise ExperimentError(f"sweep: policy {policy!r} is not 'planned' or 'lru'")
-    check_cache_bytes(cache_bytes, "sweep")
-    if evaluator is not None and not isinstance(evaluator, Evaluator):
-        raise ExperimentError(f"sweep: evaluator must be a cc.Evaluator, got {type(evaluator).__name__}")
-    if not callable(ablation):
-        raise ExperimentError(f"sweep: ablation must be a function (circuit, target) -> circuit, got {ablation!r}")
+    _check_arguments(circuit, ablation, evaluator, cache_bytes, policy)
     items = _targets(targets)
     labels = [label for label, _ in items]
     ev = evaluator if evaluator is not None else Evaluator(cache_bytes)
@@ -315,17 +307,26 @@ def sweep(
     records = []
     positions = range(1, len(circuits))
     for position in _progress(list(positions), progress, "sweep"):
-        label = labels[position - 1]
-        value, seconds = run(position)
-        record = {
-            "target": label,
-            "metric": value,
-            "baseline": baseline,
-            "delta": value - baseline,
-            "seconds": seconds,
-        }
-        match = _HEAD.fullmatch(label) if isinstance(label, str) else None
-        if match and match.group(3) is None:
-            record["layer"], record["head"] = int(match.group(1)), int(match.group(2))
-        records.append(record)
+        records.append(_record(labels[position - 1], *run(position), baseline))
     return SweepResult(records, baseline, metric_name)
+
+
+def _check_arguments(circuit: Any, ablation: Any, evaluator: Any, cache_bytes: Any, policy: Any) -> None:
+    if not isinstance(circuit, Circuit):
+        raise ExperimentError(f"sweep: expected a circuit node, got {type(circuit).__name__}")
+    if policy not in ("planned", "lru"):
+        raise ExperimentError(f"sweep: policy {policy!r} is not 'planned' or 'lru'")
+    check_cache_bytes(cache_bytes, "sweep")
+    if evaluator is not None and not isinstance(evaluator, Evaluator):
+        raise ExperimentError(f"sweep: evaluator must be a cc.Evaluator, got {type(evaluator).__name__}")
+    if not callable(ablation):
+        raise ExperimentError(f"sweep: ablation must be a function (circuit, target) -> circuit, got {ablation!r}")
+
+
+def _record(label: Any, value: float, seconds: float, baseline: float) -> dict:
+    """One row of ``SweepResult.records``; a single head's name adds its layer and head."""
+    record = {"target": label, "metric": value, "baseline": baseline, "delta": value - baseline, "seconds": seconds}
+    match = _HEAD.fullmatch(label) if isinstance(label, str) else None
+    if match and match.group(3) is None:
+        record["layer"], record["head"] = int(match.group(1)), int(match.group(2))
+    return record
