@@ -52,7 +52,7 @@ from circuits.nodes import (
     Index,
     Rearrange,
 )
-from circuits.rewrite import _rebuilt
+from circuits.rewrite import rebuilt
 from circuits.spec import format_shape
 
 __all__ = ["expand"]
@@ -129,7 +129,7 @@ class _Expander:
                         new = self.batched(node, children, flags)
                         self.check_shape(node, new, "rebuilt")
                     else:
-                        new = _rebuilt(node, children)
+                        new = rebuilt(node, children)
                 except ExpandError:
                     raise
                 except CircuitError as error:

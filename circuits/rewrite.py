@@ -42,7 +42,7 @@ from circuits.matching import Matcher, WalkEntry, as_iterative, walk
 from circuits.nodes import Array, Circuit, Symbol
 from circuits.traversal import unique_nodes
 
-__all__ = ["rebuild", "replace", "substitute", "update"]
+__all__ = ["rebuild", "rebuilt", "replace", "substitute", "update"]
 
 
 def update(circuit: Circuit, matcher: Any, fn: Callable[[Circuit], Circuit]) -> Circuit:
@@ -190,7 +190,7 @@ def rebuild(
                         new_children = list(node.children)
                     new_children[position] = result
             if new_children is not None:
-                new = _rebuilt(node, new_children)
+                new = rebuilt(node, new_children)
         if entry.found:
             new = on_found(new)
         if new is node or new.hash == node.hash:
@@ -244,7 +244,7 @@ def _rewrite_plain(
                     if new_children is None:
                         new_children = list(children)
                     new_children[position] = result
-            new = node if new_children is None else _rebuilt(node, new_children)
+            new = node if new_children is None else rebuilt(node, new_children)
             if descend_found and predicate(node):
                 new = on_found(new)
         if new is node or new.hash == key:
@@ -255,7 +255,7 @@ def _rewrite_plain(
     return root if result is None else result
 
 
-def _rebuilt(node: Circuit, children: list[Circuit]) -> Circuit:
+def rebuilt(node: Circuit, children: list[Circuit]) -> Circuit:
     """``node`` over new ``children``.
 
     When every new child has its old child's shape, the node's shape and

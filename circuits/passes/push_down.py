@@ -297,7 +297,7 @@ def _plan_rearrange(node: Index, child: Rearrange, items, name) -> _Plan | None:
     if "..." in child.pattern:
         return None
     left, right = (side.strip() for side in child.pattern.split("->"))
-    left_groups, right_groups = _groups(left), _groups(right)
+    left_groups, right_groups = pattern_groups(left), pattern_groups(right)
     plain_inputs = {group[0]: axis for axis, group in enumerate(left_groups) if len(group) == 1}
     moves = [group[0] if len(group) == 1 and group[0] in plain_inputs else None for group in right_groups]
 
@@ -318,7 +318,7 @@ def _plan_rearrange(node: Index, child: Rearrange, items, name) -> _Plan | None:
     return _plan_partial(node, items, [m is not None for m in moves], make, name)
 
 
-def _groups(side: str) -> list[tuple[str, ...]]:
+def pattern_groups(side: str) -> list[tuple[str, ...]]:
     """``"a (b c) d"`` -> ``[("a",), ("b", "c"), ("d",)]``."""
     groups, current = [], None
     for token in side.replace("(", " ( ").replace(")", " ) ").split():

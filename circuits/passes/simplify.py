@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 
 from circuits.nodes import Add, Circuit, Einsum, GeneralFunction, Index, Rearrange, Scalar
-from circuits.passes.push_down import _groups, is_full
+from circuits.passes.push_down import pattern_groups, is_full
 from circuits.spec import EINSUM_LETTERS, broadcast_shapes
 
 Rule = Callable[[Circuit], Circuit]
@@ -129,7 +129,7 @@ def _remove_identity_rearrange(node: Circuit) -> Circuit:
     if not isinstance(node, Rearrange) or "..." in node.pattern:
         return node
     left, right = (side.strip() for side in node.pattern.split("->"))
-    if _groups(left) == _groups(right):
+    if pattern_groups(left) == pattern_groups(right):
         return node.node
     return node
 
