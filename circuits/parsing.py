@@ -111,8 +111,6 @@ def parse_many(text: str, store: TensorStore | None = None) -> list[Circuit]:
     """Read every top-level circuit in ``text``, in order."""
     if not isinstance(text, str):
         raise ParseError(f"expected text (str), got {type(text).__name__}")
-    if text.startswith("\ufeff"):  # a byte-order mark, as some editors write at the start of a file
-        text = text[1:]
     with gc_paused():
         return _Reader(store).read(text)
 

@@ -274,7 +274,7 @@ def _is_int(value: Any, low: int) -> bool:
 
 
 def _check_positive(what: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not _is_int(value, 1):
         raise ModelError(f"{what}={value!r} is not a positive int")
     return value
 
