@@ -38,11 +38,18 @@ def main() -> None:
     transformers.logging.set_verbosity_error()
     torch.manual_seed(0)
     config = transformers.GPT2Config(
-        n_layer=args.layers, n_head=args.heads, n_embd=args.d_model, vocab_size=args.vocab,
-        n_positions=max(1024, args.seq), bos_token_id=0, eos_token_id=0,
+        n_layer=args.layers,
+        n_head=args.heads,
+        n_embd=args.d_model,
+        vocab_size=args.vocab,
+        n_positions=max(1024, args.seq),
+        bos_token_id=0,
+        eos_token_id=0,
     )
     model = transformers.GPT2LMHeadModel(config).eval()
-    tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=torch.Generator().manual_seed(1))
+    tokens = torch.randint(
+        0, args.vocab, (args.batch, args.seq + 1), generator=torch.Generator().manual_seed(1)
+    )
     inputs = tokens[:, :-1]
 
     start = time.perf_counter()
@@ -55,7 +62,9 @@ def main() -> None:
         f"batch {args.batch} x {args.seq}; float32, {torch.get_num_threads()} threads"
     )
     print(f"load average before timing (other processes share the cores): {os.getloadavg()[0]:.2f}")
-    print(f"circuit: {nodes} distinct nodes, built in {build:.2f} s (from_hf: convert, copy and hash the weights)")
+    print(
+        f"circuit: {nodes} distinct nodes, built in {build:.2f} s (from_hf: convert, copy and hash the weights)"
+    )
 
     def circuit_logits():
         return cc.evaluate(logits_node)
@@ -74,8 +83,15 @@ def main() -> None:
         diff = (circuit_logits() - hf_logits()).abs().max().item()
         loss_diff = abs(circuit_loss().item() - hf_loss().item())
         print(f"max |logits diff| {diff:.3g}, |loss diff| {loss_diff:.3g}")
-        times: dict[str, list[float]] = {name: [] for name in ("circuit logits", "hf logits", "circuit loss", "hf loss")}
-        pairs = [("circuit logits", circuit_logits), ("hf logits", hf_logits), ("circuit loss", circuit_loss), ("hf loss", hf_loss)]
+        times: dict[str, list[float]] = {
+            name: [] for name in ("circuit logits", "hf logits", "circuit loss", "hf loss")
+        }
+        pairs = [
+            ("circuit logits", circuit_logits),
+            ("hf logits", hf_logits),
+            ("circuit loss", circuit_loss),
+            ("hf loss", hf_loss),
+        ]
         for round_ in range(args.rounds):
             order = pairs if round_ % 2 == 0 else pairs[1::-1] + pairs[:1:-1]  # alternate who goes first
             for name, fn in order:

@@ -36,22 +36,32 @@ def timed(action):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_gpt2_size_arguments(parser, rounds=3)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
     config = models.GPT2Config(
-        n_layers=args.layers, n_heads=args.heads, d_model=args.d_model, vocab_size=args.vocab, n_ctx=max(1024, args.seq)
+        n_layers=args.layers,
+        n_heads=args.heads,
+        d_model=args.d_model,
+        vocab_size=args.vocab,
+        n_ctx=max(1024, args.seq),
     )
     weights = models.gpt2_random_weights(config, seed=0)
-    tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(
+        0, args.vocab, (args.batch, args.seq + 1), generator=torch.Generator().manual_seed(0)
+    )
     build_time, circuit = timed(lambda: models.build_gpt2(config, weights, tokens))
     split_time, split = timed(lambda: split_heads(circuit))
     heads = args.layers * args.heads
-    print(f"GPT-2 {args.layers}x{args.heads}, d_model {args.d_model}, batch {args.batch}x{args.seq}: "
-          f"build {build_time:.2f} s, {len(cc.unique_nodes([circuit]))} nodes unsplit, "
-          f"{len(cc.unique_nodes([split]))} split")
+    print(
+        f"GPT-2 {args.layers}x{args.heads}, d_model {args.d_model}, batch {args.batch}x{args.seq}: "
+        f"build {build_time:.2f} s, {len(cc.unique_nodes([circuit]))} nodes unsplit, "
+        f"{len(cc.unique_nodes([split]))} split"
+    )
     print(f"split {heads} heads: {split_time:.3f} s (target < 2 s)")
 
     position = (args.batch - 1, args.seq // 2)
@@ -69,10 +79,14 @@ def main() -> None:
     unsplit, split_median = statistics.median(unsplit_times), statistics.median(split_times)
     pushed, full_median = statistics.median(pushed_times), unsplit
     print(f"evaluate unsplit {unsplit:.3f} s, split {split_median:.3f} s (median of {args.rounds})")
-    print(f"loss at position {list(position)}: push-down {push_time:.3f} s once, then evaluate {pushed:.3f} s "
-          f"vs full loss {full_median:.3f} s: {full_median / pushed:.1f}x faster")
-    print(f"headline: split {split_time:.3f} s (target < 2 s), split/unsplit evaluation "
-          f"{split_median / unsplit:.2f}x (target <= 1.5x), one-position loss {full_median / pushed:.1f}x faster")
+    print(
+        f"loss at position {list(position)}: push-down {push_time:.3f} s once, then evaluate {pushed:.3f} s "
+        f"vs full loss {full_median:.3f} s: {full_median / pushed:.1f}x faster"
+    )
+    print(
+        f"headline: split {split_time:.3f} s (target < 2 s), split/unsplit evaluation "
+        f"{split_median / unsplit:.2f}x (target <= 1.5x), one-position loss {full_median / pushed:.1f}x faster"
+    )
 
 
 if __name__ == "__main__":

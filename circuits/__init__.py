@@ -120,7 +120,16 @@ from circuits.cache import Evaluator  # noqa: E402
 from circuits.errors import CacheError  # noqa: E402
 from circuits.experiments import mean_ablate, patch, resample_ablate, sweep, zero_ablate  # noqa: E402
 
-__all__ += ["CacheError", "Evaluator", "experiments", "mean_ablate", "patch", "resample_ablate", "sweep", "zero_ablate"]
+__all__ += [
+    "CacheError",
+    "Evaluator",
+    "experiments",
+    "mean_ablate",
+    "patch",
+    "resample_ablate",
+    "sweep",
+    "zero_ablate",
+]
 
 # Saving (issue 8): the text plus a tensor store beside it; see circuits/saving.py.
 from circuits.saving import load, load_many, save  # noqa: E402

@@ -355,7 +355,16 @@ class Evaluator:
 class _Probe:
     """Called by the schedule's walk on each node it enters: the cached value, or None."""
 
-    __slots__ = ("edited", "entries", "excluded", "first_device", "float_dtypes", "hit_hashes", "hits", "options")
+    __slots__ = (
+        "edited",
+        "entries",
+        "excluded",
+        "first_device",
+        "float_dtypes",
+        "hit_hashes",
+        "hits",
+        "options",
+    )
 
     def __init__(self, entries, options, excluded):
         self.entries = entries

@@ -48,9 +48,16 @@ def build_parser() -> argparse.ArgumentParser:
         "its tensor store FILE-without-suffix.tensors/ if present) and print it.",
     )
     show.add_argument("file", metavar="FILE", help="a circuit text file (.circ), or - for standard input")
-    show.add_argument("--depth", type=_depth, default=None, metavar="N",
-                      help="stop N levels below the root, writing '... K children not shown' (for reading only)")
-    show.add_argument("--shapes", action="store_true", help="write every node's shape, not only leaves' and Index's")
+    show.add_argument(
+        "--depth",
+        type=_depth,
+        default=None,
+        metavar="N",
+        help="stop N levels below the root, writing '... K children not shown' (for reading only)",
+    )
+    show.add_argument(
+        "--shapes", action="store_true", help="write every node's shape, not only leaves' and Index's"
+    )
     show.add_argument("--serials", action="store_true", help="give every node a serial number")
     show.set_defaults(run=_print_command)
 

@@ -135,14 +135,23 @@ def _head_effects(batch_size: int, block_len: int, seed: int) -> DemoResult:
             ablated_loss = ablated.evaluate()[:, block_len:].mean().item()
             heads.append(
                 HeadEffect(
-                    layer, head, ablated_loss, ablated_loss - second, prev[head].item(), induction[head].item()
+                    layer,
+                    head,
+                    ablated_loss,
+                    ablated_loss - second,
+                    prev[head].item(),
+                    induction[head].item(),
                 )
             )
     return DemoResult(tokens, split, first, second, heads)
 
 
 def run(
-    batch_size: int = 16, block_len: int = 32, seed: int = 0, depth: int = 5, out: Callable[[str], None] = print
+    batch_size: int = 16,
+    block_len: int = 32,
+    seed: int = 0,
+    depth: int = 5,
+    out: Callable[[str], None] = print,
 ) -> DemoResult:
     """Print the demo (through ``out``) and return its data."""
     start = time.perf_counter()
@@ -158,8 +167,10 @@ def run(
         f"trained by scripts/train_induction.py (seed {info['seed']}) on rows of BOS + random block, repeated.\n"
     )
     sample = repeated_tokens(1, block_len, seed=seed)
-    out(f"As a circuit on one row of BOS + {block_len} random tokens + the same {block_len} again, "
-        f"top {depth} levels:\n")
+    out(
+        f"As a circuit on one row of BOS + {block_len} random tokens + the same {block_len} again, "
+        f"top {depth} levels:\n"
+    )
     out(load_demo_model(sample[0]).repr(depth=depth))
 
     result = head_effects(batch_size, block_len, seed)
@@ -204,13 +215,26 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--batch-size", type=_at_least(1), default=16, metavar="N",
-                        help="rows to evaluate (default 16)")
-    parser.add_argument("--block-len", type=_at_least(1), default=32, metavar="N",
-                        help="random tokens per half (default 32; two copies must fit the model's 64 positions)")
-    parser.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the random rows (default 0)")
-    parser.add_argument("--depth", type=_at_least(0), default=5, metavar="N",
-                        help="levels of the circuit to print (default 5)")
+    parser.add_argument(
+        "--batch-size", type=_at_least(1), default=16, metavar="N", help="rows to evaluate (default 16)"
+    )
+    parser.add_argument(
+        "--block-len",
+        type=_at_least(1),
+        default=32,
+        metavar="N",
+        help="random tokens per half (default 32; two copies must fit the model's 64 positions)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, metavar="N", help="seed of the random rows (default 0)"
+    )
+    parser.add_argument(
+        "--depth",
+        type=_at_least(0),
+        default=5,
+        metavar="N",
+        help="levels of the circuit to print (default 5)",
+    )
 
 
 def _at_least(low: int) -> Callable[[str], int]:

@@ -101,9 +101,7 @@ def evaluate_many(
     roots = list(circuits)
     for position, root in enumerate(roots):
         if not isinstance(root, Circuit):
-            raise NodeTypeError(
-                f"evaluate: root {position} is a {type(root).__name__}, not a circuit node"
-            )
+            raise NodeTypeError(f"evaluate: root {position} is a {type(root).__name__}, not a circuit node")
     plan = _compile(roots, inputs, device, dtype)
     return plan.run()
 
@@ -556,7 +554,10 @@ def _finish_leaves(ctx: _Context, order, values, steps) -> torch.dtype:
         value = values[slot]
         if value is None:
             raise _error_at(
-                node, slot, order, steps,
+                node,
+                slot,
+                order,
+                steps,
                 f"{node.describe()} {format_shape(node.shape)} is not bound: pass "
                 f"inputs={{{node.name!r}: tensor}} (or the Symbol node as the key)"
                 if node.name is not None
@@ -569,7 +570,10 @@ def _finish_leaves(ctx: _Context, order, values, steps) -> torch.dtype:
             )
         if tuple(value.shape) != node.shape:
             raise _error_at(
-                node, slot, order, steps,
+                node,
+                slot,
+                order,
+                steps,
                 f"{node.describe()} has shape {format_shape(node.shape)} but the tensor bound to it has "
                 f"shape {format_shape(value.shape)}",
             )
@@ -578,7 +582,10 @@ def _finish_leaves(ctx: _Context, order, values, steps) -> torch.dtype:
         elif not _same_device(value.device, device):
             source = "the device= option" if ctx.device is not None else "the circuit's Arrays"
             raise _error_at(
-                node, slot, order, steps,
+                node,
+                slot,
+                order,
+                steps,
                 f"{node.describe()} is bound to a tensor on device {value.device}, but the computation "
                 f"runs on {device} ({source}); move the input with .to({str(device)!r})",
             )
@@ -610,7 +617,10 @@ def _finish_leaves(ctx: _Context, order, values, steps) -> torch.dtype:
                 values[slot] = base.expand(node.shape)
             except RuntimeError as error:
                 raise _error_at(
-                    node, slot, order, steps,
+                    node,
+                    slot,
+                    order,
+                    steps,
                     f"{node.describe()} of shape {format_shape(node.shape)} cannot be made: {error}",
                 ) from error
     return dtype
@@ -755,7 +765,11 @@ def _shape_checked(spec: FunctionSpec, shape: tuple[int, ...]) -> Callable:
     def checked(*tensors: torch.Tensor) -> torch.Tensor:
         value = function(*tensors)
         if not isinstance(value, torch.Tensor) or value.shape != shape:
-            got = f"shape {format_shape(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+            got = (
+                f"shape {format_shape(value.shape)}"
+                if isinstance(value, torch.Tensor)
+                else type(value).__name__
+            )
             raise ValueError(
                 f"function {spec.name!r} returned {got}, but its shape_fn declared {format_shape(shape)}"
             )

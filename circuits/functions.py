@@ -86,8 +86,7 @@ def register_function(spec: FunctionSpec, *, replace: bool = False) -> FunctionS
     existing = _REGISTRY.get(spec.name)
     if existing is not None and existing != spec and not replace:
         raise FunctionSpecError(
-            f"a different function is already registered as {spec.name!r}; "
-            "pass replace=True to override it"
+            f"a different function is already registered as {spec.name!r}; pass replace=True to override it"
         )
     if GEN_INDEX_NAME.fullmatch(spec.name):
         raise FunctionSpecError(f"{spec.name!r} is reserved for the gen_index family")
@@ -119,6 +118,7 @@ def registered_names() -> list[str]:
 
 
 # ----------------------------------------------------------------- elementwise
+
 
 def _same_shape(shapes: Sequence[Shape]) -> Shape:
     return shapes[0]
@@ -172,22 +172,31 @@ for _name, _fn in _ELEMENTWISE.items():
     register_function(_library(FunctionSpec(_name, 1, _same_shape, _fn, num_non_batchable_output_dims=0)))
 register_function(
     _library(
-        FunctionSpec("softmax", 1, _last_axis, lambda x: torch.softmax(x, dim=-1), num_non_batchable_output_dims=1)
+        FunctionSpec(
+            "softmax", 1, _last_axis, lambda x: torch.softmax(x, dim=-1), num_non_batchable_output_dims=1
+        )
     )
 )
 register_function(
     _library(
         FunctionSpec(
-            "log_softmax", 1, _last_axis, lambda x: torch.log_softmax(x, dim=-1), num_non_batchable_output_dims=1
+            "log_softmax",
+            1,
+            _last_axis,
+            lambda x: torch.log_softmax(x, dim=-1),
+            num_non_batchable_output_dims=1,
         )
     )
 )
 register_function(
-    _library(FunctionSpec("last_dim_size", 1, _drop_last_axis, _last_dim_size, num_non_batchable_output_dims=0))
+    _library(
+        FunctionSpec("last_dim_size", 1, _drop_last_axis, _last_dim_size, num_non_batchable_output_dims=0)
+    )
 )
 
 
 # ------------------------------------------------------------------- gen_index
+
 
 @attrs.frozen
 class GenIndexLayout:
@@ -220,8 +229,7 @@ def gen_index_layout(
     rest = tuple(x_shape[batch_rank:])
     if not -len(rest) <= dim < len(rest):
         raise ValueError(
-            f"axis {dim} is out of range for x's {'non-batch ' if batch_x else ''}"
-            f"axes {list(rest)}"
+            f"axis {dim} is out of range for x's {'non-batch ' if batch_x else ''}axes {list(rest)}"
         )
     d = dim % len(rest)
     batch = tuple(x_shape[:batch_rank])
@@ -256,9 +264,7 @@ def gen_index_spec(dim: int, batch_x: bool, batch_index: bool, check_index: bool
         if check_index:
             bad = (index < 0) | (index >= size)
             if bool(bad.any()):
-                raise ValueError(
-                    f"index values {index[bad][:8].tolist()} are out of range [0, {size})"
-                )
+                raise ValueError(f"index values {index[bad][:8].tolist()} are out of range [0, {size})")
         else:
             index = torch.where(index < 0, index + size, index)
         return _gather(x, index, layout, batch_index)

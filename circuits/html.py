@@ -95,8 +95,10 @@ def to_html(
             continue
         if written >= max_nodes:
             truncated = True
-            write(f'<div style="{_LEAF}"><i>&hellip; stopped after {max_nodes} nodes '
-                  f"({len(everything) - written} more not shown; pass a larger max_nodes)</i></div>")
+            write(
+                f'<div style="{_LEAF}"><i>&hellip; stopped after {max_nodes} nodes '
+                f"({len(everything) - written} more not shown; pass a larger max_nodes)</i></div>"
+            )
             continue
         written += 1
         if node.name is None:
@@ -111,11 +113,11 @@ def to_html(
         anchor = f"{prefix}-{written}"
         ids[node.hash] = (anchor, reference)
         line = (
-            f"<b>{reference}</b> <span style=\"{_SHAPE}\">{format_shape(node.shape)}</span> "
-            f"<span style=\"{_VARIANT}\">{node.kind}</span>"
+            f'<b>{reference}</b> <span style="{_SHAPE}">{format_shape(node.shape)}</span> '
+            f'<span style="{_VARIANT}">{node.kind}</span>'
         )
         if node.extra:
-            line += f" <span style=\"{_EXTRA}\">{html.escape(node.extra)}</span>"
+            line += f' <span style="{_EXTRA}">{html.escape(node.extra)}</span>'
         if not node.children:
             write(f'<div id="{anchor}" style="{_LEAF}">{line}</div>')
             continue

@@ -42,8 +42,7 @@ _HASH_HEX = re.compile(r"[0-9a-f]{%d,}" % PRINTED_HEX_DIGITS)
 def _check_name(instance, attribute, value):
     if value is not None and not isinstance(value, str):
         raise NodeTypeError(
-            f"{type(instance).__name__} name must be a str or None, got {type(value).__name__} "
-            f"{value!r}"
+            f"{type(instance).__name__} name must be a str or None, got {type(value).__name__} {value!r}"
         )
 
 
@@ -309,7 +308,9 @@ class Array(Circuit):
         super().__attrs_post_init__()
         if self.tensor_requires_grad:  # a variable: told apart from an equal value by its tensor object
             identity = f"grad:{id(value)}"  # unique among live tensors, and this node keeps its tensor alive
-            object.__setattr__(self, "hash", node_hash(self.kind, self.name, self.shape, self.extra, (), identity))
+            object.__setattr__(
+                self, "hash", node_hash(self.kind, self.name, self.shape, self.extra, (), identity)
+            )
 
     def _derive(self):
         if self.children:
@@ -327,7 +328,10 @@ class Array(Circuit):
             raise LeafError(f"{self.describe()}: an Array has no children")
         if value is None:
             return Array.from_hash(fields["declared_shape"], fields["content_hash"], name=name)
-        derived = (fields["content_hash"], fields["declared_shape"]) != (self.content_hash, self.declared_shape)
+        derived = (fields["content_hash"], fields["declared_shape"]) != (
+            self.content_hash,
+            self.declared_shape,
+        )
         if derived:
             raise LeafError(
                 f"{self.describe()}: content_hash and declared_shape follow from the tensor; "
@@ -385,7 +389,9 @@ def _leaf_tensor(value: Any, where: str) -> torch.Tensor:
         try:
             value = torch.as_tensor(value)
         except Exception as error:
-            raise LeafError(f"{where}: value of type {type(value).__name__} is not a tensor ({error})") from error
+            raise LeafError(
+                f"{where}: value of type {type(value).__name__} is not a tensor ({error})"
+            ) from error
     problem = None
     if value.is_meta:
         problem = "a meta tensor, which has a shape but no values"
@@ -427,7 +433,10 @@ class Scalar(Circuit):
     def __init__(self, value: float, shape: Sequence[int] = (), name: str | None = None):
         where = _leaf_where("Scalar", name)
         self.__attrs_init__(
-            children=(), name=name, value=_scalar_value(value, where), declared_shape=_check_shape(shape, where)
+            children=(),
+            name=name,
+            value=_scalar_value(value, where),
+            declared_shape=_check_shape(shape, where),
         )
 
     def _derive(self):
@@ -442,8 +451,10 @@ class Scalar(Circuit):
 
 
 def _scalar_value(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or isinstance(
-        value, np.complexfloating
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float, np.number))
+        or isinstance(value, np.complexfloating)
     ):
         raise LeafError(f"{where}: value {shown(repr(value))} is not a real number")
     try:
@@ -625,7 +636,9 @@ class Index(Circuit):
 
     def _derive(self):
         if len(self.children) != 1:
-            raise IndexSpecError(f"{self.describe()}: an Index has exactly one child, got {len(self.children)}")
+            raise IndexSpecError(
+                f"{self.describe()}: an Index has exactly one child, got {len(self.children)}"
+            )
         child_shape = self.children[0].shape
         spec_rules.check_index(self.index, child_shape, self.describe())
         return spec_rules.index_shape(self.index, child_shape), spec_rules.format_index(self.index)
@@ -723,7 +736,9 @@ class Concat(Circuit):
             raise ConcatError(f"{where}: axis {axis!r} is not an int")
         for position, node in enumerate(nodes):
             if not isinstance(node, Circuit):
-                raise NodeTypeError(f"{where}: child {position} is a {type(node).__name__}, not a circuit node")
+                raise NodeTypeError(
+                    f"{where}: child {position} is a {type(node).__name__}, not a circuit node"
+                )
         rank = len(nodes[0].shape)
         if not -rank <= axis < rank:
             raise ConcatError(

@@ -58,11 +58,25 @@ from circuits.nodes import Circuit
 #: (about 1/sqrt(d_model): the loss is above uniform's but not saturated, as in a model being trained).
 SIZES = {
     "tiny": {
-        "layers": 2, "d_model": 32, "heads": 4, "kv_heads": 2, "d_mlp": 64, "vocab": 97, "batch": 2, "seq": 12,
+        "layers": 2,
+        "d_model": 32,
+        "heads": 4,
+        "kv_heads": 2,
+        "d_mlp": 64,
+        "vocab": 97,
+        "batch": 2,
+        "seq": 12,
         "init_std": 0.2,
     },
     "small": {
-        "layers": 4, "d_model": 128, "heads": 8, "kv_heads": 2, "d_mlp": 256, "vocab": 512, "batch": 4, "seq": 32,
+        "layers": 4,
+        "d_model": 128,
+        "heads": 8,
+        "kv_heads": 2,
+        "d_mlp": 256,
+        "vocab": 512,
+        "batch": 4,
+        "seq": 32,
         "init_std": 0.1,
     },
 }
@@ -115,7 +129,9 @@ def _transformers():
     try:
         import transformers
     except ImportError as error:
-        raise ModelError(f"gradient parity needs transformers (pip install 'circuits[hf]'): {error}") from error
+        raise ModelError(
+            f"gradient parity needs transformers (pip install 'circuits[hf]'): {error}"
+        ) from error
     transformers.logging.set_verbosity_error()
     return transformers
 
@@ -131,16 +147,31 @@ def hf_model(family: str, size: str = "tiny", dtype: torch.dtype = torch.float32
     t, dims = _transformers(), SIZES[size]
     if family == "gpt2":
         config = t.GPT2Config(
-            n_layer=dims["layers"], n_head=dims["heads"], n_embd=dims["d_model"], n_inner=dims["d_mlp"],
-            vocab_size=dims["vocab"], n_positions=dims["seq"], initializer_range=dims["init_std"],
-            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+            n_layer=dims["layers"],
+            n_head=dims["heads"],
+            n_embd=dims["d_model"],
+            n_inner=dims["d_mlp"],
+            vocab_size=dims["vocab"],
+            n_positions=dims["seq"],
+            initializer_range=dims["init_std"],
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
         )
     else:
         config = t.LlamaConfig(
-            num_hidden_layers=dims["layers"], num_attention_heads=dims["heads"],
-            num_key_value_heads=dims["kv_heads"], hidden_size=dims["d_model"], intermediate_size=dims["d_mlp"],
-            vocab_size=dims["vocab"], max_position_embeddings=dims["seq"], initializer_range=dims["init_std"],
-            rms_norm_eps=1e-5, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+            num_hidden_layers=dims["layers"],
+            num_attention_heads=dims["heads"],
+            num_key_value_heads=dims["kv_heads"],
+            hidden_size=dims["d_model"],
+            intermediate_size=dims["d_mlp"],
+            vocab_size=dims["vocab"],
+            max_position_embeddings=dims["seq"],
+            initializer_range=dims["init_std"],
+            rms_norm_eps=1e-5,
+            bos_token_id=0,
+            eos_token_id=0,
+            pad_token_id=0,
         )
     with torch.random.fork_rng(devices=[]):  # the caller's random state is left as it was
         torch.manual_seed(seed)
@@ -193,7 +224,11 @@ def gradient_parity(
     rows = []
     for name, param in model.named_parameters():
         abs_diff, rel_diff = _differences(grads[name], param.grad)
-        rows.append(ParityRow(name, abs_diff, rel_diff, (abs_diff if measure == "max_abs_diff" else rel_diff) <= limit))
+        rows.append(
+            ParityRow(
+                name, abs_diff, rel_diff, (abs_diff if measure == "max_abs_diff" else rel_diff) <= limit
+            )
+        )
     model.zero_grad(set_to_none=True)
     loss_diff = abs(loss_circuit.item() - loss_hf.item())
     loss_measure = loss_diff if measure == "max_abs_diff" else loss_diff / abs(loss_hf.item())
@@ -233,13 +268,27 @@ def _exact_rmsnorm(model) -> Iterator[None]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--family", choices=(*FAMILIES, "all"), default="all",
-                        help="which Hugging Face model to compare (default all)")
-    parser.add_argument("--size", choices=tuple(SIZES), default="tiny",
-                        help="tiny: 2 layers, d_model 32, seconds; small: 4 layers, d_model 128 (default tiny)")
-    parser.add_argument("--dtype", choices=(*DTYPES, "all"), default="all",
-                        help="float64 (target: max abs diff <= 1e-9) or float32 (rel diff <= 1e-5); default all")
-    parser.add_argument("--seed", type=int, default=0, metavar="N", help="seed of weights and tokens (default 0)")
+    parser.add_argument(
+        "--family",
+        choices=(*FAMILIES, "all"),
+        default="all",
+        help="which Hugging Face model to compare (default all)",
+    )
+    parser.add_argument(
+        "--size",
+        choices=tuple(SIZES),
+        default="tiny",
+        help="tiny: 2 layers, d_model 32, seconds; small: 4 layers, d_model 128 (default tiny)",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=(*DTYPES, "all"),
+        default="all",
+        help="float64 (target: max abs diff <= 1e-9) or float32 (rel diff <= 1e-5); default all",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, metavar="N", help="seed of weights and tokens (default 0)"
+    )
 
 
 def run(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
@@ -269,12 +318,18 @@ def _print_report(report: ParityReport, out: Callable[[str], None]) -> None:
     width = max(len(row.name) for row in report.rows)
     out(f"  {'parameter':<{width}}  {'max_abs_diff':>12}  {'rel_diff':>9}")
     for row in report.rows:
-        out(f"  {row.name:<{width}}  {row.max_abs_diff:12.3e}  {row.rel_diff:9.3e}{'' if row.ok else '  <- miss'}")
+        out(
+            f"  {row.name:<{width}}  {row.max_abs_diff:12.3e}  {row.rel_diff:9.3e}{'' if row.ok else '  <- miss'}"
+        )
     worst_abs, worst_rel = report.worst("max_abs_diff"), report.worst("rel_diff")
-    out(f"  loss: circuit {report.loss_circuit:.10g}, HF {report.loss_hf:.10g}, diff {report.loss_diff:.3e}"
-        f"{'' if report.loss_ok else '  <- miss'}")
-    out(f"  worst: max_abs_diff {worst_abs.max_abs_diff:.3e} ({worst_abs.name}), rel_diff {worst_rel.rel_diff:.3e} "
-        f"({worst_rel.name}): {'within target' if report.ok else 'MISSED'}\n")
+    out(
+        f"  loss: circuit {report.loss_circuit:.10g}, HF {report.loss_hf:.10g}, diff {report.loss_diff:.3e}"
+        f"{'' if report.loss_ok else '  <- miss'}"
+    )
+    out(
+        f"  worst: max_abs_diff {worst_abs.max_abs_diff:.3e} ({worst_abs.name}), rel_diff {worst_rel.rel_diff:.3e} "
+        f"({worst_rel.name}): {'within target' if report.ok else 'MISSED'}\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

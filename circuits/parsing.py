@@ -170,11 +170,19 @@ class _Reader:
         if name is not None and "\\" in name:
             name = self._unescape(name, number, _shown_line(spaces, body))
         raw = _shown_line(spaces, body)
-        line = _Line(number, spaces, body, None if serial is None else _integer(serial, "serial number", number, raw), name)
+        line = _Line(
+            number,
+            spaces,
+            body,
+            None if serial is None else _integer(serial, "serial number", number, raw),
+            name,
+        )
         if kind is not None:
             line.kind, line.extra = kind, extra or ""
             if shape is not None:
-                line.shape = tuple(_integer(size, "size", number, raw) for size in shape.split(",")) if shape else ()
+                line.shape = (
+                    tuple(_integer(size, "size", number, raw) for size in shape.split(",")) if shape else ()
+                )
             self._check_variant(line)
         return line
 
@@ -190,15 +198,17 @@ class _Reader:
         if match:
             serial = _integer(match.group(), "serial number", number, raw)
             position = match.end()
-            if body[position:position + 1] == " ":
+            if body[position : position + 1] == " ":
                 position += 1
             elif position < len(body) and body[position] != "#":
                 raise ParseError("expected a space after the serial number", number, raw)
         name = None
-        if body[position:position + 1] == "'":
+        if body[position : position + 1] == "'":
             match = _NAME.match(body, position)
             if not match:
-                raise ParseError("unterminated quoted name (a quote inside a name is written \\')", number, raw)
+                raise ParseError(
+                    "unterminated quoted name (a quote inside a name is written \\')", number, raw
+                )
             name = self._unescape(match.group(1), number, raw)
             position = match.end()
         if serial is None and name is None:
@@ -213,12 +223,12 @@ class _Reader:
         match = _SHAPE.match(rest)
         if match:
             line.shape = self._shape(match.group(1), line)
-            rest = rest[match.end():].lstrip(" ")
+            rest = rest[match.end() :].lstrip(" ")
         match = _VARIANT.match(rest)
         if not match:
             raise line.error(f"expected a variant name (Array, Einsum, ...) but found {rest!r}")
         line.kind = match.group()
-        line.extra = rest[match.end():].strip(" ")
+        line.extra = rest[match.end() :].strip(" ")
         self._check_variant(line)
         return line
 
@@ -246,7 +256,9 @@ class _Reader:
         parts = [part.strip() for part in text.split(",")] if text.strip() else []
         if any(not part.isdigit() for part in parts):
             raise line.error(f"malformed shape [{text}]: expected comma-separated sizes like [300,256]")
-        return tuple(_integer(part, "size", line.number, _shown_line(line.spaces, line.body)) for part in parts)
+        return tuple(
+            _integer(part, "size", line.number, _shown_line(line.spaces, line.body)) for part in parts
+        )
 
     # ------------------------------------------------------------ nodes
 
@@ -296,14 +308,16 @@ class _Reader:
                     "enclosing node (a circuit cannot contain itself)"
                 )
             if line.name is not None and found.name != line.name:
-                raise line.error(
-                    f"serial number {line.serial} is {found.describe()}, not {line.name!r}"
-                )
+                raise line.error(f"serial number {line.serial} is {found.describe()}, not {line.name!r}")
             return found
         candidates = self.by_name.get(line.name, {})
         if not candidates:
             enclosing = any(p.name == line.name for p in self.pending)
-            why = "an enclosing node (a circuit cannot contain itself)" if enclosing else "defined by no earlier line"
+            why = (
+                "an enclosing node (a circuit cannot contain itself)"
+                if enclosing
+                else "defined by no earlier line"
+            )
             raise line.error(f"repeat of {line.name!r}, which is {why}")
         if len(candidates) > 1:
             raise line.error(
@@ -378,9 +392,13 @@ def _build_scalar(line: _Line, store: TensorStore | None) -> Circuit:
         raise line.error(f"Scalar needs a decimal value like -1 or 0.00001, found {line.extra!r}")
     value = float(line.extra)
     if math.isinf(value) and "inf" not in line.extra:
-        raise line.error(f"Scalar value {shown(line.extra, 40)} is too large for a float64 (it would read as inf)")
+        raise line.error(
+            f"Scalar value {shown(line.extra, 40)} is too large for a float64 (it would read as inf)"
+        )
     if value == 0 and line.extra.strip("-.0"):
-        raise line.error(f"Scalar value {shown(line.extra, 40)} is too small for a float64 (it would read as 0)")
+        raise line.error(
+            f"Scalar value {shown(line.extra, 40)} is too small for a float64 (it would read as 0)"
+        )
     return Scalar(value, shape=line.shape, name=line.name)
 
 
@@ -435,7 +453,9 @@ def _index_items(text: str) -> tuple:
             values = part[1:-1]
             if values and not _INT_LIST.fullmatch(values):
                 raise ValueError(f"malformed tensor index {part!r}: expected [3,1,4]")
-            items.append(torch.tensor([int(v) for v in values.split(",")] if values else [], dtype=torch.int64))
+            items.append(
+                torch.tensor([int(v) for v in values.split(",")] if values else [], dtype=torch.int64)
+            )
         elif _INT.fullmatch(part):
             items.append(int(part))
         elif _SLICE.fullmatch(part):

@@ -162,9 +162,7 @@ def _check_root(circuit: Any, what: str) -> None:
         raise RewriteError(f"{what}: expected a circuit node, got {type(circuit).__name__}")
 
 
-def rebuild(
-    entries: list[WalkEntry], on_found: Callable[[Circuit], Circuit], root: Circuit
-) -> Circuit:
+def rebuild(entries: list[WalkEntry], on_found: Callable[[Circuit], Circuit], root: Circuit) -> Circuit:
     """The rewritten root of a walk (``circuits.matching.walk``).
 
     For each entry in post-order: the node rebuilt over its children's

@@ -123,7 +123,7 @@ def _encoded(text: str, path: Path) -> bytes:
         line = text.split("\n", number)[number - 1].lstrip(" ")
         raise StoreError(
             f"save: {shown(str(path))} cannot be written: the node on line {number}, {shown(line)}, holds "
-            f"{shown(text[error.start:error.end])}, which UTF-8 cannot encode ({error.reason}); rename it"
+            f"{shown(text[error.start : error.end])}, which UTF-8 cannot encode ({error.reason}); rename it"
         ) from error
 
 

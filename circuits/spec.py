@@ -38,9 +38,7 @@ def letters_to_axes(letters: str, where: str) -> tuple[int, ...]:
     try:
         return tuple(_LETTER_TO_AXIS[letter] for letter in letters)
     except KeyError as missing:
-        raise EinsumError(
-            f"{where}: einsum axis {missing.args[0]!r} is not a letter a-z or A-Z"
-        ) from None
+        raise EinsumError(f"{where}: einsum axis {missing.args[0]!r} is not a letter a-z or A-Z") from None
 
 
 def axes_to_letters(axes: Sequence[int]) -> str:
@@ -160,8 +158,7 @@ def normalize_index(index, shape: Shape, where: str) -> tuple:
         index = (index,)
     if len(index) > len(shape):
         raise IndexSpecError(
-            f"{where}: index has {len(index)} items but the child has shape {list(shape)} "
-            f"(rank {len(shape)})"
+            f"{where}: index has {len(index)} items but the child has shape {list(shape)} (rank {len(shape)})"
         )
     items = [_convert_item(item, axis, shape, where) for axis, item in enumerate(index)]
     items.extend(slice(None, None) for _ in range(len(shape) - len(index)))
@@ -187,7 +184,9 @@ def check_index(items: Sequence, shape: Shape, where: str) -> None:
         else:
             problem = None if -size <= item < size else f"index {item} is out of range"
         if problem is not None:
-            raise IndexSpecError(f"{where}: axis {axis} of child shape {list(shape)}: {problem} for size {size}")
+            raise IndexSpecError(
+                f"{where}: axis {axis} of child shape {list(shape)}: {problem} for size {size}"
+            )
 
 
 def _slice_problem(item: slice, size: int) -> str | None:

@@ -61,7 +61,9 @@ class TensorStore:
                 f"{_SUFFIX} files"
             ) from error
         except OSError as error:
-            raise StoreError(f"cannot create the tensor store {shown(str(self.path))}: {_reason(error)}") from error
+            raise StoreError(
+                f"cannot create the tensor store {shown(str(self.path))}: {_reason(error)}"
+            ) from error
         self._hashes: set[str] | None = None
         self._swept = False
 
@@ -100,7 +102,9 @@ class TensorStore:
             try:
                 names = os.listdir(self.path)
             except OSError as error:
-                raise StoreError(f"cannot list the tensor store {shown(str(self.path))}: {_reason(error)}") from error
+                raise StoreError(
+                    f"cannot list the tensor store {shown(str(self.path))}: {_reason(error)}"
+                ) from error
             self._hashes = {
                 name[: -len(_SUFFIX)] for name in names if name.endswith(_SUFFIX) and not name.startswith(".")
             }
@@ -133,7 +137,9 @@ class TensorStore:
                 f"{shown(str(path))} is misnamed: store files are named by the full {2 * DIGEST_SIZE}-hex "
                 f"content hash of their tensor, and this one's is {actual}"
             )
-        raise StoreError(f"{shown(str(path))} is corrupted: its contents hash to {actual}, not {content_hash}")
+        raise StoreError(
+            f"{shown(str(path))} is corrupted: its contents hash to {actual}, not {content_hash}"
+        )
 
 
 def read_tensor(path: Path, mmap: bool = False) -> torch.Tensor:

@@ -104,7 +104,9 @@ class AttnOnly(torch.nn.Module):
         pos = w("t.w.pos_embeds")[:seq]
         allowed = torch.ones(seq, seq, dtype=torch.bool).tril()
         for layer in range(c.n_layers):
-            norm = F.layer_norm(resid, (c.d_model,), w(f"a{layer}.ln.w.scale"), w(f"a{layer}.ln.w.bias"), c.ln_eps)
+            norm = F.layer_norm(
+                resid, (c.d_model,), w(f"a{layer}.ln.w.scale"), w(f"a{layer}.ln.w.bias"), c.ln_eps
+            )
             qk_input = norm + pos
             q = torch.einsum("bqd,hcd->bhqc", qk_input, w(f"a{layer}.w.q"))
             k = torch.einsum("bkd,hcd->bhkc", qk_input, w(f"a{layer}.w.k"))
@@ -145,14 +147,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seq-len", type=int, default=64, help="model positions per row (also n_ctx)")
     parser.add_argument("--min-block", type=int, default=8)
     parser.add_argument("--max-block", type=int, default=32)
-    parser.add_argument("--head-l1", type=float, default=1.5e-2,
-                        help="group-lasso weight on each head's value/output norms (0 to turn off)")
-    parser.add_argument("--head-l1-start", type=float, default=0.3,
-                        help="fraction of training after which the head penalty ramps up (over 0.2 of it)")
-    parser.add_argument("--loss", choices=["all", "repeats"], default="all",
-                        help="train on every position, or on the predictable (repeated) ones only")
+    parser.add_argument(
+        "--head-l1",
+        type=float,
+        default=1.5e-2,
+        help="group-lasso weight on each head's value/output norms (0 to turn off)",
+    )
+    parser.add_argument(
+        "--head-l1-start",
+        type=float,
+        default=0.3,
+        help="fraction of training after which the head penalty ramps up (over 0.2 of it)",
+    )
+    parser.add_argument(
+        "--loss",
+        choices=["all", "repeats"],
+        default="all",
+        help="train on every position, or on the predictable (repeated) ones only",
+    )
     parser.add_argument("--out", type=Path, default=REPO / "circuits" / "data")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (1 keeps runs bit-reproducible)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1 keeps runs bit-reproducible)"
+    )
     args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -191,8 +207,11 @@ def main(argv: list[str] | None = None) -> None:
         scheduler.step()
         recent = (recent + [masked_mean(per_token.detach(), mask).item()])[-100:]
         if step % 250 == 0 or step == args.steps - 1:
-            print(f"step {step:5d}  loss on repeats {sum(recent) / len(recent):.4f}  "
-                  f"({time.perf_counter() - start:.0f}s)", flush=True)
+            print(
+                f"step {step:5d}  loss on repeats {sum(recent) / len(recent):.4f}  "
+                f"({time.perf_counter() - start:.0f}s)",
+                flush=True,
+            )
     seconds = time.perf_counter() - start
     train_loss = sum(recent) / len(recent)
 
@@ -206,8 +225,12 @@ def main(argv: list[str] | None = None) -> None:
         two_copies = repeated_tokens(256, half, vocab_size=args.vocab_size, seed=args.seed + 54321)
         per_token = model(two_copies)
         first_half, second_half = per_token[:, :half].mean().item(), per_token[:, half:].mean().item()
-    print(f"train loss {train_loss:.4f}, test loss {test_loss:.4f} (repeats, block {args.min_block}-{args.max_block})")
-    print(f"BOS + block + block ({half} tokens each): first half {first_half:.4f}, second half {second_half:.4f}")
+    print(
+        f"train loss {train_loss:.4f}, test loss {test_loss:.4f} (repeats, block {args.min_block}-{args.max_block})"
+    )
+    print(
+        f"BOS + block + block ({half} tokens each): first half {first_half:.4f}, second half {second_half:.4f}"
+    )
 
     # the circuit built from the weights must agree with the torch model
     weights = model.weights()

@@ -40,8 +40,32 @@ MAX_POOL_RANK = 6  # ops add at most one axis to a pool node, so Rearrange patte
 # that distinct nodes often share one.  '' is a name (distinct from None).
 AWKWARD_CHARS = ["\r", "\n", "'", '"', "\\", "#", " ", "\t", "\x00"]
 NAME_POOL = [
-    "", "x", "\r", "\n", "\r\n", "'", '"', "\\", "#", " ", "it's", "back\\slash", "#hash", "two words",
-    "line\nbreak", "cr\rlf\r\n", "naïve", "中文", "🙂", "''", "\\'", "\\n", "\\r", "a # b", " lead", "trail ",
+    "",
+    "x",
+    "\r",
+    "\n",
+    "\r\n",
+    "'",
+    '"',
+    "\\",
+    "#",
+    " ",
+    "it's",
+    "back\\slash",
+    "#hash",
+    "two words",
+    "line\nbreak",
+    "cr\rlf\r\n",
+    "naïve",
+    "中文",
+    "🙂",
+    "''",
+    "\\'",
+    "\\n",
+    "\\r",
+    "a # b",
+    " lead",
+    "trail ",
     "ln.mean_subbed",
 ]
 
@@ -53,7 +77,9 @@ seeds = st.integers(0, 2**31 - 1)
 
 def sizes(min_size: int = 0, max_size: int = 4) -> st.SearchStrategy[int]:
     """An axis size; when 0 is allowed, about half the draws are 0."""
-    return st.one_of(st.just(0), st.integers(1, max_size)) if min_size == 0 else st.integers(min_size, max_size)
+    return (
+        st.one_of(st.just(0), st.integers(1, max_size)) if min_size == 0 else st.integers(min_size, max_size)
+    )
 
 
 def shapes(min_rank: int = 0, max_rank: int = 3, min_size: int = 0, max_size: int = 4):
@@ -239,7 +265,9 @@ class _Builder:
                 candidates = [i for i in pool if i.rank < x.rank and x.shape[: i.rank] == i.shape]
             elif batch_x:
                 # index = batch axes + one looked-up axis; x = batch axes + at least one more
-                candidates = [i for i in pool if 1 <= i.rank <= x.rank and x.shape[: i.rank - 1] == i.shape[:-1]]
+                candidates = [
+                    i for i in pool if 1 <= i.rank <= x.rank and x.shape[: i.rank - 1] == i.shape[:-1]
+                ]
             else:
                 candidates = pool
             if not candidates:
@@ -339,7 +367,11 @@ class _Builder:
         x = self.pick(ranked)
         axis = self.draw(st.integers(-x.rank, x.rank - 1))
         a = axis % x.rank
-        fitting = [n for n in ranked if n.rank == x.rank and n.shape[:a] + n.shape[a + 1 :] == x.shape[:a] + x.shape[a + 1 :]]
+        fitting = [
+            n
+            for n in ranked
+            if n.rank == x.rank and n.shape[:a] + n.shape[a + 1 :] == x.shape[:a] + x.shape[a + 1 :]
+        ]
         others = [self.pick(fitting) for _ in range(self.draw(st.integers(0, 2)))]
         node = cc.Concat(x, *others, axis=axis, name=self.name())
         total = x.shape[a] + sum(n.shape[a] for n in others)
@@ -358,7 +390,9 @@ class _Builder:
         elif kind == "Add":
             node = cc.Add(x, name=self.name())
         else:
-            node = cc.Einsum.from_einsum_string(f"{LETTERS[: x.rank]}->{LETTERS[: x.rank]}", x, name=self.name())
+            node = cc.Einsum.from_einsum_string(
+                f"{LETTERS[: x.rank]}->{LETTERS[: x.rank]}", x, name=self.name()
+            )
         assert node.shape == x.shape
         return node
 

@@ -16,7 +16,9 @@ HEX = re.compile(r"Array [0-9a-f]{24}")
 
 def test_golden_rebuild_from_the_builder(golden_text):
     """2 layers, 8 heads, d_model 256, d_head 32, vocab 50259, 302 tokens: mask, split, print."""
-    config = models.AttnOnlyConfig(n_layers=2, n_heads=8, d_model=256, d_head=32, vocab_size=50259, n_ctx=2048)
+    config = models.AttnOnlyConfig(
+        n_layers=2, n_heads=8, d_model=256, d_head=32, vocab_size=50259, n_ctx=2048
+    )
     weights = models.attn_only_random_weights(config, seed=1)
     tokens = torch.randint(0, config.vocab_size, (302,), generator=torch.Generator().manual_seed(2))
     unsplit = models.build_attn_only(config, weights, tokens, convention="golden")
@@ -66,9 +68,13 @@ def test_causal_mask_matches_masked_attention_in_torch():
     weights, tokens, circuit = small_model()
     causal = torch.tril(torch.ones(7 - 1, 7 - 1)).expand(SMALL.n_heads, -1, -1)
     masked = causal_mask(circuit)
-    torch.testing.assert_close(masked.evaluate(), reference_loss(weights, tokens, [causal] * 2), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(
+        masked.evaluate(), reference_loss(weights, tokens, [causal] * 2), rtol=1e-10, atol=1e-10
+    )
     unmasked = torch.ones_like(causal)
-    torch.testing.assert_close(circuit.evaluate(), reference_loss(weights, tokens, [unmasked] * 2), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(
+        circuit.evaluate(), reference_loss(weights, tokens, [unmasked] * 2), rtol=1e-10, atol=1e-10
+    )
     assert len(masked.get("a.attn_scores_raw")) == 2 and len(masked.get("t.a.c.causal_mask")) == 1
 
 
@@ -85,11 +91,15 @@ def test_knockout_masks_per_layer_and_head():
 
     masks = [torch.stack([knockout(layer, h) for h in range(SMALL.n_heads)]) for layer in range(2)]
     knocked = causal_mask(circuit, mask=knockout)
-    torch.testing.assert_close(knocked.evaluate(), reference_loss(weights, tokens, masks), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(
+        knocked.evaluate(), reference_loss(weights, tokens, masks), rtol=1e-10, atol=1e-10
+    )
     # masking again replaces the mask: back to plain causal
     again = causal_mask(knocked)
     causal = torch.tril(torch.ones(seq, seq)).expand(SMALL.n_heads, -1, -1)
-    torch.testing.assert_close(again.evaluate(), reference_loss(weights, tokens, [causal] * 2), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(
+        again.evaluate(), reference_loss(weights, tokens, [causal] * 2), rtol=1e-10, atol=1e-10
+    )
 
 
 def test_bad_masks_are_clear_errors():
@@ -137,7 +147,9 @@ def test_zeroing_one_split_head_matches_torch():
     zeroed["a0.w.o"] = weights["a0.w.o"].clone()
     zeroed["a0.w.o"][1] = 0
     causal = torch.tril(torch.ones(6, 6)).expand(SMALL.n_heads, -1, -1)
-    torch.testing.assert_close(ablated.evaluate(), reference_loss(zeroed, tokens, [causal] * 2), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(
+        ablated.evaluate(), reference_loss(zeroed, tokens, [causal] * 2), rtol=1e-10, atol=1e-10
+    )
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
@@ -166,16 +178,29 @@ def test_simplify_and_masking_keep_each_family_within_float32_tolerance(family):
 
     generator = torch.Generator().manual_seed(11)
     if family == "attn_only":
-        circuit = causal_mask(models.build_attn_only(SMALL, models.attn_only_random_weights(SMALL, seed=2),
-                                                     torch.randint(0, 11, (3, 8), generator=generator)))
+        circuit = causal_mask(
+            models.build_attn_only(
+                SMALL,
+                models.attn_only_random_weights(SMALL, seed=2),
+                torch.randint(0, 11, (3, 8), generator=generator),
+            )
+        )
     elif family == "gpt2":
-        config = models.GPT2Config(n_layers=2, n_heads=4, d_model=16, vocab_size=13, n_ctx=16, tie_word_embeddings=False)
-        circuit = models.build_gpt2(config, models.gpt2_random_weights(config, seed=2),
-                                    torch.randint(0, 13, (3, 8), generator=generator))
+        config = models.GPT2Config(
+            n_layers=2, n_heads=4, d_model=16, vocab_size=13, n_ctx=16, tie_word_embeddings=False
+        )
+        circuit = models.build_gpt2(
+            config,
+            models.gpt2_random_weights(config, seed=2),
+            torch.randint(0, 13, (3, 8), generator=generator),
+        )
     else:
         config = models.LlamaConfig(n_layers=2, n_heads=4, n_kv_heads=1, d_model=16, vocab_size=13, d_mlp=24)
-        circuit = models.build_llama(config, models.llama_random_weights(config, seed=2),
-                                     torch.randint(0, 13, (3, 8), generator=generator))
+        circuit = models.build_llama(
+            config,
+            models.llama_random_weights(config, seed=2),
+            torch.randint(0, 13, (3, 8), generator=generator),
+        )
     expected = circuit.evaluate()
     for rewritten in (simplify(circuit), causal_mask(circuit), simplify(split_heads(circuit))):
         torch.testing.assert_close(rewritten.evaluate(), expected, rtol=1e-5, atol=1e-5)

@@ -165,7 +165,9 @@ def test_terminal_escapes_in_a_file_are_shown_escaped(tmp_path):
     assert err.endswith("\n      '\\x1b[2J\\x1b]0;owned\\x07' Frobnicate\n")
 
 
-@pytest.mark.parametrize("line", ["x" * 1_000_000, "'a' " + "X" * 1_000_000, "'a' Add\n  '" + "é" * 1_000_000])
+@pytest.mark.parametrize(
+    "line", ["x" * 1_000_000, "'a' " + "X" * 1_000_000, "'a' Add\n  '" + "é" * 1_000_000]
+)
 def test_a_megabyte_line_is_cut_in_the_message(tmp_path, capsys, line):
     bad = tmp_path / "big.circ"
     bad.write_text(line)  # no newline at the end

@@ -33,7 +33,13 @@ def test_deep_chain_builds_hashes_compares_and_walks():
     assert len(order) == DEPTH + 1 and order[0].name == "leaf" and order[-1] is first
     shallow = first.repr(depth=3)
     # four Adds, the elision line under the deepest, then the leaf in full once and twice by reference
-    assert shallow.split("\n")[:5] == ["0 Add", "  1 Add", "    2 Add", "      3 Add", "        ... 2 children not shown"]
+    assert shallow.split("\n")[:5] == [
+        "0 Add",
+        "  1 Add",
+        "    2 Add",
+        "      3 Add",
+        "        ... 2 children not shown",
+    ]
     assert shallow.split("\n")[5].startswith("      'leaf' [2] Array ")
     assert shallow.split("\n")[6:] == ["    'leaf'", "  'leaf'"]
 

@@ -20,5 +20,9 @@ def test_docs_build_strict(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "WARNING" not in result.stderr, result.stderr
     api = (tmp_path / "site" / "api" / "index.html").read_text()
-    for name in ("circuits.nodes.Einsum", "circuits.passes.attention.split_heads", "circuits.evaluate.evaluate"):
+    for name in (
+        "circuits.nodes.Einsum",
+        "circuits.passes.attention.split_heads",
+        "circuits.evaluate.evaluate",
+    ):
         assert name in api, f"{name} missing from the API reference"

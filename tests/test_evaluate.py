@@ -36,7 +36,6 @@ ELEMENTWISE_TOL = {torch.float32: dict(rtol=1e-5, atol=1e-6), torch.float64: dic
 REDUCTION_TOL = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.float64: dict(rtol=1e-10, atol=1e-10)}
 
 
-
 def rand(seed: int, shape, dtype, low=None) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     value = torch.randn(tuple(shape), generator=generator, dtype=dtype)
@@ -116,7 +115,9 @@ def test_unbound_symbol_is_an_error_naming_it():
 
 def test_bound_tensor_of_the_wrong_shape_is_an_error():
     toks = cc.Symbol((3,), name="toks")
-    with pytest.raises(cc.EvaluationError, match=r"Symbol 'toks' has shape \[3\] but the tensor bound to it has shape \[4\]"):
+    with pytest.raises(
+        cc.EvaluationError, match=r"Symbol 'toks' has shape \[3\] but the tensor bound to it has shape \[4\]"
+    ):
         cc.evaluate(cc.Add(toks, toks), inputs={"toks": torch.zeros(4)})
 
 
@@ -141,9 +142,7 @@ def test_add_broadcasts(dtype, data, seed):
     operands = []
     for i in range(count):
         rank = data.draw(st.integers(0, len(out_shape)))
-        shape = tuple(
-            size if data.draw(st.booleans()) else 1 for size in out_shape[len(out_shape) - rank :]
-        )
+        shape = tuple(size if data.draw(st.booleans()) else 1 for size in out_shape[len(out_shape) - rank :])
         operands.append(rand(seed + i, shape, dtype))
     node = cc.Add(*[cc.Array(t, name=f"x{i}") for i, t in enumerate(operands)], name="sum")
     expected = functools.reduce(operator.add, operands)
@@ -225,10 +224,15 @@ REFERENCES = {
     "gelu": (lambda x: 0.5 * x * (1 + torch.erf(x / math.sqrt(2.0))), None, 0, ELEMENTWISE_TOL),
     "gelu_new": (
         lambda x: 0.5 * x * (1 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3))),
-        None, 0, ELEMENTWISE_TOL,
+        None,
+        0,
+        ELEMENTWISE_TOL,
     ),
     "last_dim_size": (
-        lambda x: torch.ones(x.shape[:-1], dtype=x.dtype) * x.shape[-1], None, 1, ELEMENTWISE_TOL,
+        lambda x: torch.ones(x.shape[:-1], dtype=x.dtype) * x.shape[-1],
+        None,
+        1,
+        ELEMENTWISE_TOL,
     ),
     "log": (torch.log, 0.1, 0, ELEMENTWISE_TOL),
     "log_softmax": (_log_softmax, None, 1, REDUCTION_TOL),
@@ -247,7 +251,8 @@ REFERENCES = {
 def test_every_function_the_library_registers_has_a_reference_here():
     # user functions registered by other test modules are not the library's
     library = {
-        name for name in cc.registered_names()
+        name
+        for name in cc.registered_names()
         if cc.get_function(name).shape_fn.__module__ == "circuits.functions"
     }
     assert library == set(REFERENCES)
@@ -304,8 +309,10 @@ def gen_index_by_loops(x, index, dim, batch_x, batch_index):
 
 def gen_index_name(dim, batch_x, batch_index, check):
     return (
-        f"gen_index_at_{dim}" + ("_batch_x" if batch_x else "")
-        + ("" if batch_index else "_no_batch_index") + ("_c" if check else "")
+        f"gen_index_at_{dim}"
+        + ("_batch_x" if batch_x else "")
+        + ("" if batch_index else "_no_batch_index")
+        + ("_c" if check else "")
     )
 
 
@@ -347,7 +354,9 @@ def test_checked_gen_index_out_of_range_is_an_evaluation_error(bad):
     toks = cc.Symbol((4,), name="toks")
     looked_up = cc.GeneralFunction.new_by_name(emb, toks, spec_name="gen_index_at_0_c", name="idxed")
     root = cc.Einsum.from_einsum_string("sd->s", looked_up, name="root")
-    with pytest.raises(cc.EvaluationError, match=r"GeneralFunction 'idxed' \(function gen_index_at_0_c\)") as info:
+    with pytest.raises(
+        cc.EvaluationError, match=r"GeneralFunction 'idxed' \(function gen_index_at_0_c\)"
+    ) as info:
         root.evaluate(inputs={"toks": torch.tensor([0, bad, 2, 1])})
     message = str(info.value)
     assert f"[{bad}]" in message and "out of range [0, 5)" in message
@@ -360,7 +369,8 @@ def test_golden_gen_index_uses_on_small_tensors(golden_text):
     """The golden file's two gen_index uses, rebuilt small, against hand indexing."""
     golden = cc.parse(golden_text)
     used = {
-        n.spec.name: n for n in cc.unique_nodes([golden])
+        n.spec.name: n
+        for n in cc.unique_nodes([golden])
         if isinstance(n, cc.GeneralFunction) and n.spec.name.startswith("gen_index")
     }
     assert set(used) == {"gen_index_at_0_c", "gen_index_at_0_batch_x_c"}
@@ -592,9 +602,13 @@ def test_bound_tensor_on_another_device_is_an_error():
     toks = cc.Symbol((3,), name="toks")
     x = cc.Array(torch.randn(3), name="x")
     root = cc.Add(x, toks, name="root")
-    with pytest.raises(cc.EvaluationError, match=r"Symbol 'toks' is bound to a tensor on device meta.*runs on cpu"):
+    with pytest.raises(
+        cc.EvaluationError, match=r"Symbol 'toks' is bound to a tensor on device meta.*runs on cpu"
+    ):
         root.evaluate(inputs={"toks": torch.zeros(3, device="meta")})
-    with pytest.raises(cc.EvaluationError, match=r"Symbol 'toks' is bound to a tensor on device cpu.*runs on meta") as info:
+    with pytest.raises(
+        cc.EvaluationError, match=r"Symbol 'toks' is bound to a tensor on device cpu.*runs on meta"
+    ) as info:
         root.evaluate(inputs={"toks": torch.zeros(3)}, device="meta")
     assert [n.name for n in info.value.path] == ["root", "toks"]
 
@@ -639,7 +653,9 @@ def test_torch_error_in_an_op_is_wrapped():
         torch.softmax(torch.tensor([[1, 2]]), dim=-1)
     node = cc.GeneralFunction.new_by_name(toks, spec_name="softmax", name="p")
     root = cc.Einsum.from_einsum_string("ab->a", node, name="root")
-    with pytest.raises(cc.EvaluationError, match=r"GeneralFunction 'p' \(function softmax\) \[1,2\].*NotImplementedError"):
+    with pytest.raises(
+        cc.EvaluationError, match=r"GeneralFunction 'p' \(function softmax\) \[1,2\].*NotImplementedError"
+    ):
         root.evaluate()
 
 

@@ -80,7 +80,9 @@ def test_thousand_node_chain_of_4mb_intermediates_peaks_under_64mb(one_thread):
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         result = chain.evaluate()
     peak, allocated = allocation_curve(prof)
-    print(f"\npeak tensor memory during evaluate: {peak / MB:.1f} MB; allocated in all {allocated / MB:.0f} MB")
+    print(
+        f"\npeak tensor memory during evaluate: {peak / MB:.1f} MB; allocated in all {allocated / MB:.0f} MB"
+    )
 
     assert allocated >= 1000 * 4 * MB  # the profiler saw every intermediate
     assert peak < 64 * MB

@@ -132,8 +132,12 @@ def test_multi_input_function_with_declared_batchability():
     per_element(root, "s", randn(2, 3, seed=3))
     frozen = register_function(
         FunctionSpec(
-            "test_expand.scaled_frozen", 2, lambda shapes: shapes[0], scaled,
-            num_non_batchable_output_dims=1, input_batchability=(True, False),
+            "test_expand.scaled_frozen",
+            2,
+            lambda shapes: shapes[0],
+            scaled,
+            num_non_batchable_output_dims=1,
+            input_batchability=(True, False),
         ),
         replace=True,
     )
@@ -152,8 +156,10 @@ def gen_index_cases():
         (0, 1, -1), (False, True), (True, False), (True, False)
     ):
         name = (
-            f"gen_index_at_{dim}" + ("_batch_x" if batch_x else "")
-            + ("" if batch_index else "_no_batch_index") + ("_c" if check else "")
+            f"gen_index_at_{dim}"
+            + ("_batch_x" if batch_x else "")
+            + ("" if batch_index else "_no_batch_index")
+            + ("_c" if check else "")
         )
         if batch_x:
             index_shapes = [(2, 3)] if batch_index else [(2, 3, 4)]

@@ -300,6 +300,8 @@ def test_sweep_of_an_unsplit_circuit_splits_one_layer_per_target(setup):
         assert table[name] == pytest.approx(on_split[name], abs=1e-12)
     group = ex.sweep(masked, ["b1.a.head0-1"], progress=False)
     zeros = {(1, 0): torch.zeros(()), (1, 1): torch.zeros(())}
-    assert group["b1.a.head0-1"] == pytest.approx(float(forward(w, toks, override=zeros)[0].mean()), abs=1e-12)
+    assert group["b1.a.head0-1"] == pytest.approx(
+        float(forward(w, toks, override=zeros)[0].mean()), abs=1e-12
+    )
     with pytest.raises(ex.ExperimentError, match="b1.a.head7"):
         ex.sweep(masked, ["b1.a.head7"], progress=False)

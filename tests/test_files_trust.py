@@ -42,7 +42,10 @@ def test_dead_writers_temporaries_are_removed_and_live_ones_kept(tmp_path):
     tensors = tmp_path / "m.tensors"
     dead = _dead_pid()
     leftovers = [temporary_path(path, dead), temporary_path(tensors / f"{'0' * 64}.safetensors", dead)]
-    live = [temporary_path(path, os.getpid()), temporary_path(tensors / f"{'1' * 64}.safetensors", os.getpid())]
+    live = [
+        temporary_path(path, os.getpid()),
+        temporary_path(tensors / f"{'1' * 64}.safetensors", os.getpid()),
+    ]
     other_host = tensors / f".{'2' * 64}.safetensors.another-host.{dead}.0123456789ab.tmp"
     other_file = temporary_path(tmp_path / "other.circ", dead)  # another text file's: not this save's
     for file in [*leftovers, *live, other_host, other_file]:

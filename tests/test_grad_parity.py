@@ -33,25 +33,29 @@ def make_params(generator: torch.Generator) -> dict[str, torch.Tensor]:
     params = {"tok_emb": p(VOCAB, D_MODEL, scale=1.0), "pos_emb": p(POSITIONS, D_MODEL)}
     for layer in range(LAYERS):
         pre = f"layer.{layer}."
-        params.update({
-            pre + "ln1_gamma": p(D_MODEL, scale=0.1, offset=1.0),
-            pre + "ln1_beta": p(D_MODEL, scale=0.1),
-            pre + "wq": p(HEADS, D_HEAD, D_MODEL),
-            pre + "wk": p(HEADS, D_HEAD, D_MODEL),
-            pre + "wv": p(HEADS, D_HEAD, D_MODEL),
-            pre + "wo": p(HEADS, D_MODEL, D_HEAD),
-            pre + "ln2_gamma": p(D_MODEL, scale=0.1, offset=1.0),
-            pre + "ln2_beta": p(D_MODEL, scale=0.1),
-            pre + "w1": p(D_MLP, D_MODEL),
-            pre + "b1": p(D_MLP, scale=0.1),
-            pre + "w2": p(D_MODEL, D_MLP),
-            pre + "b2": p(D_MODEL, scale=0.1),
-        })
-    params.update({
-        "final_ln_weight": p(D_MODEL, scale=0.1, offset=1.0),
-        "final_ln_bias": p(D_MODEL, scale=0.1),
-        "unembed": p(VOCAB, D_MODEL),
-    })
+        params.update(
+            {
+                pre + "ln1_gamma": p(D_MODEL, scale=0.1, offset=1.0),
+                pre + "ln1_beta": p(D_MODEL, scale=0.1),
+                pre + "wq": p(HEADS, D_HEAD, D_MODEL),
+                pre + "wk": p(HEADS, D_HEAD, D_MODEL),
+                pre + "wv": p(HEADS, D_HEAD, D_MODEL),
+                pre + "wo": p(HEADS, D_MODEL, D_HEAD),
+                pre + "ln2_gamma": p(D_MODEL, scale=0.1, offset=1.0),
+                pre + "ln2_beta": p(D_MODEL, scale=0.1),
+                pre + "w1": p(D_MLP, D_MODEL),
+                pre + "b1": p(D_MLP, scale=0.1),
+                pre + "w2": p(D_MODEL, D_MLP),
+                pre + "b2": p(D_MODEL, scale=0.1),
+            }
+        )
+    params.update(
+        {
+            "final_ln_weight": p(D_MODEL, scale=0.1, offset=1.0),
+            "final_ln_bias": p(D_MODEL, scale=0.1),
+            "unembed": p(VOCAB, D_MODEL),
+        }
+    )
     return params
 
 

@@ -73,7 +73,9 @@ def test_one_element_per_distinct_node_and_repeats_link_to_them():
     assert sorted(found.ids.values()).count("details") == sum(1 for n in distinct if n.children)
     # every repeat line of the text is a link, to an id that exists, showing the same reference
     text_lines = circuit.repr().split("\n")
-    repeats = [line.strip() for line in text_lines if not re.search(r"(^|\s)[A-Z][a-zA-Z]+( |$)", line.strip())]
+    repeats = [
+        line.strip() for line in text_lines if not re.search(r"(^|\s)[A-Z][a-zA-Z]+( |$)", line.strip())
+    ]
     assert len(found.links) == len(repeats) > 0
     for (href, label), repeat in zip(found.links, repeats):
         assert href.startswith("#") and href[1:] in found.ids

@@ -25,8 +25,16 @@ VOCAB = 37
 def gpt2(tied=True):
     torch.manual_seed(0)
     config = transformers.GPT2Config(
-        n_layer=2, n_head=2, n_embd=16, vocab_size=VOCAB, n_positions=16, tie_word_embeddings=tied,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, initializer_range=0.2,
+        n_layer=2,
+        n_head=2,
+        n_embd=16,
+        vocab_size=VOCAB,
+        n_positions=16,
+        tie_word_embeddings=tied,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        initializer_range=0.2,
     )
     return transformers.GPT2LMHeadModel(config).double().eval()
 
@@ -34,8 +42,14 @@ def gpt2(tied=True):
 def llama():
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=16, intermediate_size=24,
-        vocab_size=VOCAB, max_position_embeddings=32, initializer_range=0.2,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        hidden_size=16,
+        intermediate_size=24,
+        vocab_size=VOCAB,
+        max_position_embeddings=32,
+        initializer_range=0.2,
     )
     return transformers.LlamaForCausalLM(config).eval()
 
@@ -57,7 +71,9 @@ def hf_grads(model, toks):
     return grads
 
 
-@pytest.mark.parametrize("make", [lambda: gpt2(True), lambda: gpt2(False), llama], ids=["gpt2-tied", "gpt2", "llama"])
+@pytest.mark.parametrize(
+    "make", [lambda: gpt2(True), lambda: gpt2(False), llama], ids=["gpt2-tied", "gpt2", "llama"]
+)
 def test_attached_arrays_are_views_of_parameters(make):
     model = make()
     storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -71,7 +87,11 @@ def test_attached_arrays_are_views_of_parameters(make):
 def test_tied_embedding_gets_both_gradients():
     model, toks = gpt2(True), tokens()
     circuit = cm.from_hf(model, toks, attach=True)
-    names = {a.name for a in weight_arrays(circuit) if a.value.data_ptr() == model.transformer.wte.weight.data_ptr()}
+    names = {
+        a.name
+        for a in weight_arrays(circuit)
+        if a.value.data_ptr() == model.transformer.wte.weight.data_ptr()
+    }
     assert names == {"t.w.tok_embeds", "t.w.unembed"}
     cc.evaluate(circuit).mean().backward()
     ours = model.transformer.wte.weight.grad.clone()
@@ -89,7 +109,9 @@ def test_tied_embedding_gets_both_gradients():
 @pytest.mark.parametrize("tied", [True, False])
 def test_transformer_lens_attached(tied):
     model, toks = gpt2(tied), tokens()
-    circuit = cm.from_transformer_lens(transformer_lens_state(model, detach=False), toks, family="gpt2", attach=True)
+    circuit = cm.from_transformer_lens(
+        transformer_lens_state(model, detach=False), toks, family="gpt2", attach=True
+    )
     cc.evaluate(circuit).mean().backward()
     ours = {name: p.grad.clone() for name, p in model.named_parameters()}
     for name, want in hf_grads(model, toks).items():
@@ -101,7 +123,11 @@ def test_builders_attach(family):
     config, random_weights, build = {
         "gpt2": (cm.GPT2Config(1, 2, 8, VOCAB, 16), cm.gpt2_random_weights, cm.build_gpt2),
         "llama": (cm.LlamaConfig(1, 2, 8, 8, VOCAB), cm.llama_random_weights, cm.build_llama),
-        "attn_only": (cm.AttnOnlyConfig(1, 2, 8, 4, VOCAB, 16), cm.attn_only_random_weights, cm.build_attn_only),
+        "attn_only": (
+            cm.AttnOnlyConfig(1, 2, 8, 4, VOCAB, 16),
+            cm.attn_only_random_weights,
+            cm.build_attn_only,
+        ),
     }[family]
     weights = {k: v.requires_grad_() for k, v in random_weights(config, dtype=torch.float64).items()}
     assert not cc.evaluate(build(config, weights, tokens())).requires_grad

@@ -95,7 +95,9 @@ def test_golden_layer_norms_and_embeddings_match(golden_build, name, inner):
     """Each layer's norm, the embeddings, tokens and positions are written as in the golden file."""
     golden = _subtree(GOLDEN.read_text().split("\n"), name)
     ours = _subtree(golden_build.repr().split("\n"), name)
-    assert [_masked(x) for x in _drop_subtrees(ours, inner)] == [_masked(x) for x in _drop_subtrees(golden, inner)]
+    assert [_masked(x) for x in _drop_subtrees(ours, inner)] == [
+        _masked(x) for x in _drop_subtrees(golden, inner)
+    ]
 
 
 def test_golden_positions_and_tokens(golden_build):
@@ -136,7 +138,9 @@ def test_parse_round_trip(golden_build):
 # ------------------------------------------------------------ plain torch
 
 
-def reference_loss(config: cm.AttnOnlyConfig, w: dict, tokens: torch.Tensor, golden: bool = False, causal=False):
+def reference_loss(
+    config: cm.AttnOnlyConfig, w: dict, tokens: torch.Tensor, golden: bool = False, causal=False
+):
     """The same model in ordinary torch: per-token negative log-likelihood (no mask unless causal)."""
     extra = 2 if golden else 1
     inputs, targets = tokens[..., :-extra], tokens[..., 1 : tokens.shape[-1] - extra + 1]
@@ -171,7 +175,9 @@ def test_loss_equals_plain_torch(batched, golden, causal):
     w = {k: v * 20 if ".w." in k and "ln" not in k else v for k, v in w.items()}  # sharper attention
     shape = (3, 11) if batched else (11,)
     tokens = torch.randint(0, SMALL.vocab_size, shape, generator=torch.Generator().manual_seed(5))
-    circuit = cm.build_attn_only(SMALL, w, tokens, convention="golden" if golden else "default", causal=causal)
+    circuit = cm.build_attn_only(
+        SMALL, w, tokens, convention="golden" if golden else "default", causal=causal
+    )
     got = circuit.evaluate()
     want = reference_loss(SMALL, w, tokens, golden, causal)
     assert got.shape == want.shape == (shape[:-1] + (11 - (2 if golden else 1),))
@@ -315,6 +321,8 @@ def test_core_and_models_import_without_transformers():
         "c = cm.AttnOnlyConfig(1, 2, 8, 4, 11, 8)\n"
         "print(cm.build_attn_only(c, cm.attn_only_random_weights(c), seq_len=3).shape)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "(3,)"

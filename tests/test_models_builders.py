@@ -28,17 +28,29 @@ def test_tokens_swap_by_update_and_expand(family):
     tokens = torch.randint(0, 13, (3, 7), generator=torch.Generator().manual_seed(0))
     placeholder = build(config, weights, seq_len=6)
     swapped = placeholder.update("toks_int_var", lambda n: cc.Array(tokens[1], name="toks_int_var"))
-    torch.testing.assert_close(swapped.evaluate(), build(config, weights, tokens[1]).evaluate(), rtol=0, atol=0)
+    torch.testing.assert_close(
+        swapped.evaluate(), build(config, weights, tokens[1]).evaluate(), rtol=0, atol=0
+    )
     batched = cc.expand(placeholder, {"toks_int_var": cc.Array(tokens, name="toks_int_var")})
     assert batched.shape == (3, 6)
-    torch.testing.assert_close(batched.evaluate(), build(config, weights, tokens).evaluate(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        batched.evaluate(), build(config, weights, tokens).evaluate(), rtol=1e-12, atol=1e-12
+    )
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_fixed_names_and_round_trip(family):
     config, random_weights, build = FAMILIES[family]
     circuit = build(config, random_weights(config), torch.randint(0, 13, (2, 5)))
-    for name in ("toks_int_var", "input_toks_int", "true_toks_int", "idxed_embeds", "t.call", "log_probs", "ll"):
+    for name in (
+        "toks_int_var",
+        "input_toks_int",
+        "true_toks_int",
+        "idxed_embeds",
+        "t.call",
+        "log_probs",
+        "ll",
+    ):
         circuit.get_unique(name)
     assert circuit.name == "t.loss" and circuit.shape == (2, 4)
     assert circuit.get_unique("t.call").shape == (2, 4, 13)
@@ -66,7 +78,9 @@ def test_config_errors():
         config = cm.GPT2Config(n_layers=1, n_heads=2, d_model=8, vocab_size=5, n_ctx=4, act="quick_gelu")
         cm.build_gpt2(config, cm.gpt2_random_weights(config), seq_len=3)
     with pytest.raises(cm.ModelError, match="rope tables"):
-        cm.build_llama(LLAMA, cm.llama_random_weights(LLAMA), seq_len=3, rope=(torch.ones(3, 5), torch.ones(3, 5)))
+        cm.build_llama(
+            LLAMA, cm.llama_random_weights(LLAMA), seq_len=3, rope=(torch.ones(3, 5), torch.ones(3, 5))
+        )
     with pytest.raises(cm.ModelError, match="needs a GPT2Config"):
         cm.build_gpt2(LLAMA, {}, seq_len=3)
     weights = cm.gpt2_random_weights(GPT2)

@@ -34,8 +34,13 @@ def gpt2():
 def llama():
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
-        num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, hidden_size=16, intermediate_size=24,
-        vocab_size=VOCAB, max_position_embeddings=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        hidden_size=16,
+        intermediate_size=24,
+        vocab_size=VOCAB,
+        max_position_embeddings=32,
     )
     return transformers.LlamaForCausalLM(config).eval()
 
@@ -93,18 +98,28 @@ def test_tokens_without_readable_values():
 
 CALLS = {
     "from_hf": lambda **kw: cm.from_hf(gpt2(), tokens(), **kw),
-    "from_hf_state_dict": lambda **kw: cm.from_hf_state_dict(gpt2().config, gpt2().state_dict(), tokens(), **kw),
+    "from_hf_state_dict": lambda **kw: cm.from_hf_state_dict(
+        gpt2().config, gpt2().state_dict(), tokens(), **kw
+    ),
     "load_hf_checkpoint": lambda **kw: cm.load_hf_checkpoint("nowhere", tokens(), **kw),
     "from_transformer_lens": lambda **kw: cm.from_transformer_lens({}, tokens(), family="gpt2", **kw),
     "build_gpt2": lambda **kw: cm.build_gpt2(
-        cm.GPT2Config(1, 2, 8, VOCAB, 16), cm.gpt2_random_weights(cm.GPT2Config(1, 2, 8, VOCAB, 16)), tokens(), **kw
+        cm.GPT2Config(1, 2, 8, VOCAB, 16),
+        cm.gpt2_random_weights(cm.GPT2Config(1, 2, 8, VOCAB, 16)),
+        tokens(),
+        **kw,
     ),
     "build_llama": lambda **kw: cm.build_llama(
-        cm.LlamaConfig(1, 2, 8, 8, VOCAB), cm.llama_random_weights(cm.LlamaConfig(1, 2, 8, 8, VOCAB)), tokens(), **kw
+        cm.LlamaConfig(1, 2, 8, 8, VOCAB),
+        cm.llama_random_weights(cm.LlamaConfig(1, 2, 8, 8, VOCAB)),
+        tokens(),
+        **kw,
     ),
     "build_attn_only": lambda **kw: cm.build_attn_only(
-        cm.AttnOnlyConfig(1, 2, 8, 4, VOCAB, 16), cm.attn_only_random_weights(cm.AttnOnlyConfig(1, 2, 8, 4, VOCAB, 16)),
-        tokens(), **kw,
+        cm.AttnOnlyConfig(1, 2, 8, 4, VOCAB, 16),
+        cm.attn_only_random_weights(cm.AttnOnlyConfig(1, 2, 8, 4, VOCAB, 16)),
+        tokens(),
+        **kw,
     ),
     "load_demo_model": lambda **kw: cm.load_demo_model(tokens(), **kw),
 }
@@ -112,7 +127,9 @@ CALLS = {
 
 @pytest.mark.parametrize("name", list(CALLS))
 def test_unknown_option_is_named_with_the_accepted_ones(name):
-    error = raises_model_error(lambda: CALLS[name](bogus=1), name, "'bogus'", "accepted:", "seq_len", "causal")
+    error = raises_model_error(
+        lambda: CALLS[name](bogus=1), name, "'bogus'", "accepted:", "seq_len", "causal"
+    )
     assert ("attach" in str(error)) == (name != "load_hf_checkpoint")
     raises_model_error(lambda: CALLS[name](seqlen=3), "did you mean 'seq_len'?")
 
@@ -144,15 +161,36 @@ def test_bad_option_values(name, options, fragment):
 @pytest.mark.parametrize(
     "make, fields, fragment",
     [
-        (cm.GPT2Config, {"n_layers": "2", "n_heads": 2, "d_model": 8, "vocab_size": 5, "n_ctx": 4}, "n_layers='2'"),
-        (cm.GPT2Config, {"n_layers": 1, "n_heads": 0, "d_model": 8, "vocab_size": 5, "n_ctx": 4}, "n_heads=0"),
-        (cm.GPT2Config, {"n_layers": 1, "n_heads": 2, "d_model": 8, "vocab_size": 5, "n_ctx": 4, "ln_eps": "1"},
-         "ln_eps='1'"),
-        (cm.LlamaConfig, {"n_layers": 1, "n_heads": 2, "d_model": 8, "d_mlp": 8.0, "vocab_size": 5}, "d_mlp=8.0"),
-        (cm.LlamaConfig, {"n_layers": 1, "n_heads": 2, "d_model": 8, "d_mlp": 8, "vocab_size": 5, "rope_theta": 0},
-         "rope_theta=0"),
-        (cm.AttnOnlyConfig, {"n_layers": -1, "n_heads": 2, "d_model": 8, "d_head": 4, "vocab_size": 5, "n_ctx": 4},
-         "n_layers=-1"),
+        (
+            cm.GPT2Config,
+            {"n_layers": "2", "n_heads": 2, "d_model": 8, "vocab_size": 5, "n_ctx": 4},
+            "n_layers='2'",
+        ),
+        (
+            cm.GPT2Config,
+            {"n_layers": 1, "n_heads": 0, "d_model": 8, "vocab_size": 5, "n_ctx": 4},
+            "n_heads=0",
+        ),
+        (
+            cm.GPT2Config,
+            {"n_layers": 1, "n_heads": 2, "d_model": 8, "vocab_size": 5, "n_ctx": 4, "ln_eps": "1"},
+            "ln_eps='1'",
+        ),
+        (
+            cm.LlamaConfig,
+            {"n_layers": 1, "n_heads": 2, "d_model": 8, "d_mlp": 8.0, "vocab_size": 5},
+            "d_mlp=8.0",
+        ),
+        (
+            cm.LlamaConfig,
+            {"n_layers": 1, "n_heads": 2, "d_model": 8, "d_mlp": 8, "vocab_size": 5, "rope_theta": 0},
+            "rope_theta=0",
+        ),
+        (
+            cm.AttnOnlyConfig,
+            {"n_layers": -1, "n_heads": 2, "d_model": 8, "d_head": 4, "vocab_size": 5, "n_ctx": 4},
+            "n_layers=-1",
+        ),
     ],
 )
 def test_builder_configs_check_their_fields(make, fields, fragment):
@@ -200,7 +238,9 @@ def test_checkpoints_load_before_damage(gpt2_checkpoint):
 )
 def test_config_json_unreadable(gpt2_checkpoint, content, fragment, cause):
     (gpt2_checkpoint / "config.json").write_bytes(content)
-    raises_model_error(lambda: cm.load_hf_checkpoint(gpt2_checkpoint, tokens()), "config.json", fragment, cause=cause)
+    raises_model_error(
+        lambda: cm.load_hf_checkpoint(gpt2_checkpoint, tokens()), "config.json", fragment, cause=cause
+    )
 
 
 @pytest.mark.parametrize(
@@ -251,7 +291,9 @@ def test_llama_config_fields(llama_checkpoint, key, value, fragment):
 def test_config_dicts_are_checked_without_a_file():
     config = gpt2().config.to_dict()
     config["n_layer"] = "1"
-    raises_model_error(lambda: cm.from_hf_state_dict(config, gpt2().state_dict(), tokens()), "'n_layer' is '1'")
+    raises_model_error(
+        lambda: cm.from_hf_state_dict(config, gpt2().state_dict(), tokens()), "'n_layer' is '1'"
+    )
     raises_model_error(lambda: cm.from_hf_state_dict(gpt2().config, [1, 2], tokens()), "state dict")
 
 
@@ -272,21 +314,28 @@ def test_broken_safetensors(gpt2_checkpoint, damage):
     path = gpt2_checkpoint / "model.safetensors"
     path.write_bytes(damage(path.read_bytes()))
     raises_model_error(
-        lambda: cm.load_hf_checkpoint(gpt2_checkpoint, tokens()), "model.safetensors", "not a readable safetensors",
+        lambda: cm.load_hf_checkpoint(gpt2_checkpoint, tokens()),
+        "model.safetensors",
+        "not a readable safetensors",
         cause=Exception,
     )
 
 
 def test_the_same_tensor_in_two_files(gpt2_checkpoint):
     (gpt2_checkpoint / "copy.safetensors").write_bytes((gpt2_checkpoint / "model.safetensors").read_bytes())
-    raises_model_error(lambda: cm.load_hf_checkpoint(gpt2_checkpoint, tokens()), "both hold", "copy.safetensors")
+    raises_model_error(
+        lambda: cm.load_hf_checkpoint(gpt2_checkpoint, tokens()), "both hold", "copy.safetensors"
+    )
 
 
 def test_broken_pytorch_bin(gpt2_checkpoint):
     (gpt2_checkpoint / "model.safetensors").unlink()
     (gpt2_checkpoint / "pytorch_model.bin").write_bytes(b"not a pickle")
     raises_model_error(
-        lambda: cm.load_hf_checkpoint(gpt2_checkpoint, tokens()), "pytorch_model.bin", "not a readable", cause=Exception
+        lambda: cm.load_hf_checkpoint(gpt2_checkpoint, tokens()),
+        "pytorch_model.bin",
+        "not a readable",
+        cause=Exception,
     )
 
 
@@ -324,7 +373,9 @@ def weight_map(directory):
 )
 def test_broken_index(sharded, content, fragment):
     (sharded / "model.safetensors.index.json").write_text(content)
-    raises_model_error(lambda: cm.load_hf_checkpoint(sharded, tokens()), "model.safetensors.index.json", fragment)
+    raises_model_error(
+        lambda: cm.load_hf_checkpoint(sharded, tokens()), "model.safetensors.index.json", fragment
+    )
 
 
 def test_missing_shard(sharded):
@@ -364,8 +415,12 @@ def test_index_pointing_outside_is_refused(sharded, how, monkeypatch):
     from safetensors import torch as safetensors_torch
 
     real = safetensors_torch.load_file
-    monkeypatch.setattr(safetensors_torch, "load_file", lambda path, *a, **k: read.append(path) or real(path, *a, **k))
-    raises_model_error(lambda: cm.load_hf_checkpoint(sharded, tokens()), "outside the checkpoint directory", target)
+    monkeypatch.setattr(
+        safetensors_torch, "load_file", lambda path, *a, **k: read.append(path) or real(path, *a, **k)
+    )
+    raises_model_error(
+        lambda: cm.load_hf_checkpoint(sharded, tokens()), "outside the checkpoint directory", target
+    )
     assert read == []  # refused before reading any shard
 
 
@@ -389,7 +444,9 @@ def test_a_hugging_face_cache_snapshot_loads(sharded):
 
 def test_messages_quote_user_text_safely(gpt2_checkpoint):
     edit_config(gpt2_checkpoint, lambda c: c.update(model_type="\x1b[2J" + "x" * 1000))
-    error = raises_model_error(lambda: cm.load_hf_checkpoint(gpt2_checkpoint, tokens()), "unsupported architecture")
+    error = raises_model_error(
+        lambda: cm.load_hf_checkpoint(gpt2_checkpoint, tokens()), "unsupported architecture"
+    )
     assert "\x1b" not in str(error) and len(str(error)) < 800
 
 
@@ -417,5 +474,7 @@ def test_rope_tables_are_copied_and_checked():
     before = circuit.evaluate().clone()
     cos.zero_()
     torch.testing.assert_close(circuit.evaluate(), before, rtol=0, atol=0)
-    raises_model_error(lambda: cm.build_llama(config, weights, t, rope=cos), "rope= must be a pair", cause=Exception)
+    raises_model_error(
+        lambda: cm.build_llama(config, weights, t, rope=cos), "rope= must be a pair", cause=Exception
+    )
     raises_model_error(lambda: cm.build_llama(config, weights, t, rope=(cos.long(), sin)), "floating tensors")

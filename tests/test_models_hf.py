@@ -31,8 +31,14 @@ VOCAB = 97
 def gpt2(tied: bool, seed: int = 0):
     torch.manual_seed(seed)
     config = transformers.GPT2Config(
-        n_layer=2, n_head=4, n_embd=32, vocab_size=VOCAB, n_positions=40,
-        tie_word_embeddings=tied, bos_token_id=0, eos_token_id=0,
+        n_layer=2,
+        n_head=4,
+        n_embd=32,
+        vocab_size=VOCAB,
+        n_positions=40,
+        tie_word_embeddings=tied,
+        bos_token_id=0,
+        eos_token_id=0,
     )
     model = transformers.GPT2LMHeadModel(config).eval()
     _perturb(model)
@@ -42,9 +48,18 @@ def gpt2(tied: bool, seed: int = 0):
 def llama(kv_heads: int, seed: int = 0, tied: bool = False):
     torch.manual_seed(seed)
     config = transformers.LlamaConfig(
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=kv_heads, hidden_size=32,
-        intermediate_size=48, vocab_size=VOCAB, max_position_embeddings=64, rms_norm_eps=1e-5,
-        tie_word_embeddings=tied, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        hidden_size=32,
+        intermediate_size=48,
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=tied,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
     )
     model = transformers.LlamaForCausalLM(config).eval()
     _perturb(model)
@@ -116,7 +131,9 @@ def test_equals_hugging_face_forward(which, batched, dtype, monkeypatch):
     assert logit_diff < TOL[dtype]
 
     targets = tokens[..., 1:]
-    want_loss = F.cross_entropy(want.reshape(-1, VOCAB), targets.reshape(-1), reduction="none").reshape(targets.shape)
+    want_loss = F.cross_entropy(want.reshape(-1, VOCAB), targets.reshape(-1), reduction="none").reshape(
+        targets.shape
+    )
     assert loss.shape == targets.shape
     loss_diff = (loss - want_loss).abs().max().item()
     mean_diff = abs(loss.mean().item() - want_loss.mean().item())
@@ -126,7 +143,11 @@ def test_equals_hugging_face_forward(which, batched, dtype, monkeypatch):
         full = tokens if batched else tokens[None]
         hf_loss = model(input_ids=full, labels=full).loss.item()
     assert abs(loss.mean().item() - hf_loss) < 1e-5
-    MEASURED[f"{which}-{'batched' if batched else 'unbatched'}-{dtype}"] = (logit_diff, mean_diff, abs(loss.mean().item() - hf_loss))
+    MEASURED[f"{which}-{'batched' if batched else 'unbatched'}-{dtype}"] = (
+        logit_diff,
+        mean_diff,
+        abs(loss.mean().item() - hf_loss),
+    )
 
 
 def test_llama_float64_rmsnorm_round_trip():
@@ -222,14 +243,23 @@ def test_llama_gqa_layout():
 
 def test_unknown_architecture(tmp_path):
     opt = transformers.OPTForCausalLM(
-        transformers.OPTConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, ffn_dim=32,
-                               num_attention_heads=2, word_embed_proj_dim=16, max_position_embeddings=32)
+        transformers.OPTConfig(
+            vocab_size=50,
+            hidden_size=16,
+            num_hidden_layers=1,
+            ffn_dim=32,
+            num_attention_heads=2,
+            word_embed_proj_dim=16,
+            max_position_embeddings=32,
+        )
     )
     with pytest.raises(cm.ModelError, match=r"unsupported architecture: model_type 'opt'.*'gpt2'.*'llama'"):
         cm.from_hf(opt, tokens_for(False))
     with pytest.raises(cm.ModelError, match="expected GPT2LMHeadModel"):
         cm.from_hf(gpt2(True).transformer, tokens_for(False))
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mistral", "architectures": ["MistralForCausalLM"]}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "mistral", "architectures": ["MistralForCausalLM"]})
+    )
     with pytest.raises(cm.ModelError, match=r"'mistral' \(MistralForCausalLM\)"):
         cm.load_hf_checkpoint(tmp_path, tokens_for(False))
     with pytest.raises(cm.ModelError, match="no config.json"):
@@ -267,12 +297,19 @@ def test_checkpoint_missing_weight(tmp_path):
 
 
 def test_unsupported_options():
-    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=VOCAB, n_positions=16,
-                                     scale_attn_by_inverse_layer_idx=True)
+    config = transformers.GPT2Config(
+        n_layer=1, n_head=2, n_embd=8, vocab_size=VOCAB, n_positions=16, scale_attn_by_inverse_layer_idx=True
+    )
     with pytest.raises(cm.ModelError, match="scale_attn_by_inverse_layer_idx"):
         cm.from_hf(transformers.GPT2LMHeadModel(config), tokens_for(False))
-    config = transformers.LlamaConfig(num_hidden_layers=1, num_attention_heads=2, hidden_size=8,
-                                      intermediate_size=8, vocab_size=VOCAB, attention_bias=True)
+    config = transformers.LlamaConfig(
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        hidden_size=8,
+        intermediate_size=8,
+        vocab_size=VOCAB,
+        attention_bias=True,
+    )
     with pytest.raises(cm.ModelError, match="attention_bias"):
         cm.from_hf(transformers.LlamaForCausalLM(config), tokens_for(False))
 
@@ -280,8 +317,13 @@ def test_unsupported_options():
 def test_scaled_rope_variant_uses_the_models_own_tables(tmp_path):
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
-        num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, hidden_size=16, intermediate_size=24,
-        vocab_size=VOCAB, max_position_embeddings=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        hidden_size=16,
+        intermediate_size=24,
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
         rope_parameters={"rope_type": "linear", "factor": 4.0, "rope_theta": 500.0},
     )
     model = transformers.LlamaForCausalLM(config).eval()
@@ -342,8 +384,10 @@ def test_transformer_lens_gpt2(tied):
 def test_report_measured_diffs():
     """Not a check: prints the largest logit diffs measured above (pytest -s to see them)."""
     for key, (logits, loss, hf_loss) in sorted(MEASURED.items()):
-        print(f"{key}: max |logits - HF| = {logits:.3g}, |mean loss - CE(HF logits)| = {loss:.3g}, "
-              f"|mean loss - HF labels= loss| = {hf_loss:.3g}")
+        print(
+            f"{key}: max |logits - HF| = {logits:.3g}, |mean loss - CE(HF logits)| = {loss:.3g}, "
+            f"|mean loss - HF labels= loss| = {hf_loss:.3g}"
+        )
 
 
 def test_transformers_v4_style_llama_config(tmp_path):

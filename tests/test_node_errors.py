@@ -318,14 +318,21 @@ def test_rearrange_bad_pattern(pattern, sizes):
 
 
 def test_rearrange_bad_sizes_and_pattern_type():
-    raises(cc.RearrangeError, lambda: cc.Rearrange(x34, "a b -> a b c", name="r.size", c=0), name="r.size", also=["c=0"])
+    raises(
+        cc.RearrangeError,
+        lambda: cc.Rearrange(x34, "a b -> a b c", name="r.size", c=0),
+        name="r.size",
+        also=["c=0"],
+    )
     raises(cc.RearrangeError, lambda: cc.Rearrange(x34, 3, name="r.type"), name="r.type")
 
 
 def test_rearrange_of_a_huge_child_is_a_rearrange_error():
     huge = cc.Symbol((2**40, 2**40), name="huge")  # each size fits int64, their product does not
     raises(
-        cc.RearrangeError, lambda: cc.Rearrange(huge, "a b -> (a b)", name="r.huge"), name="r.huge",
+        cc.RearrangeError,
+        lambda: cc.Rearrange(huge, "a b -> (a b)", name="r.huge"),
+        name="r.huge",
         shapes=[(2**40, 2**40)],
     )
 
@@ -576,9 +583,7 @@ def _user_shape(shapes):
     return shape
 
 
-cc.register_function(
-    cc.FunctionSpec(USER, 1, _user_shape, lambda t: torch.cumsum(t, dim=-1)), replace=True
-)
+cc.register_function(cc.FunctionSpec(USER, 1, _user_shape, lambda t: torch.cumsum(t, dim=-1)), replace=True)
 PAIR = "test_errors.outer-pair"
 cc.register_function(
     cc.FunctionSpec(PAIR, 2, lambda s: tuple(s[0]) + tuple(s[1]), lambda a, b: torch.einsum("i,j->ij", a, b)),

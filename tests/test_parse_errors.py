@@ -242,7 +242,15 @@ def test_several_top_level_circuits():
     assert roots == [x, n0, x, n1, cc.GeneralFunction(n0, spec="exp")]
     printed = cc.repr_many(roots)
     assert printed == "\n".join(
-        ["'x' [3] Symbol", "0 'n' Einsum a->", "  'x'", "'x'", "1 'n' [] Scalar 2", "2 GeneralFunction exp", "  0 'n'"]
+        [
+            "'x' [3] Symbol",
+            "0 'n' Einsum a->",
+            "  'x'",
+            "'x'",
+            "1 'n' [] Scalar 2",
+            "2 GeneralFunction exp",
+            "  0 'n'",
+        ]
     )
     assert cc.parse_many(printed) == roots
 

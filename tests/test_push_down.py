@@ -88,7 +88,9 @@ def test_gen_index_embedding_and_batched_lookup():
     for items in [(1,), (slice(0, 2), 1), (2, 0, slice(1, 5))]:
         check(cc.Index(in_place, items))
     columns = cc.Array(torch.tensor([0, 5, 2, 5]), name="columns")
-    plain = cc.GeneralFunction.new_by_name(arr(4, 6, 3, name="y"), columns, spec_name="gen_index_at_1_no_batch_index")
+    plain = cc.GeneralFunction.new_by_name(
+        arr(4, 6, 3, name="y"), columns, spec_name="gen_index_at_1_no_batch_index"
+    )
     for items in [(1,), (slice(1, 3), 3), (0, slice(None), 2)]:
         check(cc.Index(plain, items))
 

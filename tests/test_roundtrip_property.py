@@ -152,6 +152,7 @@ def check_text_against_format(roots, text, shapes=False, serials=False):
 
 # ------------------------------------------------------------------ properties
 
+
 @pytest.mark.slow
 @settings(max_examples=400)
 @given(random_circuits())

@@ -38,9 +38,11 @@ def test_round_trip_with_weights_evaluates_identically(tmp_path):
     arrays = [n for n in cc.unique_nodes([loaded]) if isinstance(n, cc.Array)]
     assert arrays and all(a.is_loaded for a in arrays)
     assert torch.equal(loaded.evaluate(), circuit.evaluate())
+
     # a rewrite of the loaded circuit behaves like one of the original
     def ablate(n):
         return cc.Scalar(0.0, shape=n.shape)
+
     assert torch.equal(
         loaded.update("b1.a.head0", ablate).evaluate(), circuit.update("b1.a.head0", ablate).evaluate()
     )

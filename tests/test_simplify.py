@@ -98,9 +98,20 @@ def test_simplify_reaches_a_fixed_point_and_keeps_values():
 
 
 @settings(max_examples=120)
-@given(random_circuits(evaluable=True), st.sampled_from([simplify, flatten_adds, flatten_einsums, fold_scalars,
-                                           remove_identity_index, remove_identity_rearrange,
-                                           remove_single_operand]))
+@given(
+    random_circuits(evaluable=True),
+    st.sampled_from(
+        [
+            simplify,
+            flatten_adds,
+            flatten_einsums,
+            fold_scalars,
+            remove_identity_index,
+            remove_identity_rearrange,
+            remove_single_operand,
+        ]
+    ),
+)
 def test_every_rule_keeps_the_value(circuit, rule):
     simpler = rule(circuit)
     assert simpler.shape == circuit.shape

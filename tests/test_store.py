@@ -130,7 +130,9 @@ def test_unloaded_arrays_print_identically_and_compare_equal(tmp_path):
 
 def _run_python(script: str) -> subprocess.CompletedProcess:
     """Run ``script`` in a subprocess: a SIGBUS there fails a test instead of killing the run."""
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
 
 
 _LOAD_THEN_TRUNCATE = """

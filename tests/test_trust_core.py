@@ -54,8 +54,9 @@ def test_requires_grad_set_after_wrapping_is_stale():
 
 def test_the_evaluator_never_serves_a_value_computed_from_an_edited_tensor():
     w = torch.ones(3)
-    c = cc.GeneralFunction.new_by_name(cc.Add(cc.Array(w, name="w"), cc.Array(torch.ones(3), name="b")),
-                                       spec_name="exp")
+    c = cc.GeneralFunction.new_by_name(
+        cc.Add(cc.Array(w, name="w"), cc.Array(torch.ones(3), name="b")), spec_name="exp"
+    )
     ev = cc.Evaluator(2**20)
     ev.evaluate(c)
     w.mul_(5)

@@ -148,7 +148,9 @@ def _dataset_mean(node: Circuit, on_dataset: Circuit, kind: str, ev: Evaluator) 
     return Rearrange(base, f"{axes} -> batch {axes}".strip(), name=node.name, batch=node.shape[0])
 
 
-def rewrite_on_inputs(circuit: Circuit, matcher: Any, inputs: Mapping[Any, Any], what: str, shape_hint: str) -> Circuit:
+def rewrite_on_inputs(
+    circuit: Circuit, matcher: Any, inputs: Mapping[Any, Any], what: str, shape_hint: str
+) -> Circuit:
     """Every node ``matcher`` finds computed on ``inputs`` of the same shape, row for row.
 
     Resample ablation and patching are this one rewrite; they differ in
@@ -180,7 +182,10 @@ def resample_ablate(circuit: Circuit, matcher: Any, other_inputs: Mapping[Any, A
     """
 
     return rewrite_on_inputs(
-        circuit, matcher, other_inputs, "resample_ablate",
+        circuit,
+        matcher,
+        other_inputs,
+        "resample_ablate",
         "other_inputs must have the shape of the inputs they replace (one row per batch row); "
         "to average over a dataset use mean_ablate",
     )

@@ -129,7 +129,9 @@ def check_keys_found(circuit: Circuit, inputs: Mapping[Any, Any], what: str) -> 
         raise ExperimentError(
             f"{what}: inputs must be a mapping {{name or matcher: tensor or node}}, got {type(inputs).__name__}"
         )
-    missed = [key for key in inputs if not isinstance(key, IterativeMatcher) and not circuit.are_any_found(key)]
+    missed = [
+        key for key in inputs if not isinstance(key, IterativeMatcher) and not circuit.are_any_found(key)
+    ]
     if not missed:
         return
     names = sorted({node.name for node in unique_nodes([circuit]) if node.name is not None})

@@ -47,6 +47,9 @@ def patch(circuit: Circuit, matcher: Any, source_inputs: Mapping[Any, Any]) -> C
     """
 
     return rewrite_on_inputs(
-        circuit, matcher, source_inputs, "patch",
+        circuit,
+        matcher,
+        source_inputs,
+        "patch",
         "source_inputs must have the shape of the inputs they replace (the source run is row for row)",
     )

@@ -281,7 +281,9 @@ def sweep(
 
     # Every circuit first: fail fast on a bad target, and know which values later ones read.
     base = _head_splitter(circuit)
-    circuits = [measured(circuit)] + [measured(_ablated(ablation, base(target), label, target)) for label, target in items]
+    circuits = [measured(circuit)] + [
+        measured(_ablated(ablation, base(target), label, target)) for label, target in items
+    ]
     reads, last_read = _reuse_plan(circuits)
 
     def planned(node: Circuit) -> bool:
@@ -320,12 +322,20 @@ def _check_arguments(circuit: Any, ablation: Any, evaluator: Any, cache_bytes: A
     if evaluator is not None and not isinstance(evaluator, Evaluator):
         raise ExperimentError(f"sweep: evaluator must be a cc.Evaluator, got {type(evaluator).__name__}")
     if not callable(ablation):
-        raise ExperimentError(f"sweep: ablation must be a function (circuit, target) -> circuit, got {ablation!r}")
+        raise ExperimentError(
+            f"sweep: ablation must be a function (circuit, target) -> circuit, got {ablation!r}"
+        )
 
 
 def _record(label: Any, value: float, seconds: float, baseline: float) -> dict:
     """One row of ``SweepResult.records``; a single head's name adds its layer and head."""
-    record = {"target": label, "metric": value, "baseline": baseline, "delta": value - baseline, "seconds": seconds}
+    record = {
+        "target": label,
+        "metric": value,
+        "baseline": baseline,
+        "delta": value - baseline,
+        "seconds": seconds,
+    }
     match = _HEAD.fullmatch(label) if isinstance(label, str) else None
     if match and match.group(3) is None:
         record["layer"], record["head"] = int(match.group(1)), int(match.group(2))

@@ -33,7 +33,9 @@ class AttnOnlyConfig:
     ln_eps: float = 1e-5
 
     def __post_init__(self):
-        common.check_config(self, ("n_heads", "d_model", "d_head", "vocab_size", "n_ctx"), epsilons=("ln_eps",))
+        common.check_config(
+            self, ("n_heads", "d_model", "d_head", "vocab_size", "n_ctx"), epsilons=("ln_eps",)
+        )
 
     def weight_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every weight the builder takes, by circuit name, with its shape."""

@@ -172,9 +172,15 @@ def make_tokens(
     extra, input_slice, target_slice = CONVENTIONS[convention]
     if tokens is None:
         if seq_len is None:
-            raise ModelError("pass tokens (an int tensor [S+1] or [B,S+1]) or seq_len= to build a placeholder")
+            raise ModelError(
+                "pass tokens (an int tensor [S+1] or [B,S+1]) or seq_len= to build a placeholder"
+            )
         _check_positive("seq_len", seq_len)
-        shape = (seq_len + extra,) if batch_size is None else (_check_positive("batch_size", batch_size), seq_len + extra)
+        shape = (
+            (seq_len + extra,)
+            if batch_size is None
+            else (_check_positive("batch_size", batch_size), seq_len + extra)
+        )
         tokens = torch.zeros(shape, dtype=torch.int64)
     else:
         tokens = _token_copy(tokens, convention)
@@ -218,7 +224,9 @@ def _token_copy(tokens: Any, convention: str) -> torch.Tensor:
             raise ModelError(f"tokens of type {type(tokens).__name__} are not a tensor ({error})") from error
     if tokens.is_meta or tokens.layout != torch.strided or tokens.is_quantized or tokens.is_nested:
         kind = "meta" if tokens.is_meta else f"{tokens.layout}, quantized or nested"
-        raise ModelError(f"tokens are a {kind} tensor, whose values cannot be read; give a dense tensor of token ids")
+        raise ModelError(
+            f"tokens are a {kind} tensor, whose values cannot be read; give a dense tensor of token ids"
+        )
     if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
         raise ModelError(f"tokens have dtype {tokens.dtype}; expected an integer tensor of token ids")
     if tokens.ndim not in (1, 2):
@@ -354,7 +362,9 @@ def attend(
 # ------------------------------------------------------------------- head
 
 
-def loss_head(final: Circuit, unembed: Circuit, targets: Circuit, unembed_bias: Circuit | None = None) -> Einsum:
+def loss_head(
+    final: Circuit, unembed: Circuit, targets: Circuit, unembed_bias: Circuit | None = None
+) -> Einsum:
     """Logits ``'t.call'``, ``'log_probs'``, ``'ll'`` and the per-token loss ``'t.loss'``."""
     if unembed_bias is None:
         logits = einsum("sh,vh->sv", final, unembed, name="t.call")
@@ -391,14 +401,14 @@ def check_weights(
     unless ``attach``, so that gradients reach them only when asked for.
     """
     if not isinstance(weights, Mapping):
-        raise ModelError(f"{family}: weights must be a mapping from name to tensor, got {type(weights).__name__}")
+        raise ModelError(
+            f"{family}: weights must be a mapping from name to tensor, got {type(weights).__name__}"
+        )
     optional = set(optional)
     problems: list[str] = []
     missing = [n for n in expected if n not in weights and n not in optional]
     if missing:
-        problems.append(
-            "missing: " + ", ".join(f"{n!r} {list(expected[n])}" for n in missing)
-        )
+        problems.append("missing: " + ", ".join(f"{n!r} {list(expected[n])}" for n in missing))
     unknown = sorted((n for n in weights if n not in expected), key=str)
     if unknown:
         problems.append("not used by this model: " + ", ".join(shown(repr(n)) for n in unknown))

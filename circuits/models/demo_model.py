@@ -100,7 +100,9 @@ def repeated_tokens(
     lengths = torch.as_tensor(block_len, dtype=torch.int64).expand(batch_size)
     longest = int(lengths.max())
     if int(lengths.min()) < 1 or longest > vocab_size - 1:
-        raise ModelError(f"block_len must be in 1..{vocab_size - 1} (distinct non-BOS tokens), got {block_len}")
+        raise ModelError(
+            f"block_len must be in 1..{vocab_size - 1} (distinct non-BOS tokens), got {block_len}"
+        )
     if seq_len is None:
         if lengths.unique().numel() != 1:
             raise ModelError("pass seq_len when rows have different block lengths")

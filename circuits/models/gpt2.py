@@ -39,7 +39,14 @@ from circuits.nodes import Add, Array, Circuit
 from circuits.passes.attention import causal_mask_array
 
 #: Activation names as Hugging Face spells them -> the GeneralFunction computing them.
-ACTIVATIONS = {"gelu_new": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu", "swish": "silu", "tanh": "tanh"}
+ACTIVATIONS = {
+    "gelu_new": "gelu_new",
+    "gelu": "gelu",
+    "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+    "tanh": "tanh",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +63,9 @@ class GPT2Config:
 
     def __post_init__(self):
         common.check_config(
-            self, ("n_heads", "d_model", "vocab_size", "n_ctx", "d_mlp"), epsilons=("ln_eps",),
+            self,
+            ("n_heads", "d_model", "vocab_size", "n_ctx", "d_mlp"),
+            epsilons=("ln_eps",),
             flags=("tie_word_embeddings",),
         )
 
@@ -152,7 +161,9 @@ def build_gpt2(
     resid: Circuit = Add(idxed, common.positions(w["t.w.pos_embeds"], toks.seq_len), name="embeds")
     for layer in range(config.n_layers):
         a, m = f"a{layer}", f"m{layer}"
-        norm = common.layer_norm(resid, w[f"{a}.ln.w.scale"], w[f"{a}.ln.w.bias"], config.ln_eps, name=f"{a}.norm")
+        norm = common.layer_norm(
+            resid, w[f"{a}.ln.w.scale"], w[f"{a}.ln.w.bias"], config.ln_eps, name=f"{a}.norm"
+        )
         q = Add(einsum("qd,hcd->hqc", norm, w[f"{a}.w.q"], name="a.q_nobias"), w[f"{a}.w.q_bias"], name="a.q")
         k = Add(einsum("kd,hcd->hkc", norm, w[f"{a}.w.k"], name="a.k_nobias"), w[f"{a}.w.k_bias"], name="a.k")
         v = Add(einsum("kd,hVd->hkV", norm, w[f"{a}.w.v"], name="a.v_nobias"), w[f"{a}.w.v_bias"], name="a.v")
@@ -163,7 +174,11 @@ def build_gpt2(
         m_norm = common.layer_norm(
             resid_mid, w[f"{m}.ln.w.scale"], w[f"{m}.ln.w.bias"], config.ln_eps, name=f"{m}.norm"
         )
-        pre = Add(einsum("sd,Md->sM", m_norm, w[f"{m}.w.proj_in"], name="m.proj_in"), w[f"{m}.w.in_bias"], name="m.pre")
+        pre = Add(
+            einsum("sd,Md->sM", m_norm, w[f"{m}.w.proj_in"], name="m.proj_in"),
+            w[f"{m}.w.in_bias"],
+            name="m.pre",
+        )
         activated = fn(act, pre, name="m.act")
         mlp = Add(
             einsum("sM,dM->sd", activated, w[f"{m}.w.proj_out"], name="m.proj_out"),
@@ -171,5 +186,7 @@ def build_gpt2(
             name=f"b{layer}.m",
         )
         resid = Add(mlp, resid_mid, name=f"b{layer}")
-    final = common.layer_norm(resid, w["final.ln.w.scale"], w["final.ln.w.bias"], config.ln_eps, name="final.call")
+    final = common.layer_norm(
+        resid, w["final.ln.w.scale"], w["final.ln.w.bias"], config.ln_eps, name="final.call"
+    )
     return common.loss_head(final, w["t.w.unembed"], toks.targets, w.get("t.w.unembed_bias"))

@@ -43,7 +43,14 @@ from circuits.models.common import einsum, fn
 from circuits.nodes import Add, Array, Circuit, Index
 from circuits.passes.attention import causal_mask_array
 
-ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "relu": "relu", "gelu_new": "gelu_new", "tanh": "tanh"}
+ACTIVATIONS = {
+    "silu": "silu",
+    "swish": "silu",
+    "gelu": "gelu",
+    "relu": "relu",
+    "gelu_new": "gelu_new",
+    "tanh": "tanh",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,8 +70,10 @@ class LlamaConfig:
 
     def __post_init__(self):
         common.check_config(
-            self, ("n_heads", "d_model", "d_mlp", "vocab_size", "n_kv_heads", "d_head", "max_positions"),
-            epsilons=("rms_eps",), flags=("tie_word_embeddings",),
+            self,
+            ("n_heads", "d_model", "d_mlp", "vocab_size", "n_kv_heads", "d_head", "max_positions"),
+            epsilons=("rms_eps",),
+            flags=("tie_word_embeddings",),
         )
         theta = self.rope_theta
         if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta < float("inf"):
@@ -79,12 +88,21 @@ class LlamaConfig:
         if self.d_head is not None:
             return self.d_head
         if self.d_model % self.n_heads:
-            raise ModelError(f"Llama: d_model {self.d_model} is not divisible by n_heads {self.n_heads}; give d_head")
+            raise ModelError(
+                f"Llama: d_model {self.d_model} is not divisible by n_heads {self.n_heads}; give d_head"
+            )
         return self.d_model // self.n_heads
 
     def weight_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every weight the builder takes, by circuit name, with its shape."""
-        d, h, g, c, v, m = self.d_model, self.n_heads, self.kv_heads, self.head_size, self.vocab_size, self.d_mlp
+        d, h, g, c, v, m = (
+            self.d_model,
+            self.n_heads,
+            self.kv_heads,
+            self.head_size,
+            self.vocab_size,
+            self.d_mlp,
+        )
         shapes = {"t.w.tok_embeds": (v, d)}
         for layer in range(self.n_layers):
             shapes[f"a{layer}.rms.w.scale"] = (d,)
@@ -136,7 +154,9 @@ def _rope_arrays(config: LlamaConfig, rope: Any, seq: int, dtype: torch.dtype) -
         cos, sin = rope
         tables = tuple(torch.as_tensor(t).detach() for t in (cos, sin))
     except Exception as error:
-        raise ModelError(f"Llama: rope= must be a pair of tensors (cos, sin), got {type(rope).__name__}") from error
+        raise ModelError(
+            f"Llama: rope= must be a pair of tensors (cos, sin), got {type(rope).__name__}"
+        ) from error
     if any(t.is_meta or not t.is_floating_point() for t in tables):
         raise ModelError(
             "Llama: rope tables must be floating tensors with values, got "

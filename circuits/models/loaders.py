@@ -251,7 +251,9 @@ def _rope_params(config: Any) -> Mapping[str, Any]:
     for key in ("rope_parameters", "rope_scaling"):
         params = _get(config, key)
         if params is not None and not isinstance(params, Mapping):
-            raise ModelError(f"Llama config: {key!r} is {shown(repr(params))}; expected an object (a mapping)")
+            raise ModelError(
+                f"Llama config: {key!r} is {shown(repr(params))}; expected an object (a mapping)"
+            )
         if params:
             return params
     return {}
@@ -259,7 +261,9 @@ def _rope_params(config: Any) -> Mapping[str, Any]:
 
 def _rope_type(config: Any) -> str:
     params = _rope_params(config)
-    return _typed_field("Llama", params, "rope_type", _typed_field("Llama", params, "type", "default", str), str)
+    return _typed_field(
+        "Llama", params, "rope_type", _typed_field("Llama", params, "type", "default", str), str
+    )
 
 
 def _rope_theta(config: Any) -> float:
@@ -272,7 +276,11 @@ def _rope_theta(config: Any) -> float:
 def llama_config_from_hf(config: Any) -> LlamaConfig:
     """Our ``LlamaConfig`` from a Hugging Face one (object or ``config.json`` dict), each field checked."""
     family = "Llama"
-    problems = [f"{option}=True" for option in ("attention_bias", "mlp_bias") if _typed_field(family, config, option, False, bool)]
+    problems = [
+        f"{option}=True"
+        for option in ("attention_bias", "mlp_bias")
+        if _typed_field(family, config, option, False, bool)
+    ]
     if problems:
         raise ModelError(f"Llama config options not supported: {', '.join(problems)}")
     _rope_params(config)
@@ -296,7 +304,9 @@ def llama_config_from_hf(config: Any) -> LlamaConfig:
             f"Llama config: 'num_attention_heads' {heads} is not a multiple of 'num_key_value_heads' {ours.kv_heads}"
         )
     if ours.d_head is None and ours.d_model % heads:
-        raise ModelError(f"Llama config: 'hidden_size' {ours.d_model} is not divisible by 'num_attention_heads' {heads}")
+        raise ModelError(
+            f"Llama config: 'hidden_size' {ours.d_model} is not divisible by 'num_attention_heads' {heads}"
+        )
     return ours
 
 
@@ -334,7 +344,9 @@ def llama_weights_from_hf(
     return r.weights(out)
 
 
-def _hf_rope_tables(rotary_module: Any, seq_len: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def _hf_rope_tables(
+    rotary_module: Any, seq_len: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin ``[S, d_head]`` from a Hugging Face rotary-embedding module (any rope variant)."""
     device = next((b.device for b in rotary_module.buffers()), torch.device("cpu"))
     probe = torch.zeros(1, dtype=dtype, device=device)
@@ -354,7 +366,9 @@ def _rope_from_transformers(config_dict: Mapping[str, Any], seq_len: int, dtype:
             f"with transformers; install it (pip install 'circuits[hf]'): {error}"
         ) from error
     try:
-        hf_config = HFLlamaConfig(**{k: v for k, v in config_dict.items() if k not in ("architectures", "model_type")})
+        hf_config = HFLlamaConfig(
+            **{k: v for k, v in config_dict.items() if k not in ("architectures", "model_type")}
+        )
         return _hf_rope_tables(LlamaRotaryEmbedding(hf_config), seq_len, dtype)
     except Exception as error:  # transformers' own complaint about the rope parameters
         raise ModelError(
@@ -380,7 +394,11 @@ def _positions(tokens: Any, seq_len: int | None, convention: str) -> int | None:
             except (TypeError, ValueError, RuntimeError):
                 return None
         positions = int(shape[-1]) - CONVENTIONS[convention][0] if len(shape) else None
-    return positions if isinstance(positions, int) and not isinstance(positions, bool) and positions > 0 else None
+    return (
+        positions
+        if isinstance(positions, int) and not isinstance(positions, bool) and positions > 0
+        else None
+    )
 
 
 def _model_type(config: Any) -> str:
@@ -521,12 +539,18 @@ def _index_shards(index: Path, directory: Path) -> dict[str, list[str]]:
     value = _read_json(index)
     weight_map = value.get("weight_map") if isinstance(value, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
-        what = "not a JSON object" if not isinstance(value, dict) else f"'weight_map' is {shown(repr(weight_map))}"
-        raise ModelError(f"{index}: {what}; expected {{\"weight_map\": {{tensor name: shard file, ...}}}}")
+        what = (
+            "not a JSON object"
+            if not isinstance(value, dict)
+            else f"'weight_map' is {shown(repr(weight_map))}"
+        )
+        raise ModelError(f'{index}: {what}; expected {{"weight_map": {{tensor name: shard file, ...}}}}')
     shards: dict[str, list[str]] = {}
     for key, name in weight_map.items():
         if not isinstance(name, str):
-            raise ModelError(f"{index}: weight_map[{shown(repr(key))}] is {shown(repr(name))}, not a file name")
+            raise ModelError(
+                f"{index}: weight_map[{shown(repr(key))}] is {shown(repr(name))}, not a file name"
+            )
         shards.setdefault(name, []).append(key)
     for name in shards:
         path = directory / name
@@ -542,7 +566,10 @@ def _index_shards(index: Path, directory: Path) -> dict[str, list[str]]:
 
 
 def _read_safetensors(
-    directory: Path, names: list[str], index: Path | None = None, shards: Mapping[str, list[str]] | None = None
+    directory: Path,
+    names: list[str],
+    index: Path | None = None,
+    shards: Mapping[str, list[str]] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Every tensor of the files; a name in two files, or missing from the shard the index names, is refused."""
     from safetensors.torch import load_file
@@ -557,10 +584,14 @@ def _read_safetensors(
             raise ModelError(f"{path}: not a readable safetensors file ({shown(str(error))})") from error
         for key in (shards or {}).get(name, ()):
             if key not in tensors:
-                raise ModelError(f"{index}: puts {shown(repr(key))} in {shown(name)}, which has no such tensor")
+                raise ModelError(
+                    f"{index}: puts {shown(repr(key))} in {shown(name)}, which has no such tensor"
+                )
         for key in tensors:
             if key in origin:
-                raise ModelError(f"{path} and {origin[key]} both hold {shown(repr(key))}: which one is meant?")
+                raise ModelError(
+                    f"{path} and {origin[key]} both hold {shown(repr(key))}: which one is meant?"
+                )
             origin[key] = path
         state.update(tensors)
     return state
@@ -605,7 +636,9 @@ def load_hf_checkpoint(path: str | os.PathLike, tokens: Any = None, **options: A
         raise ModelError(f"{directory} is not a checkpoint directory: no config.json")
     config = _read_json(config_file)
     if not isinstance(config, dict):
-        raise ModelError(f"{config_file}: not a JSON object of config fields (it holds {shown(repr(config), 60)})")
+        raise ModelError(
+            f"{config_file}: not a JSON object of config fields (it holds {shown(repr(config), 60)})"
+        )
     try:
         _config_for(config)
     except ModelError as error:
@@ -655,7 +688,9 @@ _TL_IGNORED = re.compile(r"(.*\.)?(hook_[\w.]*|mask|IGNORE)$")
 def _tl_dims(state: Mapping[str, Any], family: str) -> dict[str, int]:
     """The dimensions read off the tensors (``V d P H c L``, and ``M`` for GPT-2)."""
     if not isinstance(state, Mapping) or not all(isinstance(k, str) for k in state):
-        raise ModelError(f"from_transformer_lens needs a state dict (str keys to tensors), got {type(state).__name__}")
+        raise ModelError(
+            f"from_transformer_lens needs a state dict (str keys to tensors), got {type(state).__name__}"
+        )
     ranks = {"embed.W_E": 2, "pos_embed.W_pos": 2, "blocks.0.attn.W_Q": 3}
     if family == "gpt2":
         ranks["blocks.0.mlp.W_in"] = 2
@@ -669,8 +704,12 @@ def _tl_dims(state: Mapping[str, Any], family: str) -> dict[str, int]:
         )
     for key, rank in ranks.items():
         if not isinstance(state[key], torch.Tensor) or state[key].ndim != rank:
-            shape = list(state[key].shape) if isinstance(state[key], torch.Tensor) else type(state[key]).__name__
-            raise ModelError(f"TransformerLens {family}: {key!r} is {shape}, expected {TRANSFORMER_LENS_KEYS[key]}")
+            shape = (
+                list(state[key].shape) if isinstance(state[key], torch.Tensor) else type(state[key]).__name__
+            )
+            raise ModelError(
+                f"TransformerLens {family}: {key!r} is {shape}, expected {TRANSFORMER_LENS_KEYS[key]}"
+            )
     dims = dict(zip("Vd", state["embed.W_E"].shape))
     dims["P"] = state["pos_embed.W_pos"].shape[0]
     dims["H"], _, dims["c"] = state["blocks.0.attn.W_Q"].shape
@@ -750,8 +789,10 @@ def from_transformer_lens(
     if b_u is not None and bool(b_u.any()):
         out["t.w.unembed_bias"] = b_u
     if r.missing and any(".ln1.w" in m or "ln_final.w" in m for m in r.missing):
-        r.missing.append("(no layer-norm weights: a state dict with folded layer norms is not supported; "
-                         "load with fold_ln=False / from_pretrained_no_processing)")
+        r.missing.append(
+            "(no layer-norm weights: a state dict with folded layer norms is not supported; "
+            "load with fold_ln=False / from_pretrained_no_processing)"
+        )
     r.finish(ignore=lambda k: bool(_TL_IGNORED.match(k)))
     if nonzero_biases:
         raise ModelError(
@@ -763,7 +804,14 @@ def from_transformer_lens(
         if H * c != d:
             raise ModelError(f"TransformerLens gpt2: {H} heads x d_head {c} != d_model {d}")
         config = GPT2Config(
-            n_layers=L, n_heads=H, d_model=d, vocab_size=V, n_ctx=P, d_mlp=dims["M"], ln_eps=ln_eps, act=act,
+            n_layers=L,
+            n_heads=H,
+            d_model=d,
+            vocab_size=V,
+            n_ctx=P,
+            d_mlp=dims["M"],
+            ln_eps=ln_eps,
+            act=act,
             tie_word_embeddings=False,
         )
         return build_gpt2(config, weights, tokens, **options)

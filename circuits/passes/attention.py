@@ -84,7 +84,9 @@ def causal_mask_array(seq_len: int, dtype: torch.dtype | None = None) -> Array:
 def _mask_node(mask: MaskSpec, scores: Circuit, heads: int, queries: int, keys: int) -> Array:
     if mask is None:
         if queries != keys:
-            raise PassError(f"causal_mask: {scores.describe()} has {queries} queries but {keys} keys; pass a mask")
+            raise PassError(
+                f"causal_mask: {scores.describe()} has {queries} queries but {keys} keys; pass a mask"
+            )
         return causal_mask_array(queries)
     if callable(mask) and not isinstance(mask, torch.Tensor):
         layer = layer_of(scores)
@@ -99,7 +101,9 @@ def _mask_node(mask: MaskSpec, scores: Circuit, heads: int, queries: int, keys: 
             f"{list(tensor.shape)}, expected {list(expected)} (0/1, 1 = attend)"
         )
     if not bool(((tensor == 0) | (tensor == 1)).all()):
-        raise PassError(f"causal_mask: mask values must be 0 or 1 (1 = attend), got {tensor.unique().tolist()[:6]}")
+        raise PassError(
+            f"causal_mask: mask values must be 0 or 1 (1 = attend), got {tensor.unique().tolist()[:6]}"
+        )
     return Array(tensor.to(torch.get_default_dtype()), name=name)
 
 
@@ -206,7 +210,9 @@ def _layer_outputs(circuit: Circuit, layers: Iterable[int] | None) -> dict[int, 
 
 
 def _head_axis(node: Einsum) -> int:
-    summed = [a for a in node.operand_axes[0] if a not in node.out_axes and all(a in ax for ax in node.operand_axes)]
+    summed = [
+        a for a in node.operand_axes[0] if a not in node.out_axes and all(a in ax for ax in node.operand_axes)
+    ]
     if not summed:
         raise PassError(f"split_heads: {node.describe()} sums no axis shared by its operands (no head axis)")
     return summed[0]

@@ -19,7 +19,18 @@ from typing import Callable, Sequence
 import attrs
 
 from circuits.functions import GEN_INDEX_NAME, gen_index_layout, gen_index_spec
-from circuits.nodes import Add, Array, Circuit, Concat, Einsum, GeneralFunction, Index, Rearrange, Scalar, Symbol
+from circuits.nodes import (
+    Add,
+    Array,
+    Circuit,
+    Concat,
+    Einsum,
+    GeneralFunction,
+    Index,
+    Rearrange,
+    Scalar,
+    Symbol,
+)
 
 LeafNamer = Callable[[Index], "str | None"]
 FULL = slice(None, None)
@@ -138,9 +149,7 @@ def _plan_einsum(node: Index, child: Einsum, items, name) -> _Plan:
         children.append(_index(operand, operand_items))
         operand_axes.append(tuple(a for a in axes if not isinstance(by_letter.get(a), int)))
     out_axes = tuple(a for a in child.out_axes if not isinstance(by_letter.get(a), int))
-    return _rebuild(
-        children, lambda kids: Einsum(*zip(kids, operand_axes), out_axes=out_axes, name=name)
-    )
+    return _rebuild(children, lambda kids: Einsum(*zip(kids, operand_axes), out_axes=out_axes, name=name))
 
 
 def _plan_add(node: Index, child: Add, items, name) -> _Plan:

@@ -52,7 +52,9 @@ def _flatten_einsum(node: Circuit) -> Circuit:
             mapping.update({a: next(fresh) for a in sorted(inner)})
         except StopIteration:
             return node  # more than 52 letters: leave it nested
-        operands.extend((op, tuple(mapping[a] for a in ax)) for op, ax in zip(child.children, child.operand_axes))
+        operands.extend(
+            (op, tuple(mapping[a] for a in ax)) for op, ax in zip(child.children, child.operand_axes)
+        )
     return Einsum(*operands, out_axes=node.out_axes, name=node.name)
 
 
@@ -64,7 +66,11 @@ def _fold_scalars(node: Circuit) -> Circuit:
         return _fold_einsum(node)
     if isinstance(node, Index) and isinstance(node.node, Scalar):
         return Scalar(node.node.value, shape=node.shape, name=node.name)
-    if isinstance(node, GeneralFunction) and node.children and all(isinstance(c, Scalar) for c in node.children):
+    if (
+        isinstance(node, GeneralFunction)
+        and node.children
+        and all(isinstance(c, Scalar) for c in node.children)
+    ):
         return _fold_function(node)
     return node
 
@@ -86,7 +92,9 @@ def _fold_add(node: Add) -> Circuit:
 def _fold_einsum(node: Einsum) -> Circuit:
     pairs = list(zip(node.children, node.operand_axes))
     scalars = [(c, ax) for c, ax in pairs if isinstance(c, Scalar)]
-    if not scalars or (len(scalars) == 1 and not scalars[0][1] and len(pairs) > 1 and scalars[0][0].value != 1):
+    if not scalars or (
+        len(scalars) == 1 and not scalars[0][1] and len(pairs) > 1 and scalars[0][0].value != 1
+    ):
         return node
     others = [(c, ax) for c, ax in pairs if not isinstance(c, Scalar)]
     sizes = {a: s for c, ax in pairs for a, s in zip(ax, c.shape)}
@@ -138,11 +146,7 @@ def _remove_single_operand(node: Circuit) -> Circuit:
     """A one-operand Add, or an Einsum that only renames axes in order, is its operand."""
     if isinstance(node, Add) and len(node.children) == 1 and node.children[0].shape == node.shape:
         return node.children[0]
-    if (
-        isinstance(node, Einsum)
-        and len(node.children) == 1
-        and node.operand_axes[0] == node.out_axes
-    ):
+    if isinstance(node, Einsum) and len(node.children) == 1 and node.operand_axes[0] == node.out_axes:
         return node.children[0]
     return node
 
