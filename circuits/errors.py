@@ -163,3 +163,17 @@ class PassError(CircuitError, ValueError):
     """A pass applied to a circuit that lacks the structure it rewrites
     (no attention scores to mask, no unsplit layer to split), or given a
     mask or head grouping that does not fit."""
+
+
+class MissingTensorEvaluationError(EvaluationError, MissingTensorError):
+    """Evaluating an Array that has no tensor: catchable as either error type."""
+
+
+class StaleTensorEvaluationError(EvaluationError, StaleTensorError):
+    """Evaluating an Array whose tensor was edited in place since: catchable as either error type."""
+
+
+class ExperimentError(CircuitError, ValueError):
+    """An ablation, patch, metric or sweep that cannot be set up as asked
+    (inputs that do not fit what they replace, a target that matches
+    nothing, a metric node that is not there)."""

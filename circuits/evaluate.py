@@ -46,7 +46,14 @@ from typing import Any, Callable, Iterable, Mapping
 import einops
 import torch
 
-from circuits.errors import EvaluationError, MissingTensorError, NodeTypeError, StaleTensorError
+from circuits.errors import (
+    EvaluationError,
+    MissingTensorError,
+    MissingTensorEvaluationError,
+    NodeTypeError,
+    StaleTensorError,
+    StaleTensorEvaluationError,
+)
 from circuits.functions import FunctionSpec, is_library_function
 from circuits.nodes import (
     Add,
@@ -63,14 +70,6 @@ from circuits.nodes import (
 from circuits.spec import format_shape
 
 __all__ = ["evaluate", "evaluate_many", "MissingTensorEvaluationError", "StaleTensorEvaluationError"]
-
-
-class MissingTensorEvaluationError(EvaluationError, MissingTensorError):
-    """Evaluating an Array that has no tensor: catchable as either error type."""
-
-
-class StaleTensorEvaluationError(EvaluationError, StaleTensorError):
-    """Evaluating an Array whose tensor was edited in place since: catchable as either error type."""
 
 
 Inputs = Mapping["Circuit | str", Any]

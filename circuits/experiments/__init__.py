@@ -23,7 +23,8 @@ makes evaluating many rewrites of one circuit cost only what changed.
 
 from circuits.cache import Evaluator
 from circuits.experiments.ablation import DEFAULT_CACHE_BYTES, mean_ablate, resample_ablate, zero_ablate
-from circuits.experiments.inputs import ExperimentError, with_inputs
+from circuits.errors import ExperimentError
+from circuits.experiments.inputs import with_inputs
 from circuits.experiments.metrics import Metric, kl_div, logit_diff, mean_loss
 from circuits.experiments.patching import patch
 from circuits.experiments.sweep import SweepResult, head_names, sweep

@@ -30,21 +30,15 @@ from typing import Any, Mapping
 import torch
 
 from circuits.batching import expand
-from circuits.errors import CircuitError, shown
+from circuits.errors import ExperimentError, shown
 from circuits.matching import IterativeMatcher
 from circuits.nodes import Array, Circuit
 from circuits.rewrite import replace
 from circuits.traversal import unique_nodes
 
-__all__ = ["ExperimentError", "check_keys_found", "with_inputs"]
+__all__ = ["check_keys_found", "with_inputs"]
 
 SAME, REBATCHED, EXPANDED = "same", "rebatched", "expanded"
-
-
-class ExperimentError(CircuitError, ValueError):
-    """An ablation, patch, metric or sweep that cannot be set up as asked
-    (inputs that do not fit what they replace, a target that matches
-    nothing, a metric node that is not there)."""
 
 
 def _replacement(node: Circuit, value: Any, what: str) -> Circuit:

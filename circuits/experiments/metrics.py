@@ -32,7 +32,7 @@ import torch
 
 from circuits.cache import Evaluator
 from circuits.evaluate import evaluate
-from circuits.experiments.inputs import ExperimentError
+from circuits.errors import ExperimentError
 from circuits.nodes import Add, Array, Circuit, Einsum, GeneralFunction, Index, Scalar
 
 __all__ = ["Metric", "kl_div", "logit_diff", "mean_loss"]

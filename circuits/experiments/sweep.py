@@ -51,7 +51,7 @@ import torch
 from circuits.cache import Evaluator, check_cache_bytes
 from circuits.errors import shown
 from circuits.experiments.ablation import DEFAULT_CACHE_BYTES, zero_ablate
-from circuits.experiments.inputs import ExperimentError
+from circuits.errors import ExperimentError
 from circuits.experiments.metrics import Metric, mean_loss
 from circuits.nodes import Circuit
 from circuits.passes.attention import split_heads, unsplit_head_counts
