@@ -195,10 +195,10 @@ def _slice_problem(item: slice, size: int) -> str | None:
         return None
     for bound in (start, stop):
         if bound is not None and not -size <= bound <= size:
-            return f"slice {_slice_text(item)} is out of range"
+            return f"slice {format_slice(item)} is out of range"
     begin = 0 if start is None else start % size if start < 0 else start
     end = size if stop is None else stop + size if stop < 0 else stop
-    return f"slice {_slice_text(item)} ends before it starts" if end < begin else None
+    return f"slice {format_slice(item)} ends before it starts" if end < begin else None
 
 
 def _values_text(tensor: torch.Tensor, limit: int = 16) -> str:
@@ -251,7 +251,8 @@ def _tensor_item(item, context: str) -> torch.Tensor:
     return tensor.detach().to(device="cpu", dtype=torch.int64, copy=True)
 
 
-def _slice_text(item: slice) -> str:
+def format_slice(item: slice) -> str:
+    """A slice as the index syntax writes it, ``2:5``."""
     start = "" if item.start is None else str(item.start)
     stop = "" if item.stop is None else str(item.stop)
     return f"{start}:{stop}"
@@ -273,7 +274,7 @@ def format_index(items: tuple) -> str:
     parts = []
     for item in items:
         if isinstance(item, slice):
-            parts.append(_slice_text(item))
+            parts.append(format_slice(item))
         elif isinstance(item, torch.Tensor):
             parts.append("[" + ",".join(str(v) for v in item.tolist()) + "]")
         else:

@@ -21,6 +21,7 @@ import torch
 
 from circuits.errors import ModelError, shown
 from circuits.nodes import Add, Array, Circuit, Concat, Einsum, GeneralFunction, Index, Scalar
+from circuits.spec import format_slice
 from circuits.passes.attention import NEG_INF, neg_inf_bias
 
 #: How the token array is cut into model inputs and targets.
@@ -237,7 +238,7 @@ def _token_copy(tokens: Any, convention: str) -> torch.Tensor:
     if tokens.shape[-1] <= extra:
         raise ModelError(
             f"tokens have shape {list(tokens.shape)}: the {convention!r} convention needs more than "
-            f"{extra} tokens per row (inputs {_slice_text(input_slice)}, targets {_slice_text(target_slice)})"
+            f"{extra} tokens per row (inputs [{format_slice(input_slice)}], targets [{format_slice(target_slice)}])"
         )
     try:
         return tokens.detach().to(torch.int64, copy=True)
@@ -285,10 +286,6 @@ def _check_positive(what: str, value: Any) -> int:
     if not _is_int(value, 1):
         raise ModelError(f"{what}={value!r} is not a positive int")
     return value
-
-
-def _slice_text(item: slice) -> str:
-    return f"[{'' if item.start is None else item.start}:{'' if item.stop is None else item.stop}]"
 
 
 # ------------------------------------------------------------------- norms
