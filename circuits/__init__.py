@@ -19,7 +19,7 @@ from circuits.errors import (
     StaleTensorError,
     StoreError,
 )
-from circuits.evaluate import evaluate, evaluate_many
+from circuits.evaluation import evaluate, evaluate_many
 from circuits.functions import FunctionSpec, get_function, register_function, registered_names
 from circuits.nodes import (
     Add,

@@ -83,13 +83,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import sys
 import weakref
 from typing import Any, Callable, Iterable
 
 import torch
 
-from circuits.errors import CacheError, NodeTypeError
+from circuits.errors import CacheError
+from circuits.evaluation import KnownValue, compile_plan
 from circuits.nodes import Array, Circuit, Scalar, Symbol
 
 __all__ = ["CacheStats", "Evaluator"]
@@ -105,11 +105,6 @@ def check_cache_bytes(cache_bytes: Any, what: str) -> int:
     if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
         raise CacheError(f"{what}: cache_bytes must be a non-negative int (bytes), got {cache_bytes!r}")
     return cache_bytes
-
-
-def _evaluate_module():
-    # ``circuits.evaluate`` the module (the package exports a function of that name)
-    return sys.modules["circuits.evaluate"]
 
 
 @dataclasses.dataclass
@@ -134,15 +129,16 @@ class CacheStats:
 
 
 class _Entry:
-    __slots__ = ("float_dtype", "key", "scalar_dtype", "storage", "value", "version")
+    __slots__ = ("key", "known", "scalar_dtype", "storage", "value", "version")
 
     def __init__(self, key, value, storage, scalar_dtype, float_dtype):
         self.key = key  # (node hash, call options)
+        # the value, and the promoted floating dtype of the Arrays below it (None: none)
+        self.known = KnownValue(value, float_dtype)
         self.value = value
         self.version = _version(value)  # a caller editing a returned value in place bumps it
         self.storage = storage  # the storage key charged for this value
         self.scalar_dtype = scalar_dtype  # the Scalars' dtype it was computed with; None: no Scalar below
-        self.float_dtype = float_dtype  # promoted floating dtype of the Arrays below; None: none
 
 
 def _promote(a, b):
@@ -233,18 +229,12 @@ class Evaluator:
                 f"Evaluator: store must be True, False or a predicate node -> bool, got {store!r}"
             )
         roots = list(circuits)
-        for position, root in enumerate(roots):
-            if not isinstance(root, Circuit):
-                raise NodeTypeError(
-                    f"evaluate: root {position} is a {type(root).__name__}, not a circuit node"
-                )
         options = (None if device is None else str(device), dtype)
         self._drop_if_leaves_changed()
         excluded: set[bytes] = set()
-        compile_ = _evaluate_module()._compile
         while True:
             probe = _Probe(self._entries, options, excluded)
-            plan = compile_(roots, inputs, device, dtype, probe=probe)
+            plan = compile_plan(roots, inputs, device, dtype, known=probe)
             stale = [
                 entry.key[0] for entry in probe.hits if entry.scalar_dtype not in (None, plan.scalar_dtype)
             ]
@@ -258,16 +248,14 @@ class Evaluator:
                 self._drop(key)
         for entry in probe.hits:
             self._entries.move_to_end(entry.key)
-        order = plan.order
-        computed = sum(1 for out in plan.steps.outs if order[out].children)
         stats = self.stats
         stats.hits += len(probe.hits)
         stats.last_hits = len(probe.hits)
-        stats.computed += computed
-        stats.last_computed = computed
-        if store is False or self.cache_bytes == 0 or not plan.steps.outs:
+        stats.computed += plan.computed
+        stats.last_computed = plan.computed
+        if store is False or self.cache_bytes == 0 or not plan.computed:
             return plan.run()
-        return plan.run(store=_Storer(self, plan, probe, options, store))
+        return plan.run(on_value=_Storer(self, plan, probe, options, store))
 
     # ---------------------------------------------------------- storing
 
@@ -353,18 +341,9 @@ class Evaluator:
 
 
 class _Probe:
-    """Called by the schedule's walk on each node it enters: the cached value, or None."""
+    """The ``known`` hook of a compile: a node's cached value (as a ``KnownValue``), or None."""
 
-    __slots__ = (
-        "edited",
-        "entries",
-        "excluded",
-        "first_device",
-        "float_dtypes",
-        "hit_hashes",
-        "hits",
-        "options",
-    )
+    __slots__ = ("edited", "entries", "excluded", "hits", "options")
 
     def __init__(self, entries, options, excluded):
         self.entries = entries
@@ -372,11 +351,8 @@ class _Probe:
         self.excluded = excluded
         self.edited: list[tuple] = []  # keys of entries whose value was modified in place
         self.hits: list[_Entry] = []
-        self.hit_hashes: set[bytes] = set()
-        self.float_dtypes: set[torch.dtype] = set()
-        self.first_device = None
 
-    def __call__(self, node: Circuit):
+    def __call__(self, node: Circuit) -> KnownValue | None:
         if not node.children:
             return None
         entry = self.entries.get((node.hash, self.options))
@@ -387,88 +363,50 @@ class _Probe:
             self.edited.append(entry.key)
             return None
         self.hits.append(entry)
-        self.hit_hashes.add(node.hash)
-        if entry.float_dtype is not None:
-            self.float_dtypes.add(entry.float_dtype)
-        if self.first_device is None:
-            self.first_device = entry.value.device
-        return entry.value
+        return entry.known
 
 
 class _Storer:
-    """The ``store`` hook of a run: offers each computed value to the cache.
+    """The ``on_value`` hook of a run: offers each computed value to the cache.
 
-    It follows the steps in order, working out for each computed node
-    whether a Symbol is below it (then it is not cached), the promoted
-    floating dtype of the Arrays below it, and whether a Scalar is below it.
+    For each computed node it works out, from its children's, whether a
+    Symbol is below it (then it is not cached), the promoted floating dtype
+    of the Arrays below it, and whether a Scalar is below it.
     """
 
     def __init__(self, evaluator: Evaluator, plan, probe: _Probe, options, store):
         self.evaluator = evaluator
-        self.order = plan.order
-        self.steps = plan.steps
         self.scalar_dtype = plan.scalar_dtype
         self.options = options
         self.admit = None if store is True else store
-        self.position = 0
         hits = {entry.key[0]: entry for entry in probe.hits}
-        # per slot: (Symbol below, float dtype of Arrays below, Scalar below);
-        # computed nodes are filled in as they run
-        meta: list[Any] = [None] * len(self.order)
-        leaf_storages = set()
-        values = plan.values
-        for slot, node in enumerate(self.order):
-            kind = type(node)
+        # node hash -> (Symbol below, float dtype of Arrays below, Scalar below)
+        self.meta: dict[bytes, tuple] = {}
+        for node in plan.nodes:
             if node.children:
                 entry = hits.get(node.hash)
                 if entry is not None:
-                    meta[slot] = (False, entry.float_dtype, entry.scalar_dtype is not None)
-            elif isinstance(node, Array):
-                tensor = node.value
-                if tensor is not None:
-                    evaluator._remember_leaf(tensor)
-                meta[slot] = (
-                    False,
-                    tensor.dtype if tensor is not None and tensor.is_floating_point() else None,
-                    False,
-                )
-            elif isinstance(node, Symbol):
-                meta[slot] = (True, None, False)
-            elif isinstance(node, Scalar):
-                meta[slot] = (False, None, True)
+                    self.meta[node.hash] = (False, entry.known.float_dtype, entry.scalar_dtype is not None)
             else:
-                meta[slot] = (False, None, False)
-            if not node.children and kind is not Scalar:
-                value = values[slot]
-                if isinstance(value, torch.Tensor):
-                    leaf_storages.add(_storage_key(value)[0])
-        self.meta = meta
-        self.leaf_storages = leaf_storages
+                self.meta[node.hash] = _leaf_meta(node, evaluator)
+        self.leaf_storages = {
+            _storage_key(value)[0]
+            for node, value in plan.initial_values()
+            if not node.children and type(node) is not Scalar
+        }
 
-    def __call__(self, out: int, value: Any) -> None:
-        steps = self.steps
-        position = self.position
-        self.position = position + 1
-        node = self.order[out]
+    def __call__(self, node: Circuit, value: Any) -> None:
         if not node.children:  # an Array moved or cast by the call: its storage is a leaf's
             if isinstance(value, torch.Tensor):
                 self.leaf_storages.add(_storage_key(value)[0])
             return
         meta = self.meta
-        first, second = steps.firsts[position], steps.seconds[position]
-        if second >= 0:
-            a, b = meta[first], meta[second]
-            info = (a[0] or b[0], _promote(a[1], b[1]), a[2] or b[2])
-        elif first >= 0:
-            info = meta[first]
-        else:
-            symbol, dtype, scalar = False, None, False
-            for arg in steps.many[out]:
-                m = meta[arg]
-                symbol, dtype, scalar = symbol or m[0], _promote(dtype, m[1]), scalar or m[2]
-            info = (symbol, dtype, scalar)
-        meta[out] = info
-        if info[0] or not isinstance(value, torch.Tensor) or value.requires_grad:
+        symbol, dtype, scalar = False, None, False
+        for child in node.children:
+            m = meta[child.hash]
+            symbol, dtype, scalar = symbol or m[0], _promote(dtype, m[1]), scalar or m[2]
+        meta[node.hash] = (symbol, dtype, scalar)
+        if symbol or not isinstance(value, torch.Tensor) or value.requires_grad:
             return
         if self.admit is not None and not self.admit(node):
             return
@@ -478,5 +416,15 @@ class _Storer:
             evaluator.stats.rejected += 1
             return
         evaluator._put(
-            (node.hash, self.options), value, storage, size, self.scalar_dtype if info[2] else None, info[1]
+            (node.hash, self.options), value, storage, size, self.scalar_dtype if scalar else None, dtype
         )
+
+
+def _leaf_meta(node: Circuit, evaluator: Evaluator) -> tuple:
+    if isinstance(node, Array):
+        tensor = node.value
+        if tensor is None:
+            return (False, None, False)
+        evaluator._remember_leaf(tensor)
+        return (False, tensor.dtype if tensor.is_floating_point() else None, False)
+    return (isinstance(node, Symbol), None, isinstance(node, Scalar))

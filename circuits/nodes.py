@@ -199,8 +199,8 @@ class Circuit:
     # the work lives in its own module.
 
     def evaluate(self, **options: Any):
-        """This circuit's value as a torch.Tensor (see ``circuits.evaluate.evaluate``)."""
-        from circuits.evaluate import evaluate
+        """This circuit's value as a torch.Tensor (see ``circuits.evaluation.evaluate``)."""
+        from circuits.evaluation import evaluate
 
         return evaluate(self, **options)
 

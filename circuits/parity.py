@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from circuits.errors import CircuitError, ModelError
-from circuits.evaluate import evaluate
+from circuits.evaluation import evaluate
 from circuits.models import from_hf
 from circuits.nodes import Circuit
 

@@ -23,6 +23,6 @@ def test_docs_build_strict(tmp_path):
     for name in (
         "circuits.nodes.Einsum",
         "circuits.passes.attention.split_heads",
-        "circuits.evaluate.evaluate",
+        "circuits.evaluation.evaluate",
     ):
         assert name in api, f"{name} missing from the API reference"

@@ -31,7 +31,7 @@ from typing import Any, Callable
 import torch
 
 from circuits.cache import Evaluator
-from circuits.evaluate import evaluate
+from circuits.evaluation import evaluate
 from circuits.errors import ExperimentError
 from circuits.nodes import Add, Array, Circuit, Einsum, GeneralFunction, Index, Scalar
 
