@@ -1,82 +1,19 @@
 """``Evaluator``: evaluation that keeps node values across calls, within a memory budget.
 
-Every experiment is "rewrite the circuit, evaluate it again".  A rewrite
-keeps every unchanged subtree (same structure, same ``node.hash``), so an
-evaluator that remembers values by hash only has to compute the nodes whose
-hash changed: ablating head ``h`` of layer ``L`` recomputes what lies above
-that head, and reads everything else (the layers below, the other heads of
-layer ``L``) from the cache::
+Every experiment is "rewrite the circuit, evaluate it again", and a rewrite
+keeps every unchanged subtree (same ``node.hash``), so only the nodes whose
+hash changed are computed again::
 
     ev = cc.Evaluator(cache_bytes=2**30)
     clean = ev.evaluate(circuit)                  # computes and keeps every value
     ablated = circuit.update("b3.a.head7", lambda n: cc.Scalar(0.0, shape=n.shape))
     ev.evaluate(ablated)                          # recomputes only the ancestors of 'b3.a.head7'
-    ev.stats.computed                             # how many nodes that was
 
-How it works
-------------
-``evaluate`` compiles the same schedule as ``circuits.evaluate`` (see that
-module), with one change: every node the schedule's walk reaches is first
-looked up in the cache, and a cached value becomes a pre-filled leaf, so
-nothing below it is visited.  The walk therefore costs time in proportion
-to the nodes computed plus their cached children, not to the whole
-circuit.  Each computed value is then offered to the cache (``store``).
-
-Results are identical to ``cc.evaluate`` (the same torch calls on the same
-inputs), given the call's options: a value is cached under the node's hash
-*and* the call's ``device`` and ``dtype`` options, and a value that depends
-on the dtype Scalars take in the call (the promoted dtype of the circuit's
-Arrays, which a cached subtree's Arrays still count towards) is only reused
-in calls where Scalars take that dtype.  Not cached:
-
-- nodes with a Symbol below them (their value depends on ``inputs``, which
-  the hash does not cover; substitute an Array for the Symbol, as the
-  experiments do, to cache them);
-- leaves (Arrays, Scalars, Symbols: they cost nothing to "compute"), and
-  values that are views of a leaf's tensor (an Index of a weight: free to
-  recompute, and caching it would charge the whole weight to the budget);
-- tensors that require grad (the cache is for inference: a cached value
-  would carry its autograd graph into later calls).
-
-The cache assumes that nodes mean what their hash says: a GeneralFunction
-re-registered under the same name with another function, or a tensor
-modified in place after it was put in an Array, makes cached values stale
-(call ``clear()``).  A tensor wrapped in an Array and then edited in
-place is caught: torch's version counter of every Array tensor a cached
-value was computed from is recorded, and if one changed the cache is
-cleared before the next call (which then raises ``StaleTensorError`` if the
-circuit still holds that Array).  Returned tensors may be the cached
-values themselves; one that the caller edits in place is noticed by its
-version counter and computed again, never served edited.  Values computed
-under ``torch.inference_mode()`` have no version counter, so for them this
-check cannot be made: do not edit those in place (``.clone()`` first).
-
-The budget: bytes of storage
-----------------------------
-``cache_bytes`` bounds the bytes of tensor *storage* the cache keeps
-reachable.  Each distinct storage (``tensor.untyped_storage()``) that some
-cached value refers to is charged once, in full (``nbytes()`` of the
-storage): a view is charged the whole storage it views, several cached
-views of one storage are charged once together, and a value that shares
-storage with another cached value adds nothing.  So the memory the cache
-keeps alive is at most ``cache_bytes`` (plus Python object overhead), and
-``ev.nbytes`` is that charge, never more than the budget.  A value whose
-storage alone exceeds the budget is not cached.
-
-The policy: least recently used, with admission control
--------------------------------------------------------
-Entries are kept in recency order; a lookup that hits refreshes the entry,
-and before a value is stored the least recently used entries are evicted
-until it fits the budget.  ``store=`` on ``evaluate`` controls admission: ``True``
-(the default) offers every computed value, ``False`` only reads the cache,
-and a predicate ``node -> bool`` admits the nodes it accepts.  LRU alone is
-a poor fit for a sweep: every ablated run computes one-off values (its
-logits, say) that are more recent than the clean values later targets need,
-so they push those out.  ``circuits.experiments.sweep`` therefore plans
-admission from its circuits, which it knows in advance: it admits only the
-values a later evaluation will read from the cache and discards each after
-its last reader (see that module); ``bench/ablation_sweep.py --policy lru``
-measures the difference.
+Built on the evaluation seams alone: cached values are ``known`` values of
+``compile_plan``, and each computed value is offered to the cache by
+``Plan.run(on_value=...)``.  Results are identical to ``cc.evaluate``.
+What is cached, how bytes are charged and the eviction policy are in
+docs/evaluation.md.
 """
 
 from __future__ import annotations

@@ -76,3 +76,37 @@ def test_the_length_check_counts_from_def_to_the_last_line(tmp_path):
     )
     assert _long_functions(tmp_path, 3) == [f"{tmp_path.name}/m.py:3 f (4 lines)"]
     assert _long_functions(tmp_path, 4) == []
+
+
+def _private_imports(path: Path) -> list[str]:
+    """``from circuits.x import _name`` and ``circuits.x._name`` in ``path``: reaching into another module."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("circuits"):
+            found += [
+                f"{path}:{node.lineno} from {node.module} import {a.name}"
+                for a in node.names
+                if a.name.startswith("_")
+            ]
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            base = node.value
+            while isinstance(base, ast.Attribute):
+                base = base.value
+            if isinstance(base, ast.Name) and base.id in ("circuits", "cc"):
+                found.append(f"{path}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_no_module_imports_another_modules_private_names():
+    found = [line for path in sorted(PACKAGE.rglob("*.py")) for line in _private_imports(path)]
+    assert not found, "private names used across modules (make them public or move them):\n" + "\n".join(
+        found
+    )
+
+
+def test_the_private_import_check_sees_a_violation(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "from circuits.evaluation.plan import _PATH_HEAD\nimport circuits\ncircuits.evaluation._x\n"
+    )
+    assert len(_private_imports(bad)) == 2

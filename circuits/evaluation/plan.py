@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -178,7 +178,3 @@ def error_at(node: Circuit, slot: int, order: list[Circuit], steps: Steps, messa
         described = described[:_PATH_HEAD] + [f"... ({skipped} more) ..."] + described[-_PATH_TAIL:]
     text = f"{message}\n  at {node.describe()}, path from the root: {' > '.join(described)}"
     return EvaluationError(text, node=node, path=tuple(path))
-
-
-def describe_value(value: Any) -> str:
-    return f"shape {format_shape(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__

@@ -139,14 +139,19 @@ class _Walk:
         for node in roots:
             if node.hash in slot_of:
                 continue
+            fresh = True  # entered from above (known is asked once per node), not back from a child
             while True:
-                if known is not None and _take_known(known, node, slot, call, self.leaf_values, path):
+                if (
+                    known is not None
+                    and fresh
+                    and _take_known(known, node, slot, call, self.leaf_values, path)
+                ):
                     pass
                 elif count := len(children := node.children):
                     first = lookup(children[0].hash)
                     if first is None:
                         descend(node)
-                        node = children[0]
+                        node, fresh = children[0], True
                         continue
                     if count == 1:
                         last_use[first] = position
@@ -156,7 +161,7 @@ class _Walk:
                         second = lookup(children[1].hash)
                         if second is None:
                             descend(node)
-                            node = children[1]
+                            node, fresh = children[1], True
                             continue
                         last_use[first] = last_use[second] = position
                         add_first(first)
@@ -165,7 +170,7 @@ class _Walk:
                         missing = _many_arguments(node, children, lookup, last_use, position, steps, slot)
                         if missing is not None:
                             descend(node)
-                            node = missing
+                            node, fresh = missing, True
                             continue
                     try:
                         fn = (makers.get(type(node)) or kernel_maker(type(node)))(node)
@@ -185,7 +190,7 @@ class _Walk:
                 slot += 1
                 if not path:
                     break
-                node = ascend()
+                node, fresh = ascend(), False  # back to a parent: known was asked about it already
         self.computed = computed
 
 
