@@ -16,10 +16,11 @@ from typing import Any
 
 import torch
 
+from circuits import names
+from circuits.masks import causal_mask_array
 from circuits.models import common
 from circuits.models.common import einsum
 from circuits.nodes import Add, Array, Circuit
-from circuits.passes.attention import causal_mask_array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,27 +41,27 @@ class AttnOnlyConfig:
     def weight_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every weight the builder takes, by circuit name, with its shape."""
         d, h, c, v = self.d_model, self.n_heads, self.d_head, self.vocab_size
-        shapes = {"t.w.tok_embeds": (v, d), "t.w.pos_embeds": (self.n_ctx, d)}
+        shapes = {names.TOK_EMBEDS_WEIGHT: (v, d), names.POS_EMBEDS_WEIGHT: (self.n_ctx, d)}
         for layer in range(self.n_layers):
-            shapes[f"a{layer}.ln.w.scale"] = (d,)
-            shapes[f"a{layer}.ln.w.bias"] = (d,)
+            shapes[names.norm_weight(names.attn_prefix(layer), "scale")] = (d,)
+            shapes[names.norm_weight(names.attn_prefix(layer), "bias")] = (d,)
             for which in "qkv":
-                shapes[f"a{layer}.w.{which}"] = (h, c, d)
-            shapes[f"a{layer}.w.o"] = (h, d, c)
-        shapes["final.ln.w.scale"] = (d,)
-        shapes["final.ln.w.bias"] = (d,)
-        shapes["t.w.unembed"] = (v, d)
-        shapes["t.w.unembed_bias"] = (v,)  # optional
+                shapes[names.attn_weight(layer, which)] = (h, c, d)
+            shapes[names.attn_weight(layer, "o")] = (h, d, c)
+        shapes[names.norm_weight(names.FINAL, "scale")] = (d,)
+        shapes[names.norm_weight(names.FINAL, "bias")] = (d,)
+        shapes[names.UNEMBED_WEIGHT] = (v, d)
+        shapes[names.UNEMBED_BIAS_WEIGHT] = (v,)  # optional
         return shapes
 
 
-_OPTIONAL = ("t.w.unembed_bias",)
+_OPTIONAL = (names.UNEMBED_BIAS_WEIGHT,)
 
 
 def attn_only_random_weights(config: AttnOnlyConfig, seed: int = 0, dtype: torch.dtype = torch.float32):
     """Random weights for ``config`` (norm scales near 1), without an unembedding bias."""
     shapes = {n: s for n, s in config.weight_shapes().items() if n not in _OPTIONAL}
-    scales = [n for n in shapes if n.endswith(".ln.w.scale")]
+    scales = [n for n in shapes if n.endswith(names.norm_weight("", "scale"))]
     return common.random_weights(shapes, seed=seed, dtype=dtype, ones=scales)
 
 
@@ -111,20 +112,23 @@ def build_attn_only(
     )
     mask = causal_mask_array(toks.seq_len, common.weights_dtype(tensors)) if causal else None
 
-    resid: Circuit = common.embed(w["t.w.tok_embeds"], toks)
-    pos = common.positions(w["t.w.pos_embeds"], toks.seq_len)
+    resid: Circuit = common.embed(w[names.TOK_EMBEDS_WEIGHT], toks)
+    pos = common.positions(w[names.POS_EMBEDS_WEIGHT], toks.seq_len)
     for layer in range(config.n_layers):
         norm = common.layer_norm(
-            resid, w[f"a{layer}.ln.w.scale"], w[f"a{layer}.ln.w.bias"], config.ln_eps, name=f"a{layer}.norm"
+            resid,
+            *common.norm_weights(w, names.attn_prefix(layer)),
+            config.ln_eps,
+            name=names.attn_norm(layer),
         )
-        qk_input = Add(norm, pos, name="a.qk_input")
-        q = einsum("qd,hcd->hqc", qk_input, w[f"a{layer}.w.q"], name="a.q")
-        k = einsum("kd,hcd->hkc", qk_input, w[f"a{layer}.w.k"], name="a.k")
-        v = einsum("kd,hVd->hkV", norm, w[f"a{layer}.w.v"], name="a.v")
-        div = common.div_head_size(w[f"a{layer}.w.k"])
-        out = common.attend(q, k, v, div, w[f"a{layer}.w.o"], layer, mask, neg_inf)
-        resid = Add(out, resid, name=f"b{layer}")
+        qk_input = Add(norm, pos, name=names.QK_INPUT)
+        q = einsum("qd,hcd->hqc", qk_input, w[names.attn_weight(layer, "q")], name=names.Q)
+        k = einsum("kd,hcd->hkc", qk_input, w[names.attn_weight(layer, "k")], name=names.K)
+        v = einsum("kd,hVd->hkV", norm, w[names.attn_weight(layer, "v")], name=names.V)
+        div = common.div_head_size(w[names.attn_weight(layer, "k")])
+        out = common.attend(q, k, v, div, w[names.attn_weight(layer, "o")], layer, mask, neg_inf)
+        resid = Add(out, resid, name=names.block(layer))
     final = common.layer_norm(
-        resid, w["final.ln.w.scale"], w["final.ln.w.bias"], config.ln_eps, name="final.call"
+        resid, *common.norm_weights(w, names.FINAL), config.ln_eps, name=names.FINAL_NORM
     )
-    return common.loss_head(final, w["t.w.unembed"], toks.targets, w.get("t.w.unembed_bias"))
+    return common.loss_head(final, w[names.UNEMBED_WEIGHT], toks.targets, w.get(names.UNEMBED_BIAS_WEIGHT))

@@ -1,7 +1,7 @@
 """Pieces every model builder shares: tokens, norms, attention, the loss head.
 
 Each piece writes its computation out of the ordinary node types, with the
-names of ../shared/golden/attn_only_2l.circ.  Einsum specs are written for
+names of ../shared/golden/attn_only_2l.circ (``circuits.names``).  Einsum specs are written for
 the unbatched model; ``einsum`` adds a batch letter to every operand that
 carries one more (leading) axis than its letters, so one builder serves both
 the ``[S+1]`` and the ``[B,S+1]`` token layouts.
@@ -19,10 +19,11 @@ from typing import Any, TypeVar
 
 import torch
 
+from circuits import names
 from circuits.errors import ModelError, shown
+from circuits.masks import NEG_INF, neg_inf_bias
 from circuits.nodes import Add, Array, Circuit, Concat, Einsum, GeneralFunction, Index, Scalar
 from circuits.spec import format_slice
-from circuits.passes.attention import NEG_INF, neg_inf_bias
 
 #: How the token array is cut into model inputs and targets.
 #: ``"default"``: ``[S+1]`` tokens, inputs ``[:-1]``, targets ``[1:]``.
@@ -36,6 +37,16 @@ _BATCH_LETTERS = "bBxXyYzZ" + string.ascii_letters
 
 #: The keyword options every builder takes, which the loaders pass on to it.
 BUILD_OPTIONS = ("seq_len", "batch_size", "convention", "causal", "neg_inf", "attach")
+
+#: MLP activations as Hugging Face spells them -> the GeneralFunction computing them (GPT-2 and Llama).
+ACTIVATIONS = {
+    "gelu_new": "gelu_new",
+    "gelu": "gelu",
+    "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+    "tanh": "tanh",
+}
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -203,10 +214,10 @@ def make_tokens(
             f"{positions} positions, but the model's position table has only {max_positions} rows"
         )
     batched = tokens.ndim == 2
-    var = Array(tokens, name="toks_int_var")
+    var = Array(tokens, name=names.TOKENS)
     prefix = batch_prefix(batched)
-    inputs = Index(var, prefix + (input_slice,), name="input_toks_int")
-    targets = Index(var, prefix + (target_slice,), name="true_toks_int")
+    inputs = Index(var, prefix + (input_slice,), name=names.INPUT_TOKENS)
+    targets = Index(var, prefix + (target_slice,), name=names.TARGET_TOKENS)
     return Tokens(var, inputs, targets, positions, batched)
 
 
@@ -291,31 +302,40 @@ def _check_positive(what: str, value: Any) -> int:
 # ------------------------------------------------------------------- norms
 
 
-def _recip_hidden_size(x: Circuit, prefix: str) -> Circuit:
-    hidden_size = fn("last_dim_size", x, name=f"{prefix}.c.hidden_size")
-    return fn("reciprocal", hidden_size, name=f"{prefix}.c.recip_hidden_size")
+def _recip_hidden_size(x: Circuit, norm: str) -> Circuit:
+    hidden_size = fn("last_dim_size", x, name=names.norm_node(norm, "c.hidden_size"))
+    return fn("reciprocal", hidden_size, name=names.norm_node(norm, "c.recip_hidden_size"))
 
 
 def layer_norm(x: Circuit, scale: Circuit, bias: Circuit, eps: float, name: str) -> Add:
     """Layer norm written out exactly as in the golden file (``'ln.*'`` names)."""
-    recip = _recip_hidden_size(x, "ln")
-    neg_mean = einsum("Ah,z,A->Az", x, Scalar(-1.0, shape=(1,), name="ln.neg"), recip, name="ln.neg_mean")
-    mean_subbed = Add(x, neg_mean, name="ln.mean_subbed")
-    var = einsum("ih,ih,i->i", mean_subbed, mean_subbed, recip, name="ln.var")
-    var_p_eps = Add(Scalar(eps, name="ln.c.eps"), var, name="ln.var_p_eps")
-    rsqrt = fn("rsqrt", var_p_eps, name="ln.rsqrt")
-    y = einsum("ih,i->ih", mean_subbed, rsqrt, name="ln.y")
-    y_scaled = einsum("ih,h->ih", y, scale, name="ln.y_scaled")
+    part = functools.partial(names.norm_node, names.LN)
+    recip = _recip_hidden_size(x, names.LN)
+    neg_mean = einsum(
+        "Ah,z,A->Az", x, Scalar(-1.0, shape=(1,), name=part("neg")), recip, name=part("neg_mean")
+    )
+    mean_subbed = Add(x, neg_mean, name=part("mean_subbed"))
+    var = einsum("ih,ih,i->i", mean_subbed, mean_subbed, recip, name=part("var"))
+    var_p_eps = Add(Scalar(eps, name=part("c.eps")), var, name=part("var_p_eps"))
+    rsqrt = fn("rsqrt", var_p_eps, name=part("rsqrt"))
+    y = einsum("ih,i->ih", mean_subbed, rsqrt, name=part("y"))
+    y_scaled = einsum("ih,h->ih", y, scale, name=part("y_scaled"))
     return Add(bias, y_scaled, name=name)
+
+
+def norm_weights(w: Mapping[str, Circuit], prefix: str) -> tuple[Circuit, Circuit]:
+    """The scale and bias of the layer norm ``prefix`` (``'a3'``, ``'m3'``, ``'final'``) among ``w``."""
+    return w[names.norm_weight(prefix, "scale")], w[names.norm_weight(prefix, "bias")]
 
 
 def rms_norm(x: Circuit, scale: Circuit, eps: float, name: str) -> Einsum:
     """RMSNorm (Llama): ``scale * x * rsqrt(mean(x^2) + eps)``, with ``'rms.*'`` names."""
-    recip = _recip_hidden_size(x, "rms")
-    var = einsum("ih,ih,i->i", x, x, recip, name="rms.var")
-    var_p_eps = Add(Scalar(eps, name="rms.c.eps"), var, name="rms.var_p_eps")
-    rsqrt = fn("rsqrt", var_p_eps, name="rms.rsqrt")
-    y = einsum("ih,i->ih", x, rsqrt, name="rms.y")
+    part = functools.partial(names.norm_node, names.RMS)
+    recip = _recip_hidden_size(x, names.RMS)
+    var = einsum("ih,ih,i->i", x, x, recip, name=part("var"))
+    var_p_eps = Add(Scalar(eps, name=part("c.eps")), var, name=part("var_p_eps"))
+    rsqrt = fn("rsqrt", var_p_eps, name=part("rsqrt"))
+    y = einsum("ih,i->ih", x, rsqrt, name=part("y"))
     return einsum("ih,h->ih", y, scale, name=name)
 
 
@@ -324,9 +344,9 @@ def rms_norm(x: Circuit, scale: Circuit, eps: float, name: str) -> Einsum:
 
 def div_head_size(weight: Circuit) -> GeneralFunction:
     """``1/sqrt(d_head)`` per head, read off a ``[heads, d_head, d_model]`` weight as in the golden file."""
-    bias_for_head_size = einsum("hjk->hj", weight, name="a.c.bias_for_head_size")
-    head_size = fn("last_dim_size", bias_for_head_size, name="a.c.head_size")
-    return fn("rsqrt", head_size, name="a.c.div_head_size")
+    bias_for_head_size = einsum("hjk->hj", weight, name=names.BIAS_FOR_HEAD_SIZE)
+    head_size = fn("last_dim_size", bias_for_head_size, name=names.HEAD_SIZE)
+    return fn("rsqrt", head_size, name=names.DIV_HEAD_SIZE)
 
 
 def attend(
@@ -347,13 +367,13 @@ def attend(
     golden file's masked form.
     """
     if mask is None:
-        scores = einsum("hqc,hkc,h->hqk", q, k, div, name="a.attn_scores")
+        scores = einsum("hqc,hkc,h->hqk", q, k, div, name=names.SCORES)
     else:
-        raw = einsum("hqc,hkc,h,qk->hqk", q, k, div, mask, name="a.attn_scores_raw")
-        scores = Add(raw, neg_inf_bias(mask, neg_inf), name="a.attn_scores")
-    probs = fn("softmax", scores, name="a.attn_probs")
-    comb_v = einsum("hqk,hkV->hqV", probs, v, name="a.comb_v")
-    return einsum("hsV,hdV->sd", comb_v, w_o, name=f"b{layer}.a")
+        raw = einsum("hqc,hkc,h,qk->hqk", q, k, div, mask, name=names.RAW_SCORES)
+        scores = Add(raw, neg_inf_bias(mask, neg_inf), name=names.SCORES)
+    probs = fn("softmax", scores, name=names.PROBS)
+    comb_v = einsum("hqk,hkV->hqV", probs, v, name=names.COMB_V)
+    return einsum("hsV,hdV->sd", comb_v, w_o, name=names.attn_out(layer))
 
 
 # ------------------------------------------------------------------- head
@@ -364,20 +384,20 @@ def loss_head(
 ) -> Einsum:
     """Logits ``'t.call'``, ``'log_probs'``, ``'ll'`` and the per-token loss ``'t.loss'``."""
     if unembed_bias is None:
-        logits = einsum("sh,vh->sv", final, unembed, name="t.call")
+        logits = einsum("sh,vh->sv", final, unembed, name=names.LOGITS)
     else:
-        logits = Add(einsum("sh,vh->sv", final, unembed, name="t.unembed"), unembed_bias, name="t.call")
-    log_probs = fn("log_softmax", logits, name="log_probs")
-    ll = fn("gen_index_at_0_batch_x_c", log_probs, targets, name="ll")
-    return einsum("a,->a", ll, Scalar(-1.0, name="nll.neg"), name="t.loss")
+        logits = Add(einsum("sh,vh->sv", final, unembed, name=names.UNEMBED), unembed_bias, name=names.LOGITS)
+    log_probs = fn("log_softmax", logits, name=names.LOG_PROBS)
+    ll = fn("gen_index_at_0_batch_x_c", log_probs, targets, name=names.LOG_LIKELIHOOD)
+    return einsum("a,->a", ll, Scalar(-1.0, name=names.NLL_NEG), name=names.LOSS)
 
 
 def embed(tok_embeds: Circuit, tokens: Tokens) -> GeneralFunction:
-    return fn("gen_index_at_0_c", tok_embeds, tokens.inputs, name="idxed_embeds")
+    return fn("gen_index_at_0_c", tok_embeds, tokens.inputs, name=names.TOKEN_EMBEDS)
 
 
 def positions(pos_embeds: Circuit, seq_len: int) -> Index:
-    return Index(pos_embeds, (slice(None, seq_len), slice(None)), name="t.w.pos_embeds_idxed")
+    return Index(pos_embeds, (slice(None, seq_len), slice(None)), name=names.POS_EMBEDS)
 
 
 # ----------------------------------------------------------------- weights
@@ -482,5 +502,5 @@ def rotate_half(x: Circuit, name: str) -> Concat:
     half = size // 2
     second = last_axis_index(x, slice(half, None))
     first = last_axis_index(x, slice(None, half))
-    negated = einsum("hqc,->hqc", second, Scalar(-1.0, name="neg_one"))
+    negated = einsum("hqc,->hqc", second, Scalar(-1.0, name=names.NEG_ONE))
     return Concat(negated, first, axis=x.rank - 1, name=name)

@@ -32,21 +32,12 @@ from typing import Any
 
 import torch
 
+from circuits import names
 from circuits.errors import ModelError, shown
+from circuits.masks import causal_mask_array
 from circuits.models import common
-from circuits.models.common import einsum, fn
+from circuits.models.common import ACTIVATIONS, einsum, fn
 from circuits.nodes import Add, Array, Circuit
-from circuits.passes.attention import causal_mask_array
-
-#: Activation names as Hugging Face spells them -> the GeneralFunction computing them.
-ACTIVATIONS = {
-    "gelu_new": "gelu_new",
-    "gelu": "gelu",
-    "relu": "relu",
-    "silu": "silu",
-    "swish": "silu",
-    "tanh": "tanh",
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,35 +73,36 @@ class GPT2Config:
     def weight_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every weight the builder takes, by circuit name, with its shape."""
         d, h, c, v, m = self.d_model, self.n_heads, self.d_head, self.vocab_size, self.mlp_size
-        shapes = {"t.w.tok_embeds": (v, d), "t.w.pos_embeds": (self.n_ctx, d)}
+        shapes = {names.TOK_EMBEDS_WEIGHT: (v, d), names.POS_EMBEDS_WEIGHT: (self.n_ctx, d)}
         for layer in range(self.n_layers):
-            shapes[f"a{layer}.ln.w.scale"] = (d,)
-            shapes[f"a{layer}.ln.w.bias"] = (d,)
+            a, m_ = names.attn_prefix(layer), names.mlp_prefix(layer)
+            shapes[names.norm_weight(a, "scale")] = (d,)
+            shapes[names.norm_weight(a, "bias")] = (d,)
             for which in "qkv":
-                shapes[f"a{layer}.w.{which}"] = (h, c, d)
-                shapes[f"a{layer}.w.{which}_bias"] = (h, 1, c)
-            shapes[f"a{layer}.w.o"] = (h, d, c)
-            shapes[f"a{layer}.w.o_bias"] = (d,)
-            shapes[f"m{layer}.ln.w.scale"] = (d,)
-            shapes[f"m{layer}.ln.w.bias"] = (d,)
-            shapes[f"m{layer}.w.proj_in"] = (m, d)
-            shapes[f"m{layer}.w.in_bias"] = (m,)
-            shapes[f"m{layer}.w.proj_out"] = (d, m)
-            shapes[f"m{layer}.w.out_bias"] = (d,)
-        shapes["final.ln.w.scale"] = (d,)
-        shapes["final.ln.w.bias"] = (d,)
-        shapes["t.w.unembed"] = (v, d)
-        shapes["t.w.unembed_bias"] = (v,)  # optional
+                shapes[names.attn_weight(layer, which)] = (h, c, d)
+                shapes[names.attn_weight(layer, f"{which}_bias")] = (h, 1, c)
+            shapes[names.attn_weight(layer, "o")] = (h, d, c)
+            shapes[names.attn_weight(layer, "o_bias")] = (d,)
+            shapes[names.norm_weight(m_, "scale")] = (d,)
+            shapes[names.norm_weight(m_, "bias")] = (d,)
+            shapes[names.mlp_weight(layer, "proj_in")] = (m, d)
+            shapes[names.mlp_weight(layer, "in_bias")] = (m,)
+            shapes[names.mlp_weight(layer, "proj_out")] = (d, m)
+            shapes[names.mlp_weight(layer, "out_bias")] = (d,)
+        shapes[names.norm_weight(names.FINAL, "scale")] = (d,)
+        shapes[names.norm_weight(names.FINAL, "bias")] = (d,)
+        shapes[names.UNEMBED_WEIGHT] = (v, d)
+        shapes[names.UNEMBED_BIAS_WEIGHT] = (v,)  # optional
         return shapes
 
 
 def gpt2_random_weights(config: GPT2Config, seed: int = 0, dtype: torch.dtype = torch.float32):
     """Random weights for ``config``; tied configs get no separate ``'t.w.unembed'``."""
     shapes = config.weight_shapes()
-    del shapes["t.w.unembed_bias"]
+    del shapes[names.UNEMBED_BIAS_WEIGHT]
     if config.tie_word_embeddings:
-        del shapes["t.w.unembed"]
-    scales = [n for n in shapes if n.endswith(".ln.w.scale")]
+        del shapes[names.UNEMBED_WEIGHT]
+    scales = [n for n in shapes if n.endswith(names.norm_weight("", "scale"))]
     return common.random_weights(shapes, seed=seed, dtype=dtype, ones=scales)
 
 
@@ -141,11 +133,11 @@ def build_gpt2(
             f"GPT-2: activation {shown(repr(config.act))} is not supported; supported: {sorted(ACTIVATIONS)}"
         )
     common.check_build_options(causal, neg_inf, attach)
-    optional = ("t.w.unembed_bias",) + (("t.w.unembed",) if config.tie_word_embeddings else ())
+    optional = (names.UNEMBED_BIAS_WEIGHT,) + ((names.UNEMBED_WEIGHT,) if config.tie_word_embeddings else ())
     tensors = common.check_weights("GPT-2", weights, config.weight_shapes(), optional=optional, attach=attach)
     w = {name: Array(tensor, name=name) for name, tensor in tensors.items()}
-    if "t.w.unembed" not in w:
-        w["t.w.unembed"] = Array(tensors["t.w.tok_embeds"], name="t.w.unembed")
+    if names.UNEMBED_WEIGHT not in w:
+        w[names.UNEMBED_WEIGHT] = Array(tensors[names.TOK_EMBEDS_WEIGHT], name=names.UNEMBED_WEIGHT)
     toks = common.make_tokens(
         tokens,
         seq_len=seq_len,
@@ -157,36 +149,50 @@ def build_gpt2(
     mask = causal_mask_array(toks.seq_len, common.weights_dtype(tensors)) if causal else None
     act = ACTIVATIONS[config.act]
 
-    idxed = common.embed(w["t.w.tok_embeds"], toks)
-    resid: Circuit = Add(idxed, common.positions(w["t.w.pos_embeds"], toks.seq_len), name="embeds")
+    idxed = common.embed(w[names.TOK_EMBEDS_WEIGHT], toks)
+    resid: Circuit = Add(idxed, common.positions(w[names.POS_EMBEDS_WEIGHT], toks.seq_len), name=names.EMBEDS)
     for layer in range(config.n_layers):
-        a, m = f"a{layer}", f"m{layer}"
-        norm = common.layer_norm(
-            resid, w[f"{a}.ln.w.scale"], w[f"{a}.ln.w.bias"], config.ln_eps, name=f"{a}.norm"
-        )
-        q = Add(einsum("qd,hcd->hqc", norm, w[f"{a}.w.q"], name="a.q_nobias"), w[f"{a}.w.q_bias"], name="a.q")
-        k = Add(einsum("kd,hcd->hkc", norm, w[f"{a}.w.k"], name="a.k_nobias"), w[f"{a}.w.k_bias"], name="a.k")
-        v = Add(einsum("kd,hVd->hkV", norm, w[f"{a}.w.v"], name="a.v_nobias"), w[f"{a}.w.v_bias"], name="a.v")
-        div = common.div_head_size(w[f"{a}.w.k"])
-        out = common.attend(q, k, v, div, w[f"{a}.w.o"], layer, mask, neg_inf)
-        resid_mid = Add(out, w[f"{a}.w.o_bias"], resid, name=f"b{layer}.resid_mid")
-
-        m_norm = common.layer_norm(
-            resid_mid, w[f"{m}.ln.w.scale"], w[f"{m}.ln.w.bias"], config.ln_eps, name=f"{m}.norm"
-        )
-        pre = Add(
-            einsum("sd,Md->sM", m_norm, w[f"{m}.w.proj_in"], name="m.proj_in"),
-            w[f"{m}.w.in_bias"],
-            name="m.pre",
-        )
-        activated = fn(act, pre, name="m.act")
-        mlp = Add(
-            einsum("sM,dM->sd", activated, w[f"{m}.w.proj_out"], name="m.proj_out"),
-            w[f"{m}.w.out_bias"],
-            name=f"b{layer}.m",
-        )
-        resid = Add(mlp, resid_mid, name=f"b{layer}")
+        resid_mid = _attention(w, resid, layer, config.ln_eps, mask, neg_inf)
+        resid = Add(_mlp(w, resid_mid, layer, config.ln_eps, act), resid_mid, name=names.block(layer))
     final = common.layer_norm(
-        resid, w["final.ln.w.scale"], w["final.ln.w.bias"], config.ln_eps, name="final.call"
+        resid, *common.norm_weights(w, names.FINAL), config.ln_eps, name=names.FINAL_NORM
     )
-    return common.loss_head(final, w["t.w.unembed"], toks.targets, w.get("t.w.unembed_bias"))
+    return common.loss_head(final, w[names.UNEMBED_WEIGHT], toks.targets, w.get(names.UNEMBED_BIAS_WEIGHT))
+
+
+def _attention(
+    w: Mapping[str, Circuit], resid: Circuit, layer: int, eps: float, mask: Circuit | None, neg_inf: float
+) -> Add:
+    """``'b{L}.resid_mid'``: the residual plus layer ``L``'s attention and its output bias."""
+    norm = common.layer_norm(
+        resid, *common.norm_weights(w, names.attn_prefix(layer)), eps, name=names.attn_norm(layer)
+    )
+
+    def projected(spec: str, which: str, unbiased: str, biased: str) -> Add:
+        product = einsum(spec, norm, w[names.attn_weight(layer, which)], name=unbiased)
+        return Add(product, w[names.attn_weight(layer, f"{which}_bias")], name=biased)
+
+    q = projected("qd,hcd->hqc", "q", names.Q_NOBIAS, names.Q)
+    k = projected("kd,hcd->hkc", "k", names.K_NOBIAS, names.K)
+    v = projected("kd,hVd->hkV", "v", names.V_NOBIAS, names.V)
+    div = common.div_head_size(w[names.attn_weight(layer, "k")])
+    out = common.attend(q, k, v, div, w[names.attn_weight(layer, "o")], layer, mask, neg_inf)
+    return Add(out, w[names.attn_weight(layer, "o_bias")], resid, name=names.resid_mid(layer))
+
+
+def _mlp(w: Mapping[str, Circuit], resid_mid: Circuit, layer: int, eps: float, act: str) -> Add:
+    """``'b{L}.m'``: layer ``L``'s MLP with its output bias."""
+    norm = common.layer_norm(
+        resid_mid, *common.norm_weights(w, names.mlp_prefix(layer)), eps, name=names.mlp_norm(layer)
+    )
+    pre = Add(
+        einsum("sd,Md->sM", norm, w[names.mlp_weight(layer, "proj_in")], name=names.MLP_PROJ_IN),
+        w[names.mlp_weight(layer, "in_bias")],
+        name=names.MLP_PRE,
+    )
+    activated = fn(act, pre, name=names.MLP_ACT)
+    return Add(
+        einsum("sM,dM->sd", activated, w[names.mlp_weight(layer, "proj_out")], name=names.MLP_PROJ_OUT),
+        w[names.mlp_weight(layer, "out_bias")],
+        name=names.mlp_out(layer),
+    )

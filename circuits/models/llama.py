@@ -37,20 +37,12 @@ from typing import Any
 
 import torch
 
+from circuits import names
 from circuits.errors import ModelError, shown
+from circuits.masks import causal_mask_array
 from circuits.models import common
-from circuits.models.common import einsum, fn
+from circuits.models.common import ACTIVATIONS, einsum, fn
 from circuits.nodes import Add, Array, Circuit, Index
-from circuits.passes.attention import causal_mask_array
-
-ACTIVATIONS = {
-    "silu": "silu",
-    "swish": "silu",
-    "gelu": "gelu",
-    "relu": "relu",
-    "gelu_new": "gelu_new",
-    "tanh": "tanh",
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,19 +95,19 @@ class LlamaConfig:
             self.vocab_size,
             self.d_mlp,
         )
-        shapes = {"t.w.tok_embeds": (v, d)}
+        shapes = {names.TOK_EMBEDS_WEIGHT: (v, d)}
         for layer in range(self.n_layers):
-            shapes[f"a{layer}.rms.w.scale"] = (d,)
-            shapes[f"a{layer}.w.q"] = (h, c, d)
-            shapes[f"a{layer}.w.k"] = (g, c, d)
-            shapes[f"a{layer}.w.v"] = (g, c, d)
-            shapes[f"a{layer}.w.o"] = (h, d, c)
-            shapes[f"m{layer}.rms.w.scale"] = (d,)
-            shapes[f"m{layer}.w.gate"] = (m, d)
-            shapes[f"m{layer}.w.up"] = (m, d)
-            shapes[f"m{layer}.w.down"] = (d, m)
-        shapes["final.rms.w.scale"] = (d,)
-        shapes["t.w.unembed"] = (v, d)
+            shapes[names.norm_weight(names.attn_prefix(layer), "scale", names.RMS)] = (d,)
+            shapes[names.attn_weight(layer, "q")] = (h, c, d)
+            shapes[names.attn_weight(layer, "k")] = (g, c, d)
+            shapes[names.attn_weight(layer, "v")] = (g, c, d)
+            shapes[names.attn_weight(layer, "o")] = (h, d, c)
+            shapes[names.norm_weight(names.mlp_prefix(layer), "scale", names.RMS)] = (d,)
+            shapes[names.mlp_weight(layer, "gate")] = (m, d)
+            shapes[names.mlp_weight(layer, "up")] = (m, d)
+            shapes[names.mlp_weight(layer, "down")] = (d, m)
+        shapes[names.norm_weight(names.FINAL, "scale", names.RMS)] = (d,)
+        shapes[names.UNEMBED_WEIGHT] = (v, d)
         return shapes
 
 
@@ -123,8 +115,8 @@ def llama_random_weights(config: LlamaConfig, seed: int = 0, dtype: torch.dtype 
     """Random weights for ``config``; tied configs get no separate ``'t.w.unembed'``."""
     shapes = config.weight_shapes()
     if config.tie_word_embeddings:
-        del shapes["t.w.unembed"]
-    scales = [n for n in shapes if n.endswith(".rms.w.scale")]
+        del shapes[names.UNEMBED_WEIGHT]
+    scales = [n for n in shapes if n.endswith(names.norm_weight("", "scale", names.RMS))]
     return common.random_weights(shapes, seed=seed, dtype=dtype, ones=scales)
 
 
@@ -149,7 +141,7 @@ def _rope_arrays(config: LlamaConfig, rope: Any, seq: int, dtype: torch.dtype) -
     ``(cos, sin)`` (a later edit of theirs must not reach the circuit)."""
     if rope is None:
         cos_t, sin_t = rope_cos_sin(config, seq, dtype)
-        return Array(cos_t, name="t.a.c.rope_cos"), Array(sin_t, name="t.a.c.rope_sin")
+        return Array(cos_t, name=names.ROPE_COS), Array(sin_t, name=names.ROPE_SIN)
     try:
         cos, sin = rope
         tables = tuple(torch.as_tensor(t).detach() for t in (cos, sin))
@@ -169,13 +161,14 @@ def _rope_arrays(config: LlamaConfig, rope: Any, seq: int, dtype: torch.dtype) -
             f"expected {list(expected)} each ([seq_len, d_head])"
         )
     cos_t, sin_t = (t.to(dtype, copy=True) for t in tables)
-    return Array(cos_t, name="t.a.c.rope_cos"), Array(sin_t, name="t.a.c.rope_sin")
+    return Array(cos_t, name=names.ROPE_COS), Array(sin_t, name=names.ROPE_SIN)
 
 
 def _rotate(x: Circuit, cos: Circuit, sin: Circuit, name: str) -> Add:
     """``x * cos + rotate_half(x) * sin`` (Hugging Face's ``apply_rotary_pos_emb``)."""
-    with_cos = einsum("hqc,qc->hqc", x, cos, name=f"{name}_cos")
-    with_sin = einsum("hqc,qc->hqc", common.rotate_half(x, name=f"{name}_rot_half"), sin, name=f"{name}_sin")
+    with_cos = einsum("hqc,qc->hqc", x, cos, name=names.rope_part(name, "cos"))
+    rotated = common.rotate_half(x, name=names.rope_part(name, "rot_half"))
+    with_sin = einsum("hqc,qc->hqc", rotated, sin, name=names.rope_part(name, "sin"))
     return Add(with_cos, with_sin, name=name)
 
 
@@ -213,12 +206,12 @@ def build_llama(
         raise ModelError(f"Llama: {heads} query heads are not a multiple of {kv_heads} key/value heads")
     if config.head_size % 2:
         raise ModelError(f"Llama: rotary embedding needs an even head size, got d_head {config.head_size}")
-    optional = ("t.w.unembed",) if config.tie_word_embeddings else ()
+    optional = (names.UNEMBED_WEIGHT,) if config.tie_word_embeddings else ()
     tensors = common.check_weights("Llama", weights, config.weight_shapes(), optional=optional, attach=attach)
     dtype = common.weights_dtype(tensors)
     w = {name: Array(tensor, name=name) for name, tensor in tensors.items()}
-    if "t.w.unembed" not in w:
-        w["t.w.unembed"] = Array(tensors["t.w.tok_embeds"], name="t.w.unembed")
+    if names.UNEMBED_WEIGHT not in w:
+        w[names.UNEMBED_WEIGHT] = Array(tensors[names.TOK_EMBEDS_WEIGHT], name=names.UNEMBED_WEIGHT)
     toks = common.make_tokens(
         tokens,
         seq_len=seq_len,
@@ -228,34 +221,61 @@ def build_llama(
         max_positions=config.max_positions,
     )
     seq = toks.seq_len
-    cos, sin = _rope_arrays(config, rope, seq, dtype)
+    rotary = _rope_arrays(config, rope, seq, dtype)
     mask = causal_mask_array(seq, dtype) if causal else None
     act = ACTIVATIONS[config.act]
     group = heads // kv_heads
     repeat = torch.arange(kv_heads).repeat_interleave(group) if group > 1 else None
-    head_pick = common.batch_prefix(toks.batched) + (repeat,)
+    head_pick = None if repeat is None else common.batch_prefix(toks.batched) + (repeat,)
 
-    resid: Circuit = common.embed(w["t.w.tok_embeds"], toks)
+    resid: Circuit = common.embed(w[names.TOK_EMBEDS_WEIGHT], toks)
     for layer in range(config.n_layers):
-        a, m = f"a{layer}", f"m{layer}"
-        norm = common.rms_norm(resid, w[f"{a}.rms.w.scale"], config.rms_eps, name=f"{a}.norm")
-        q = _rotate(einsum("qd,hcd->hqc", norm, w[f"{a}.w.q"], name="a.q_unrot"), cos, sin, "a.q")
-        k_unrot = einsum("kd,hcd->hkc", norm, w[f"{a}.w.k"], name="a.k_unrot")
-        if repeat is None:
-            k = _rotate(k_unrot, cos, sin, "a.k")
-            v = einsum("kd,hVd->hkV", norm, w[f"{a}.w.v"], name="a.v")
-        else:
-            k = Index(_rotate(k_unrot, cos, sin, "a.k_kv"), head_pick, name="a.k")
-            v = Index(einsum("kd,hVd->hkV", norm, w[f"{a}.w.v"], name="a.v_kv"), head_pick, name="a.v")
-        div = common.div_head_size(w[f"{a}.w.q"])
-        out = common.attend(q, k, v, div, w[f"{a}.w.o"], layer, mask, neg_inf)
-        resid_mid = Add(out, resid, name=f"b{layer}.resid_mid")
+        resid_mid = _attention(w, resid, layer, config.rms_eps, rotary, head_pick, mask, neg_inf)
+        resid = Add(_mlp(w, resid_mid, layer, config.rms_eps, act), resid_mid, name=names.block(layer))
+    final_scale = w[names.norm_weight(names.FINAL, "scale", names.RMS)]
+    final = common.rms_norm(resid, final_scale, config.rms_eps, name=names.FINAL_NORM)
+    return common.loss_head(final, w[names.UNEMBED_WEIGHT], toks.targets)
 
-        m_norm = common.rms_norm(resid_mid, w[f"{m}.rms.w.scale"], config.rms_eps, name=f"{m}.norm")
-        gate = fn(act, einsum("sd,Md->sM", m_norm, w[f"{m}.w.gate"], name="m.gate"), name="m.act")
-        up = einsum("sd,Md->sM", m_norm, w[f"{m}.w.up"], name="m.up")
-        gated = einsum("sM,sM->sM", gate, up, name="m.gated")
-        mlp = einsum("sM,dM->sd", gated, w[f"{m}.w.down"], name=f"b{layer}.m")
-        resid = Add(mlp, resid_mid, name=f"b{layer}")
-    final = common.rms_norm(resid, w["final.rms.w.scale"], config.rms_eps, name="final.call")
-    return common.loss_head(final, w["t.w.unembed"], toks.targets)
+
+def _attention(
+    w: Mapping[str, Circuit],
+    resid: Circuit,
+    layer: int,
+    eps: float,
+    rotary: tuple[Circuit, Circuit],
+    head_pick: tuple | None,
+    mask: Circuit | None,
+    neg_inf: float,
+) -> Add:
+    """``'b{L}.resid_mid'``: the residual plus layer ``L``'s attention.
+
+    ``head_pick`` indexes the key/value heads into one per query head (grouped-query
+    attention), or is None when there are as many key/value heads as query heads.
+    """
+    cos, sin = rotary
+    scale = w[names.norm_weight(names.attn_prefix(layer), "scale", names.RMS)]
+    norm = common.rms_norm(resid, scale, eps, name=names.attn_norm(layer))
+    q_unrot = einsum("qd,hcd->hqc", norm, w[names.attn_weight(layer, "q")], name=names.Q_UNROTATED)
+    q = _rotate(q_unrot, cos, sin, names.Q)
+    k_unrot = einsum("kd,hcd->hkc", norm, w[names.attn_weight(layer, "k")], name=names.K_UNROTATED)
+    if head_pick is None:
+        k = _rotate(k_unrot, cos, sin, names.K)
+        v = einsum("kd,hVd->hkV", norm, w[names.attn_weight(layer, "v")], name=names.V)
+    else:
+        k = Index(_rotate(k_unrot, cos, sin, names.K_KV), head_pick, name=names.K)
+        v_kv = einsum("kd,hVd->hkV", norm, w[names.attn_weight(layer, "v")], name=names.V_KV)
+        v = Index(v_kv, head_pick, name=names.V)
+    div = common.div_head_size(w[names.attn_weight(layer, "q")])
+    out = common.attend(q, k, v, div, w[names.attn_weight(layer, "o")], layer, mask, neg_inf)
+    return Add(out, resid, name=names.resid_mid(layer))
+
+
+def _mlp(w: Mapping[str, Circuit], resid_mid: Circuit, layer: int, eps: float, act: str) -> Circuit:
+    """``'b{L}.m'``: layer ``L``'s SwiGLU MLP."""
+    scale = w[names.norm_weight(names.mlp_prefix(layer), "scale", names.RMS)]
+    norm = common.rms_norm(resid_mid, scale, eps, name=names.mlp_norm(layer))
+    gate_in = einsum("sd,Md->sM", norm, w[names.mlp_weight(layer, "gate")], name=names.MLP_GATE)
+    gate = fn(act, gate_in, name=names.MLP_ACT)
+    up = einsum("sd,Md->sM", norm, w[names.mlp_weight(layer, "up")], name=names.MLP_UP)
+    gated = einsum("sM,sM->sM", gate, up, name=names.MLP_GATED)
+    return einsum("sM,dM->sd", gated, w[names.mlp_weight(layer, "down")], name=names.mlp_out(layer))

@@ -1,33 +1,27 @@
 """Attention passes: causal (or any) masking, and splitting heads into branches.
 
 Both work on the attention the model builders write, with the names of
-../shared/golden/attn_only_2l.circ: score nodes ``'a.attn_scores'`` (an
-Einsum over query, key and scale whose output ends in head, query, key
-axes), and per layer ``'b{L}.a'``, an Einsum that sums the heads' outputs
-(its operands carry a head axis that is not in its output).
+../shared/golden/attn_only_2l.circ (``circuits.names``): score nodes
+``'a.attn_scores'`` (an Einsum over query, key and scale whose output ends in
+head, query, key axes), and per layer ``'b{L}.a'``, an Einsum that sums the
+heads' outputs (its operands carry a head axis that is not in its output).
+The mask nodes themselves are written by ``circuits.masks``.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Callable, Iterable, Sequence, Union
 
 import torch
 
+from circuits import names
 from circuits.errors import PassError
+from circuits.masks import NEG_INF, causal_mask_array, neg_inf_bias
 from circuits.matching import Matcher
-from circuits.nodes import Add, Array, Circuit, Einsum, Index, Scalar
+from circuits.nodes import Add, Array, Circuit, Einsum, Index
 from circuits.passes.push_down import push_index
 from circuits.traversal import unique_nodes
 
-SCORES = "a.attn_scores"
-RAW_SCORES = "a.attn_scores_raw"
-MASK_NAME = "t.a.c.causal_mask"
-# The score bias where the mask is 0, as in the golden file.  After softmax a
-# masked score of -10000 weighs exp(-10000 - max) == 0 exactly in float16/32/64
-# whenever the row's largest unmasked score is above about -9000, which is
-# what Hugging Face's ``finfo.min`` bias gives too.
-NEG_INF = -10000.0
 
 MaskSpec = Union[None, torch.Tensor, Callable[[int, int], torch.Tensor]]
 
@@ -46,8 +40,8 @@ def causal_mask(circuit: Circuit, mask: MaskSpec = None, neg_inf: float = NEG_IN
     tensor (attention knockout of chosen pairs).  Scores already masked get
     the new mask instead.
     """
-    if not circuit.are_any_found(SCORES):
-        raise PassError(f"causal_mask: the circuit has no {SCORES!r} node to mask")
+    if not circuit.are_any_found(names.SCORES):
+        raise PassError(f"causal_mask: the circuit has no {names.SCORES!r} node to mask")
 
     def masked(scores: Circuit) -> Circuit:
         raw = _unmasked(scores)
@@ -55,30 +49,28 @@ def causal_mask(circuit: Circuit, mask: MaskSpec = None, neg_inf: float = NEG_IN
         mask_node = _mask_node(mask, scores, heads, queries, keys)
         letters = raw.out_axes[-3:] if mask_node.rank == 3 else raw.out_axes[-2:]
         with_mask = Einsum(
-            *zip(raw.children, raw.operand_axes), (mask_node, letters), out_axes=raw.out_axes, name=RAW_SCORES
+            *zip(raw.children, raw.operand_axes),
+            (mask_node, letters),
+            out_axes=raw.out_axes,
+            name=names.RAW_SCORES,
         )
-        return Add(with_mask, neg_inf_bias(mask_node, neg_inf), name=SCORES)
+        return Add(with_mask, neg_inf_bias(mask_node, neg_inf), name=names.SCORES)
 
     # update works bottom-up, so a later layer's scores are rebuilt over the earlier, masked ones
-    return circuit.update(SCORES, masked)
+    return circuit.update(names.SCORES, masked)
 
 
 def _unmasked(scores: Circuit) -> Einsum:
     """The score Einsum without a mask, whether ``scores`` is masked already or not."""
     if isinstance(scores, Einsum) and len(scores.out_axes) >= 3:
         return scores
-    if isinstance(scores, Add) and scores.children and scores.children[0].name == RAW_SCORES:
+    if isinstance(scores, Add) and scores.children and scores.children[0].name == names.RAW_SCORES:
         raw = scores.children[0]
         return Einsum(*zip(raw.children[:-1], raw.operand_axes[:-1]), out_axes=raw.out_axes, name=raw.name)
     raise PassError(
         f"causal_mask: {scores.describe()} is neither an Einsum ending in head, query, key axes "
-        f"nor an already masked Add of {RAW_SCORES!r}"
+        f"nor an already masked Add of {names.RAW_SCORES!r}"
     )
-
-
-def causal_mask_array(seq_len: int, dtype: torch.dtype | None = None) -> Array:
-    """``'t.a.c.causal_mask'``: 1 where a query may attend (keys at or before it)."""
-    return Array(torch.tril(torch.ones(seq_len, seq_len, dtype=dtype)), name=MASK_NAME)
 
 
 def _mask_node(mask: MaskSpec, scores: Circuit, heads: int, queries: int, keys: int) -> Array:
@@ -91,9 +83,9 @@ def _mask_node(mask: MaskSpec, scores: Circuit, heads: int, queries: int, keys: 
     if callable(mask) and not isinstance(mask, torch.Tensor):
         layer = layer_of(scores)
         tensor = torch.stack([torch.as_tensor(mask(layer, head)) for head in range(heads)])
-        name = f"t.a{layer}.c.mask"
+        name = names.layer_mask(layer)
     else:
-        tensor, name = torch.as_tensor(mask), MASK_NAME
+        tensor, name = torch.as_tensor(mask), names.CAUSAL_MASK
     expected = (heads, queries, keys) if tensor.ndim == 3 else (queries, keys)
     if tuple(tensor.shape) != expected:
         raise PassError(
@@ -107,28 +99,16 @@ def _mask_node(mask: MaskSpec, scores: Circuit, heads: int, queries: int, keys: 
     return Array(tensor.to(torch.get_default_dtype()), name=name)
 
 
-def neg_inf_bias(mask: Circuit, neg_inf: float = NEG_INF) -> Circuit:
-    """``(1 - mask) * neg_inf``, written as in the golden file (``'a.score_neg_inf_bias'``)."""
-    letters = "hqk" if mask.rank == 3 else "qk"
-    plain = "abc"[: mask.rank]  # the golden file's letters for the flip
-    flipped = Einsum.from_einsum_string(
-        f"{plain},->{plain}", mask, Scalar(-1.0, name="neg_one"), name="not_mask.neg_mask"
-    )
-    not_mask = Add(Scalar(1.0, name="one"), flipped, name="a.not_mask")
-    return Einsum.from_einsum_string(
-        f"{letters},->{letters}", not_mask, Scalar(neg_inf, name="a.neg_inf"), name="a.score_neg_inf_bias"
-    )
-
-
 def layer_of(node: Circuit) -> int:
-    """The layer of an attention node: from the shallowest ``a{L}.w.*`` array below it."""
+    """The layer of an attention node: from the shallowest ``a{L}.w.*`` array below it
+    (a head's slice ``a{L}.w.q.head{h}`` counts too)."""
     frontier, seen = [node], set()
     while frontier:
         following = []
         for current in frontier:
-            match = re.fullmatch(r"a(\d+)\.w\.\w+", current.name or "")
-            if match and isinstance(current, Array):
-                return int(match.group(1))
+            weight = names.parse_attn_weight(current.name)
+            if weight is not None and isinstance(current, Array):
+                return weight[0]
             for child in current.children:
                 if child.hash not in seen:
                     seen.add(child.hash)
@@ -184,12 +164,11 @@ def unsplit_head_counts(circuit: Circuit) -> dict[int, int]:
 
 
 def _unsplit_layers(circuit: Circuit) -> dict[int, Einsum]:
-    pattern = re.compile(r"b(\d+)\.a")
     found = {}
     for node in unique_nodes([circuit]):
-        match = pattern.fullmatch(node.name or "")
-        if match and isinstance(node, Einsum):
-            found[int(match.group(1))] = node
+        layer = names.parse_attn_out(node.name)
+        if layer is not None and isinstance(node, Einsum):
+            found[layer] = node
     return found
 
 
@@ -239,14 +218,13 @@ def _head_groups(heads: HeadGroups, count: int, layer: int) -> list[list[int]]:
 
 def _head_branch(node: Einsum, layer: int, head_axis: int, group: list[int]) -> Circuit:
     item = group[0] if len(group) == 1 else slice(group[0], group[-1] + 1)
-    label = f"head{group[0]}" if len(group) == 1 else f"head{group[0]}-{group[-1]}"
 
     def leaf_name(index: Index) -> str | None:
-        return f"{index.node.name}.{label}" if index.node.name else None
+        return names.head_weight(index.node.name, group[0], group[-1]) if index.node.name else None
 
     operands, axes = [], []
     for child, child_axes in zip(node.children, node.operand_axes):
         items = tuple(item if a == head_axis else slice(None) for a in child_axes)
         operands.append(push_index(Index(child, items), leaf_name) if head_axis in child_axes else child)
         axes.append(tuple(a for a in child_axes if not (a == head_axis and isinstance(item, int))))
-    return Einsum(*zip(operands, axes), out_axes=node.out_axes, name=f"b{layer}.a.{label}")
+    return Einsum(*zip(operands, axes), out_axes=node.out_axes, name=names.head(layer, group[0], group[-1]))
