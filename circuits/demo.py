@@ -31,6 +31,7 @@ from typing import Callable
 import torch
 
 import circuits as cc
+from circuits import names
 from circuits.errors import ModelError
 from circuits.models.demo_model import demo_config, demo_info, load_demo_model, repeated_tokens
 from circuits.passes import causal_mask, layer_of, split_heads
@@ -49,7 +50,7 @@ class HeadEffect:
 
     @property
     def name(self) -> str:
-        return f"b{self.layer}.a.head{self.head}"
+        return names.head(self.layer, self.head)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,7 +122,7 @@ def _head_effects(batch_size: int, block_len: int, seed: int) -> DemoResult:
     split = split_heads(masked)
     inputs = tokens[:, :-1]
 
-    probs = {layer_of(node): node for node in masked.get("a.attn_probs")}
+    probs = {layer_of(node): node for node in masked.get(names.PROBS)}
     values = cc.evaluate_many([split] + [probs[layer] for layer in sorted(probs)])
     loss, patterns = values[0], values[1:]
     first, second = loss[:, :block_len].mean().item(), loss[:, block_len:].mean().item()
@@ -131,7 +132,7 @@ def _head_effects(batch_size: int, block_len: int, seed: int) -> DemoResult:
     for layer in range(config.n_layers):
         prev, induction = attention_scores(patterns[layer], inputs)
         for head in range(config.n_heads):
-            ablated = split.update(f"b{layer}.a.head{head}", lambda n: cc.Scalar(0.0, shape=n.shape))
+            ablated = split.update(names.head(layer, head), lambda n: cc.Scalar(0.0, shape=n.shape))
             ablated_loss = ablated.evaluate()[:, block_len:].mean().item()
             heads.append(
                 HeadEffect(

@@ -42,12 +42,12 @@ Evaluator (LRU among the admitted values).
 from __future__ import annotations
 
 import collections
-import re
 import time
 from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
+from circuits import names
 from circuits.cache import Evaluator, check_cache_bytes
 from circuits.errors import shown
 from circuits.experiments.ablation import DEFAULT_CACHE_BYTES, zero_ablate
@@ -58,8 +58,6 @@ from circuits.passes.attention import split_heads, unsplit_head_counts
 from circuits.traversal import unique_nodes
 
 __all__ = ["SweepResult", "head_names", "sweep"]
-
-_HEAD = re.compile(r"b(\d+)\.a\.head(\d+)(?:-(\d+))?")
 
 
 class SweepResult(dict):
@@ -98,13 +96,14 @@ def head_names(circuit: Circuit) -> list[str]:
     (``'b2.a.head0-3'`` for a group); a layer still unsplit contributes one
     name per head, which ``sweep`` resolves by splitting that layer alone.
     """
-    found = set()
+    found = {}
     for node in unique_nodes([circuit]):
-        if node.name is not None and _HEAD.fullmatch(node.name):
-            found.add(node.name)
+        heads = names.parse_head_group(node.name)
+        if heads is not None:
+            found[node.name] = heads
     for layer, count in unsplit_head_counts(circuit).items():
-        found.update(f"b{layer}.a.head{head}" for head in range(count))
-    return sorted(found, key=lambda n: tuple(int(g) for g in _HEAD.fullmatch(n).groups() if g is not None))
+        found.update((names.head(layer, head), (layer, head, head)) for head in range(count))
+    return sorted(found, key=found.__getitem__)
 
 
 def _head_splitter(circuit: Circuit) -> Callable[[Any], Circuit]:
@@ -116,16 +115,15 @@ def _head_splitter(circuit: Circuit) -> Callable[[Any], Circuit]:
     alone.  Any other target is ablated in ``circuit`` as it is.  Splits are
     made once per layer and grouping, and shared by the targets that need them.
     """
-    names = {node.name for node in unique_nodes([circuit]) if node.name is not None}
+    present = {node.name for node in unique_nodes([circuit]) if node.name is not None}
     counts = unsplit_head_counts(circuit)
     splits: dict[tuple[int, int, int], Circuit] = {}
 
     def base(target: Any) -> Circuit:
-        match = _HEAD.fullmatch(target) if isinstance(target, str) and target not in names else None
-        if match is None or int(match.group(1)) not in counts:
+        heads = names.parse_head_group(target) if isinstance(target, str) and target not in present else None
+        if heads is None or heads[0] not in counts:
             return circuit
-        layer, first = int(match.group(1)), int(match.group(2))
-        last = first if match.group(3) is None else int(match.group(3))
+        layer, first, last = heads
         count = counts[layer]
         if not first <= last < count:
             return circuit  # not a head of that layer: the ablation reports that it finds nothing
@@ -336,7 +334,7 @@ def _record(label: Any, value: float, seconds: float, baseline: float) -> dict:
         "delta": value - baseline,
         "seconds": seconds,
     }
-    match = _HEAD.fullmatch(label) if isinstance(label, str) else None
-    if match and match.group(3) is None:
-        record["layer"], record["head"] = int(match.group(1)), int(match.group(2))
+    head = names.parse_head(label)
+    if head is not None:
+        record["layer"], record["head"] = head
     return record
