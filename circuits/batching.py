@@ -52,7 +52,6 @@ from circuits.nodes import (
     Index,
     Rearrange,
 )
-from circuits.rewrite import rebuilt
 from circuits.spec import format_shape
 
 __all__ = ["expand"]
@@ -129,7 +128,7 @@ class _Expander:
                         new = self.batched(node, children, flags)
                         self.check_shape(node, new, "rebuilt")
                     else:
-                        new = rebuilt(node, children)
+                        new = node.with_children(children)
                 except ExpandError:
                     raise
                 except CircuitError as error:

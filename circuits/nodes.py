@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import operator
 import re
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import attrs
 import einops
@@ -21,6 +21,7 @@ import torch
 
 from circuits import spec as spec_rules
 from circuits.errors import (
+    CircuitError,
     ConcatError,
     EinsumError,
     FunctionSpecError,
@@ -35,8 +36,26 @@ from circuits.errors import (
 from circuits.functions import FunctionSpec, get_function
 from circuits.hashing import PRINTED_HEX_DIGITS, node_hash, tensor_content_hash
 
+if TYPE_CHECKING:  # only an annotation here
+    from circuits.store import TensorStore
+
 Shape = tuple[int, ...]
 _HASH_HEX = re.compile(r"[0-9a-f]{%d,}" % PRINTED_HEX_DIGITS)
+
+
+def check_node(value: Any, what: str, error: type[CircuitError] = NodeTypeError, hint: str = "") -> Circuit:
+    """``value`` if it is a circuit node, else ``error``: ``"{what} is a Tensor, not a circuit node"``.
+
+    ``what`` names the value where it is used (``"save: root 1"``); where the
+    type reads better inside the sentence, ``what`` holds ``{got}`` in its
+    place (``"update: fn returned {got} for Array 'x'"``).  ``hint``, if
+    given, follows in parentheses.
+    """
+    if isinstance(value, Circuit):
+        return value
+    got = f"a {type(value).__name__}"
+    message = what.replace("{got}", got) if "{got}" in what else f"{what} is {got}"
+    raise error(f"{message}, not a circuit node" + (f" ({hint})" if hint else ""))
 
 
 def _check_name(instance, attribute, value):
@@ -48,11 +67,7 @@ def _check_name(instance, attribute, value):
 
 def _check_children(instance, attribute, value):
     for position, child in enumerate(value):
-        if not isinstance(child, Circuit):
-            raise NodeTypeError(
-                f"{spec_rules.describe(type(instance).__name__, instance.name)}: child "
-                f"{position} is a {type(child).__name__}, not a circuit node"
-            )
+        check_node(child, f"{spec_rules.describe(type(instance).__name__, instance.name)}: child {position}")
 
 
 def _check_shape(shape: Any, where: str) -> Shape:
@@ -75,9 +90,16 @@ def _check_shape(shape: Any, where: str) -> Shape:
 class Circuit:
     """Base of every node: a name, children, and derived shape and hash.
 
+    Every node is built by its class's constructor, which normalizes the
+    arguments and ends in attrs' ``__attrs_init__``: the validators run, then
+    ``__attrs_post_init__`` sets every derived (``init=False``) field.
+    ``evolve`` and ``with_children`` build through the constructor too.
+
     Subclasses implement ``_derive()``, returning ``(shape, extra)``: the
     output shape after checking the node's fields against its children, and
-    the EXTRA text the printer writes for it.
+    the EXTRA text the printer writes for it.  ``_derive`` may read the
+    children's shapes and nothing else of them, which is what lets
+    ``with_children`` keep its result over children of the same shapes.
     """
 
     children: tuple[Circuit, ...] = attrs.field(validator=_check_children)
@@ -87,13 +109,16 @@ class Circuit:
     hash: bytes = attrs.field(init=False)
 
     def __attrs_post_init__(self):
-        shape, extra = self._derive()
-        object.__setattr__(self, "shape", shape)
-        object.__setattr__(self, "extra", extra)
-        object.__setattr__(self, "hash", node_hash(self.kind, self.name, shape, extra, self.children))
+        self._set_derived(*self._derive())
 
     def _derive(self) -> tuple[Shape, str]:
         raise NotImplementedError
+
+    def _set_derived(self, shape: Shape, extra: str) -> None:
+        """Set every derived field, given ``_derive``'s result (a subclass with more sets them here)."""
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "extra", extra)
+        object.__setattr__(self, "hash", node_hash(self.kind, self.name, shape, extra, self.children))
 
     # ------------------------------------------------------------ identity
 
@@ -123,25 +148,29 @@ class Circuit:
     # ------------------------------------------------------------- rebuild
 
     def evolve(self, **changes: Any) -> Circuit:
-        """A new node of the same class with some fields changed.
+        """A new node of the same class with some fields changed, built by the class's constructor.
 
-        It is built by the class's public constructor (``_from_fields``), so
-        an evolved node, and every node a rewrite rebuilds, passes exactly
-        the checks of a node built by hand.
+        So an evolved node, and every node a rewrite rebuilds, passes exactly
+        the checks of a node built by hand, and has every derived field
+        computed afresh.  (A class whose constructor takes other arguments
+        than its parent's overrides ``_from_fields``.)
         """
-        cls = type(self)
-        fields = {f.name: getattr(self, f.name) for f in attrs.fields(cls) if f.init}
+        fields = {name: getattr(self, name) for name in _init_fields(type(self))}
         unknown = set(changes) - set(fields)
         if unknown:
             raise NodeTypeError(
-                f"{self.describe()}: evolve got {sorted(unknown)}, which are not fields of {cls.__name__} "
-                f"(its fields: {sorted(fields)})"
+                f"{self.describe()}: evolve got {sorted(unknown)}, which are not fields of "
+                f"{type(self).__name__} (its fields: {sorted(fields)})"
             )
         fields.update(changes)
-        return self._from_fields(fields)
+        return type(self)._from_fields(fields, self)
 
-    def _from_fields(self, fields: dict[str, Any]) -> Circuit:
-        """A node of this class from its init fields, through the public constructor."""
+    @classmethod
+    def _from_fields(cls, fields: dict[str, Any], old: Circuit | None) -> Circuit:
+        """A node of this class from its init fields: a call of ``cls(...)``, its constructor.
+
+        ``old`` is the node being evolved, or None when unpickling.
+        """
         raise NotImplementedError
 
     def __reduce__(self):
@@ -164,23 +193,74 @@ class Circuit:
         return self if name == self.name else self.evolve(name=name)
 
     def with_children(self, children: Sequence[Circuit]) -> Circuit:
+        """This node over new ``children`` (itself if they are the same objects): the one way to
+        replace children, which every rewrite uses.
+
+        The new node is built as ``evolve(children=...)`` builds it, with one
+        shortcut for the classes of this module: when every new child has the
+        shape of the one it replaces, ``_derive``'s result (a function of the
+        node's own fields and its children's shapes) is kept, and only the
+        derived fields are set again (``_set_derived``, the structural hash
+        among them).  A rewrite deep in a big circuit so rebuilds its many
+        ancestors without re-deriving them.
+        """
         children = tuple(children)
-        if len(children) == len(self.children) and all(
-            new is old for new, old in zip(children, self.children)
-        ):
-            return self
-        return self.evolve(children=children)
+        old_children = self.children
+        if len(children) == len(old_children):
+            keep_derived = type(self) in _KEEP_DERIVED_CLASSES
+            changed = False
+            for new, old in zip(children, old_children):
+                if new is not old:
+                    changed = True
+                    if not isinstance(new, Circuit) or new.shape != old.shape:
+                        keep_derived = False
+                        break
+            if not changed:
+                return self
+            if keep_derived:
+                node = object.__new__(type(self))
+                for name in _own_fields(type(self)):
+                    object.__setattr__(node, name, getattr(self, name))
+                object.__setattr__(node, "children", children)
+                node._set_derived(self.shape, self.extra)
+                return node
+        try:
+            return self.evolve(children=children)
+        except Exception as error:
+            changed = [
+                f"child {i}: {old.describe()} {list(old.shape)} -> "
+                + (f"{new.describe()} {list(new.shape)}" if isinstance(new, Circuit) else type(new).__name__)
+                for i, (old, new) in enumerate(zip(self.children, children))
+                if new is not old
+            ]
+            error.add_note(f"while rebuilding {self.describe()} over new children ({'; '.join(changed)})")
+            raise
 
     # ------------------------------------------------------------- text
 
-    def repr(self, **options: Any) -> str:
+    def repr(
+        self,
+        *,
+        depth: int | None = None,
+        shapes: bool = False,
+        serials: bool = False,
+        store: TensorStore | None = None,
+    ) -> str:
         """This circuit in the FORMAT.md text (see ``circuits.printing.repr_many``)."""
         from circuits.printing import repr_many
 
-        return repr_many([self], **options)
+        return repr_many([self], depth=depth, shapes=shapes, serials=serials, store=store)
 
-    def print(self, **options: Any) -> None:
-        print(self.repr(**options))
+    def print(
+        self,
+        *,
+        depth: int | None = None,
+        shapes: bool = False,
+        serials: bool = False,
+        store: TensorStore | None = None,
+    ) -> None:
+        """Print ``repr`` (the same options)."""
+        print(self.repr(depth=depth, shapes=shapes, serials=serials, store=store))
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         """IPython: the FORMAT.md text (see ``circuits.html.pretty_text`` for the depth rule)."""
@@ -198,11 +278,16 @@ class Circuit:
     # Thin delegations so notebooks can write ``c.evaluate()``, ``c.get(...)``;
     # the work lives in its own module.
 
-    def evaluate(self, **options: Any):
+    def evaluate(
+        self,
+        inputs: Mapping[Circuit | str, Any] | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> torch.Tensor:
         """This circuit's value as a torch.Tensor (see ``circuits.evaluation.evaluate``)."""
         from circuits.evaluation import evaluate
 
-        return evaluate(self, **options)
+        return evaluate(self, inputs=inputs, device=device, dtype=dtype)
 
     def get(self, matcher: Any) -> set[Circuit]:
         """Every distinct node matching ``matcher`` (see ``circuits.matching``)."""
@@ -221,11 +306,11 @@ class Circuit:
 
         return are_any_found(self, matcher)
 
-    def update(self, matcher: Any, fn: Any, **options: Any) -> Circuit:
+    def update(self, matcher: Any, fn: Callable[[Circuit], Circuit]) -> Circuit:
         """Every matching node replaced by ``fn(node)`` (see ``circuits.rewrite.update``)."""
         from circuits.rewrite import update
 
-        return update(self, matcher, fn, **options)
+        return update(self, matcher, fn)
 
     def replace(self, mapping: Any) -> Circuit:
         """Nodes replaced by ``mapping[node]`` (see ``circuits.rewrite.replace``)."""
@@ -239,8 +324,38 @@ def _shapes_of(nodes: Sequence[Any]) -> list:
     return [list(n.shape) if isinstance(n, Circuit) else type(n).__name__ for n in nodes]
 
 
-def _leaf_where(kind: str, name: str | None) -> str:
-    return spec_rules.describe(kind, name)
+def _init_fields(cls: type) -> tuple[str, ...]:
+    """The fields a node of ``cls`` is made of (``children`` first); the rest are derived from them."""
+    names = _INIT_FIELDS.get(cls)
+    if names is None:
+        names = _INIT_FIELDS[cls] = tuple(f.name for f in attrs.fields(cls) if f.init)
+    return names
+
+
+def _own_fields(cls: type) -> tuple[str, ...]:
+    """``_init_fields`` but ``children``: what a node of ``cls`` holds of its own."""
+    return _init_fields(cls)[1:]
+
+
+_INIT_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _no_children(cls: type, fields: Mapping[str, Any]) -> None:
+    if fields["children"]:
+        raise LeafError(
+            f"{spec_rules.describe(cls.kind, fields['name'])} is a leaf: it takes no children, "
+            f"got {len(fields['children'])}"
+        )
+
+
+def _one_child(cls: type, fields: Mapping[str, Any], error: type[CircuitError]) -> Circuit:
+    children = fields["children"]
+    if len(children) != 1:
+        raise error(
+            f"{spec_rules.describe(cls.kind, fields['name'])}: a {cls.kind} has exactly one child, "
+            f"got {len(children)}"
+        )
+    return children[0]
 
 
 @attrs.frozen(init=False, eq=False, repr=False)
@@ -272,7 +387,7 @@ class Array(Circuit):
     tensor_requires_grad: bool = attrs.field(init=False)
 
     def __init__(self, value: Any, name: str | None = None):
-        where = _leaf_where("Array", name)
+        where = spec_rules.describe("Array", name)
         value = _leaf_tensor(value, where)
         self.__attrs_init__(
             children=(),
@@ -285,7 +400,7 @@ class Array(Circuit):
     @classmethod
     def from_hash(cls, shape: Sequence[int], content_hash: str, name: str | None = None) -> Array:
         """An array known only by shape and (a prefix of) its content hash."""
-        where = _leaf_where("Array", name)
+        where = spec_rules.describe("Array", name)
         if not isinstance(content_hash, str) or not _HASH_HEX.fullmatch(content_hash):
             raise LeafError(
                 f"{where}: content hash {content_hash!r} is not at least "
@@ -301,16 +416,14 @@ class Array(Circuit):
         )
         return node
 
-    def __attrs_post_init__(self):
+    def _set_derived(self, shape: Shape, extra: str) -> None:
         value = self.value
         object.__setattr__(self, "tensor_version", None if value is None else value._version)
         object.__setattr__(self, "tensor_requires_grad", value is not None and value.requires_grad)
-        super().__attrs_post_init__()
+        super()._set_derived(shape, extra)
         if self.tensor_requires_grad:  # a variable: told apart from an equal value by its tensor object
             identity = f"grad:{id(value)}"  # unique among live tensors, and this node keeps its tensor alive
-            object.__setattr__(
-                self, "hash", node_hash(self.kind, self.name, self.shape, self.extra, (), identity)
-            )
+            object.__setattr__(self, "hash", node_hash(self.kind, self.name, shape, extra, (), identity))
 
     def _derive(self):
         if self.children:
@@ -322,24 +435,30 @@ class Array(Circuit):
             )
         return self.declared_shape, self.content_hash[:PRINTED_HEX_DIGITS]
 
-    def _from_fields(self, fields: dict[str, Any]) -> Array:
+    @classmethod
+    def _from_fields(cls, fields: dict[str, Any], old: Array | None) -> Array:
+        _no_children(cls, fields)
         value, name = fields["value"], fields["name"]
-        if fields["children"]:
-            raise LeafError(f"{self.describe()}: an Array has no children")
         if value is None:
-            return Array.from_hash(fields["declared_shape"], fields["content_hash"], name=name)
-        derived = (fields["content_hash"], fields["declared_shape"]) != (
-            self.content_hash,
-            self.declared_shape,
-        )
-        if derived:
+            return cls.from_hash(fields["declared_shape"], fields["content_hash"], name=name)
+        if old is None:  # unpickled: the hash was computed from these very bytes
+            return cls._of_known_hash(value, fields["content_hash"], name)
+        if (fields["content_hash"], fields["declared_shape"]) != (old.content_hash, old.declared_shape):
             raise LeafError(
-                f"{self.describe()}: content_hash and declared_shape follow from the tensor; "
-                "give value= instead"
+                f"{old.describe()}: content_hash and declared_shape follow from the tensor; give value= instead"
             )
-        if value is self.value and self.is_fresh():
-            return _array_of_known_hash(value, self.content_hash, name)  # a rename: nothing to rehash
-        return Array(value, name=name)
+        if value is old.value and old.is_fresh():
+            return cls._of_known_hash(value, old.content_hash, name)  # a rename: nothing to rehash
+        return cls(value, name=name)
+
+    @classmethod
+    def _of_known_hash(cls, value: torch.Tensor, content_hash: str, name: str | None) -> Array:
+        """An Array of a tensor whose content hash is known (attrs' init: checked, derived fields set)."""
+        node = object.__new__(cls)
+        node.__attrs_init__(
+            children=(), name=name, value=value, content_hash=content_hash, declared_shape=tuple(value.shape)
+        )
+        return node
 
     @property
     def is_loaded(self) -> bool:
@@ -410,14 +529,6 @@ def _leaf_tensor(value: Any, where: str) -> torch.Tensor:
     return value
 
 
-def _array_of_known_hash(value: torch.Tensor, content_hash: str, name: str | None) -> Array:
-    node = object.__new__(Array)
-    node.__attrs_init__(
-        children=(), name=name, value=value, content_hash=content_hash, declared_shape=tuple(value.shape)
-    )
-    return node
-
-
 def format_scalar(value: float) -> str:
     """Shortest decimal that reads back to the same float, never in exponent form."""
     return np.format_float_positional(np.float64(value), trim="-")
@@ -431,7 +542,7 @@ class Scalar(Circuit):
     declared_shape: Shape = attrs.field()
 
     def __init__(self, value: float, shape: Sequence[int] = (), name: str | None = None):
-        where = _leaf_where("Scalar", name)
+        where = spec_rules.describe("Scalar", name)
         self.__attrs_init__(
             children=(),
             name=name,
@@ -444,10 +555,10 @@ class Scalar(Circuit):
             raise LeafError(f"{self.describe()}: a Scalar has no children")
         return self.declared_shape, format_scalar(self.value)
 
-    def _from_fields(self, fields: dict[str, Any]) -> Scalar:
-        if fields["children"]:
-            raise LeafError(f"{self.describe()}: a Scalar has no children")
-        return Scalar(fields["value"], shape=fields["declared_shape"], name=fields["name"])
+    @classmethod
+    def _from_fields(cls, fields: dict[str, Any], old: Scalar | None) -> Scalar:
+        _no_children(cls, fields)
+        return cls(fields["value"], shape=fields["declared_shape"], name=fields["name"])
 
 
 def _scalar_value(value: Any, where: str) -> float:
@@ -474,7 +585,7 @@ class Symbol(Circuit):
 
     def __init__(self, shape: Sequence[int], name: str | None = None):
         self.__attrs_init__(
-            children=(), name=name, declared_shape=_check_shape(shape, _leaf_where("Symbol", name))
+            children=(), name=name, declared_shape=_check_shape(shape, spec_rules.describe("Symbol", name))
         )
 
     def _derive(self):
@@ -482,10 +593,10 @@ class Symbol(Circuit):
             raise LeafError(f"{self.describe()}: a Symbol has no children")
         return self.declared_shape, ""
 
-    def _from_fields(self, fields: dict[str, Any]) -> Symbol:
-        if fields["children"]:
-            raise LeafError(f"{self.describe()}: a Symbol has no children")
-        return Symbol(fields["declared_shape"], name=fields["name"])
+    @classmethod
+    def _from_fields(cls, fields: dict[str, Any], old: Symbol | None) -> Symbol:
+        _no_children(cls, fields)
+        return cls(fields["declared_shape"], name=fields["name"])
 
 
 @attrs.frozen(init=False, eq=False, repr=False)
@@ -547,11 +658,15 @@ class Einsum(Circuit):
         )
         return shape, self.einsum_string
 
-    def _from_fields(self, fields: dict[str, Any]) -> Einsum:
+    @classmethod
+    def _from_fields(cls, fields: dict[str, Any], old: Einsum | None) -> Einsum:
         children, axes = fields["children"], fields["operand_axes"]
         if len(children) != len(axes):
-            raise EinsumError(f"{self.describe()}: {len(axes)} operand axes for {len(children)} children")
-        return Einsum(*zip(children, axes), out_axes=fields["out_axes"], name=fields["name"])
+            raise EinsumError(
+                f"{spec_rules.describe(cls.kind, fields['name'])}: {len(axes)} operand axes for "
+                f"{len(children)} children"
+            )
+        return cls(*zip(children, axes), out_axes=fields["out_axes"], name=fields["name"])
 
     @property
     def einsum_string(self) -> str:
@@ -568,8 +683,9 @@ class Add(Circuit):
     def _derive(self):
         return spec_rules.broadcast_shapes([c.shape for c in self.children], self.describe()), ""
 
-    def _from_fields(self, fields: dict[str, Any]) -> Add:
-        return Add(*fields["children"], name=fields["name"])
+    @classmethod
+    def _from_fields(cls, fields: dict[str, Any], old: Add | None) -> Add:
+        return cls(*fields["children"], name=fields["name"])
 
 
 @attrs.frozen(init=False, eq=False, repr=False)
@@ -613,8 +729,9 @@ class GeneralFunction(Circuit):
             ) from error
         return shape, self.spec.name
 
-    def _from_fields(self, fields: dict[str, Any]) -> GeneralFunction:
-        return GeneralFunction(*fields["children"], spec=fields["spec"], name=fields["name"])
+    @classmethod
+    def _from_fields(cls, fields: dict[str, Any], old: GeneralFunction | None) -> GeneralFunction:
+        return cls(*fields["children"], spec=fields["spec"], name=fields["name"])
 
 
 @attrs.frozen(init=False, eq=False, repr=False)
@@ -627,11 +744,8 @@ class Index(Circuit):
     index: tuple = attrs.field()
 
     def __init__(self, node: Circuit, index: Any, name: str | None = None):
-        if not isinstance(node, Circuit):
-            raise NodeTypeError(
-                f"{spec_rules.describe('Index', name)}: child is a {type(node).__name__}, not a circuit node"
-            )
-        items = spec_rules.normalize_index(index, node.shape, spec_rules.describe("Index", name))
+        where = spec_rules.describe("Index", name)
+        items = spec_rules.normalize_index(index, check_node(node, f"{where}: child").shape, where)
         self.__attrs_init__(children=(node,), name=name, index=items)
 
     def _derive(self):
@@ -643,11 +757,9 @@ class Index(Circuit):
         spec_rules.check_index(self.index, child_shape, self.describe())
         return spec_rules.index_shape(self.index, child_shape), spec_rules.format_index(self.index)
 
-    def _from_fields(self, fields: dict[str, Any]) -> Index:
-        children = fields["children"]
-        if len(children) != 1:
-            raise IndexSpecError(f"{self.describe()}: an Index has exactly one child, got {len(children)}")
-        return Index(children[0], fields["index"], name=fields["name"])
+    @classmethod
+    def _from_fields(cls, fields: dict[str, Any], old: Index | None) -> Index:
+        return cls(_one_child(cls, fields, IndexSpecError), fields["index"], name=fields["name"])
 
     @property
     def node(self) -> Circuit:
@@ -711,11 +823,10 @@ class Rearrange(Circuit):
         extra = self.pattern + "".join(f", {axis}={size}" for axis, size in self.sizes)
         return shape, extra
 
-    def _from_fields(self, fields: dict[str, Any]) -> Rearrange:
-        children = fields["children"]
-        if len(children) != 1:
-            raise RearrangeError(f"{self.describe()}: a Rearrange has exactly one child, got {len(children)}")
-        return Rearrange(children[0], fields["pattern"], name=fields["name"], sizes=dict(fields["sizes"]))
+    @classmethod
+    def _from_fields(cls, fields: dict[str, Any], old: Rearrange | None) -> Rearrange:
+        child = _one_child(cls, fields, RearrangeError)
+        return cls(child, fields["pattern"], name=fields["name"], sizes=dict(fields["sizes"]))
 
     @property
     def node(self) -> Circuit:
@@ -735,10 +846,7 @@ class Concat(Circuit):
         if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
             raise ConcatError(f"{where}: axis {axis!r} is not an int")
         for position, node in enumerate(nodes):
-            if not isinstance(node, Circuit):
-                raise NodeTypeError(
-                    f"{where}: child {position} is a {type(node).__name__}, not a circuit node"
-                )
+            check_node(node, f"{where}: child {position}")
         rank = len(nodes[0].shape)
         if not -rank <= axis < rank:
             raise ConcatError(
@@ -770,8 +878,9 @@ class Concat(Circuit):
         total = sum(shape[self.axis] for shape in shapes)
         return first[: self.axis] + (total,) + first[self.axis + 1 :], str(self.axis)
 
-    def _from_fields(self, fields: dict[str, Any]) -> Concat:
-        return Concat(*fields["children"], axis=fields["axis"], name=fields["name"])
+    @classmethod
+    def _from_fields(cls, fields: dict[str, Any], old: Concat | None) -> Concat:
+        return cls(*fields["children"], axis=fields["axis"], name=fields["name"])
 
 
 # ------------------------------------------------------------ pickling
@@ -791,17 +900,20 @@ def _flatten(root: Circuit) -> list[tuple]:
             stack.extend((child, False) for child in reversed(node.children) if child.hash not in position)
             continue
         cls = type(node)
-        fields = {f.name: getattr(node, f.name) for f in attrs.fields(cls) if f.init and f.name != "children"}
+        fields = {name: getattr(node, name) for name in _own_fields(cls)}
         position[node.hash] = len(records)
         records.append((cls, fields, tuple(position[child.hash] for child in node.children)))
     return records
 
 
 def _unflatten(records: list[tuple]) -> Circuit:
-    """The root that ``_flatten`` recorded, rebuilt bottom-up (derived data recomputed and checked)."""
+    """The root that ``_flatten`` recorded, rebuilt bottom-up by the constructors (checked, derived anew)."""
     nodes: list[Circuit] = []
     for cls, fields, children in records:
-        node = object.__new__(cls)
-        node.__attrs_init__(children=tuple(nodes[i] for i in children), **fields)
-        nodes.append(node)
+        nodes.append(cls._from_fields({"children": tuple(nodes[i] for i in children), **fields}, None))
     return nodes[-1]
+
+
+# The classes whose _derive with_children may keep over children of the same shapes.  A class
+# defined elsewhere (a subclass, say) is always rebuilt by its constructor: it may derive more.
+_KEEP_DERIVED_CLASSES = frozenset({Einsum, Add, GeneralFunction, Index, Rearrange, Concat})

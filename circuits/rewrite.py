@@ -32,17 +32,15 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-import attrs
 import torch
 
 from circuits.errors import RewriteError
 from circuits.gcpause import gc_paused
-from circuits.hashing import node_hash
 from circuits.matching import Matcher, WalkEntry, as_iterative, walk
 from circuits.nodes import Array, Circuit, Symbol
 from circuits.traversal import unique_nodes
 
-__all__ = ["rebuild", "rebuilt", "replace", "substitute", "update"]
+__all__ = ["rebuild", "replace", "substitute", "update"]
 
 
 def update(circuit: Circuit, matcher: Any, fn: Callable[[Circuit], Circuit]) -> Circuit:
@@ -188,7 +186,7 @@ def rebuild(entries: list[WalkEntry], on_found: Callable[[Circuit], Circuit], ro
                         new_children = list(node.children)
                     new_children[position] = result
             if new_children is not None:
-                new = rebuilt(node, new_children)
+                new = node.with_children(new_children)
         if entry.found:
             new = on_found(new)
         if new is node or new.hash == node.hash:
@@ -202,7 +200,6 @@ def rebuild(entries: list[WalkEntry], on_found: Callable[[Circuit], Circuit], ro
 
 
 _PENDING = object()
-_COPIED_FIELDS: dict[type, tuple[str, ...]] = {}
 
 
 def _rewrite_plain(
@@ -242,7 +239,7 @@ def _rewrite_plain(
                     if new_children is None:
                         new_children = list(children)
                     new_children[position] = result
-            new = node if new_children is None else rebuilt(node, new_children)
+            new = node if new_children is None else node.with_children(new_children)
             if descend_found and predicate(node):
                 new = on_found(new)
         if new is node or new.hash == key:
@@ -251,41 +248,3 @@ def _rewrite_plain(
             results[key] = interned.setdefault(new.hash, new)
     result = results[root.hash]
     return root if result is None else result
-
-
-def rebuilt(node: Circuit, children: list[Circuit]) -> Circuit:
-    """``node`` over new ``children``.
-
-    When every new child has its old child's shape, the node's shape and
-    printed EXTRA (functions of its own fields and its children's shapes)
-    cannot change, so only the structural hash is recomputed: a rewrite deep
-    in a big circuit rebuilds its many ancestors without re-deriving them.
-    Otherwise the node is rebuilt and checked as if built anew.
-    """
-    old_children = node.children
-    if len(children) == len(old_children) and all(
-        new is old or new.shape == old.shape for new, old in zip(children, old_children)
-    ):
-        cls = type(node)
-        names = _COPIED_FIELDS.get(cls)
-        if names is None:
-            names = _COPIED_FIELDS[cls] = tuple(
-                f.name for f in attrs.fields(cls) if f.name not in ("children", "hash")
-            )
-        new = object.__new__(cls)
-        for name in names:
-            object.__setattr__(new, name, getattr(node, name))
-        children = tuple(children)
-        object.__setattr__(new, "children", children)
-        object.__setattr__(new, "hash", node_hash(node.kind, node.name, node.shape, node.extra, children))
-        return new
-    try:
-        return node.evolve(children=tuple(children))
-    except Exception as error:
-        changed = [
-            f"child {i}: {old.describe()} {list(old.shape)} -> {new.describe()} {list(new.shape)}"
-            for i, (old, new) in enumerate(zip(node.children, children))
-            if new is not old
-        ]
-        error.add_note(f"while rebuilding {node.describe()} over rewritten children ({'; '.join(changed)})")
-        raise
