@@ -1,27 +1,26 @@
 """Transformer builders and weight loaders (``import circuits.models``).
 
-Builders take a config, a dict of weight tensors named as in the circuit,
-and the tokens, and return a circuit whose root is the per-token loss
-``'t.loss'``; the logits are ``'t.call'``, the token input ``'toks_int_var'``.
-Loaders read Hugging Face models (in memory or a local checkpoint
-directory) and TransformerLens-style state dicts.  ``transformers`` is only
-needed by ``from_hf`` (it is imported there, lazily).
+Builders (``attn_only``, ``gpt2``, ``llama``, sharing ``common``) take a
+config, a dict of weight tensors named as in the circuit, and the tokens, and
+return a circuit whose root is the per-token loss ``'t.loss'``; the logits are
+``'t.call'``, the token input ``'toks_int_var'`` (every name is built by
+``circuits.names``).  Loaders, one module per source: ``hf`` (in-memory
+Hugging Face models and state dicts, converted by ``hf_gpt2`` and
+``hf_llama``), ``checkpoint`` (a local checkpoint directory) and
+``transformer_lens`` (TransformerLens state dicts), sharing ``reading``.
+``transformers`` is only needed by ``from_hf`` (it is imported there, lazily).
 """
 
 from circuits.errors import ModelError
 from circuits.models.attn_only import AttnOnlyConfig, attn_only_random_weights, build_attn_only
-from circuits.models.common import CONVENTIONS, NEG_INF
+from circuits.masks import NEG_INF
+from circuits.models.common import CONVENTIONS
 from circuits.models.demo_model import load_demo_model
 from circuits.models.gpt2 import GPT2Config, build_gpt2, gpt2_random_weights
 from circuits.models.llama import LlamaConfig, build_llama, llama_random_weights, rope_cos_sin
-from circuits.models.loaders import (
-    TRANSFORMER_LENS_KEYS,
-    from_hf,
-    from_hf_state_dict,
-    from_transformer_lens,
-    hf_to_weights,
-    load_hf_checkpoint,
-)
+from circuits.models.checkpoint import load_hf_checkpoint
+from circuits.models.hf import from_hf, from_hf_state_dict, hf_to_weights
+from circuits.models.transformer_lens import TRANSFORMER_LENS_KEYS, from_transformer_lens
 
 __all__ = [
     "CONVENTIONS",

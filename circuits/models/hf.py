@@ -1,0 +1,168 @@
+"""Hugging Face models in memory and state dicts: ``from_hf``, ``from_hf_state_dict``, ``hf_to_weights``.
+
+- ``from_hf(model, tokens)``: an in-memory ``GPT2LMHeadModel`` or
+  ``LlamaForCausalLM`` (the config is read from the model).
+- ``from_hf_state_dict(config, state_dict, tokens)``: the same from a config
+  (object or ``config.json`` dict) and a state dict.
+
+The per-family conversions are in ``hf_gpt2`` and ``hf_llama``; a checkpoint
+directory is read by ``checkpoint.load_hf_checkpoint``.  Weights are copied
+(so later changes to the model do not make the circuit's array hashes stale)
+and converted to the builders' layouts.  With ``attach=True`` they are not
+copied: every weight array holds a view of the model's parameter (a transpose,
+reshape or slice of it), so ``cc.evaluate(c).mean().backward()`` fills the
+parameters' ``.grad`` as the model's own backward would (a tied embedding gets
+both uses' gradients).  The caveat: an in-place update of a parameter (an
+optimizer step) changes the arrays' tensors, so evaluating the circuit raises
+``StaleTensorError``; rebuild it after each step.
+
+Every mistake (an unknown option, a config field of the wrong kind, weights
+that do not fit) is a ``ModelError`` naming the option, field or key at fault.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from circuits.errors import ModelError, shown
+from circuits.models.common import BUILD_OPTIONS, CONVENTIONS, checked_options
+from circuits.models.gpt2 import build_gpt2
+from circuits.models.hf_gpt2 import gpt2_config_from_hf, gpt2_weights_from_hf
+from circuits.models.hf_llama import (
+    hf_rope_tables,
+    llama_config_from_hf,
+    llama_weights_from_hf,
+    rope_from_transformers,
+    rope_type,
+)
+from circuits.models.llama import build_llama
+from circuits.models.reading import attach_option, get_field
+from circuits.nodes import Circuit
+
+SUPPORTED_HF = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
+
+
+def _positions(tokens: Any, seq_len: int | None, convention: str) -> int | None:
+    """Positions the tokens give (for the rotary tables); None to let the builder say what is wrong."""
+    if not isinstance(convention, str) or convention not in CONVENTIONS:
+        return None
+    if tokens is None:
+        positions = seq_len
+    else:
+        shape = getattr(tokens, "shape", None)
+        if shape is None:
+            try:
+                shape = torch.as_tensor(tokens).shape
+            except (TypeError, ValueError, RuntimeError):
+                return None
+        positions = int(shape[-1]) - CONVENTIONS[convention][0] if len(shape) else None
+    return (
+        positions
+        if isinstance(positions, int) and not isinstance(positions, bool) and positions > 0
+        else None
+    )
+
+
+def _model_type(config: Any) -> str:
+    model_type = get_field(config, "model_type")
+    if not isinstance(model_type, str) or model_type not in SUPPORTED_HF:
+        archs = get_field(config, "architectures")
+        listed = ", ".join(map(str, archs)) if isinstance(archs, list) else archs
+        raise ModelError(
+            f"unsupported architecture: model_type {shown(repr(model_type))}"
+            + (f" ({shown(str(listed))})" if listed else "")
+            + f"; supported: {', '.join(f'{t!r} ({c})' for t, c in SUPPORTED_HF.items())}"
+        )
+    return model_type
+
+
+def config_for(config: Any) -> tuple[str, Any]:
+    """``(family, builder config)`` from a Hugging Face config, every field checked."""
+    if _model_type(config) == "gpt2":
+        return "gpt2", gpt2_config_from_hf(config)
+    return "llama", llama_config_from_hf(config)
+
+
+def hf_to_weights(
+    config: Any, state_dict: Mapping[str, Any], attach: bool = False
+) -> tuple[str, Any, dict[str, torch.Tensor]]:
+    """``(family, builder config, weights)`` from a Hugging Face config (object or dict) and state dict.
+
+    The weights are copies, or views of the state dict's tensors with ``attach``.
+    """
+    family, ours = config_for(config)
+    if not isinstance(state_dict, Mapping) or not all(isinstance(k, str) for k in state_dict):
+        raise ModelError(f"a state dict must map str keys to tensors, got {type(state_dict).__name__}")
+    if family == "gpt2":
+        return family, ours, gpt2_weights_from_hf(ours, state_dict, attach)
+    return family, ours, llama_weights_from_hf(ours, state_dict, attach)
+
+
+@checked_options(*BUILD_OPTIONS)
+def from_hf_state_dict(
+    config: Any,
+    state_dict: Mapping[str, Any],
+    tokens: Any = None,
+    *,
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+    **options: Any,
+) -> Circuit:
+    """A circuit from a Hugging Face config (object or ``config.json`` dict) and a state dict.
+
+    ``options`` are the builder's: ``seq_len``, ``batch_size``,
+    ``convention``, ``causal``, ``neg_inf``, ``attach`` (see the module
+    docstring: with it, the arrays are views of the state dict's tensors).
+    """
+    family, ours, weights = hf_to_weights(config, state_dict, attach_option(options))
+    if family == "gpt2":
+        if rope is not None:
+            raise ModelError("rope= applies to Llama models only")
+        return build_gpt2(ours, weights, tokens, **options)
+    if rope is None and rope_type(config) != "default":
+        seq = _positions(tokens, options.get("seq_len"), options.get("convention", "default"))
+        if seq is None:
+            raise ModelError(
+                f"this Llama model's {rope_type(config)!r} rotary tables need the number of positions: pass "
+                "tokens (an int tensor [S+1] or [B,S+1]) or seq_len= (a positive int), and a known convention"
+            )
+        config_dict = config if isinstance(config, Mapping) else config.to_dict()
+        dtype = next(iter(weights.values())).dtype
+        rope = rope_from_transformers(config_dict, seq, dtype)
+    return build_llama(ours, weights, tokens, rope=rope, **options)
+
+
+@checked_options(*BUILD_OPTIONS)
+def from_hf(model: Any, tokens: Any = None, **options: Any) -> Circuit:
+    """A circuit equal to an in-memory ``GPT2LMHeadModel`` or ``LlamaForCausalLM``.
+
+    ``tokens``: an int tensor ``[S+1]`` or ``[B,S+1]`` (inputs all but the
+    last, targets all but the first; copied), or None with ``seq_len=`` (and
+    ``batch_size=``) for a placeholder.  Other options as in the builders:
+    ``convention="golden"``, ``causal``, ``neg_inf``, and ``attach=True`` to
+    make every weight array a view of the model's parameter, so that a
+    backward pass through the circuit fills ``model.parameters()``'s
+    ``.grad`` (rebuild the circuit after an optimizer step: see the module
+    docstring).  The root is the per-token loss ``'t.loss'``; the logits are
+    ``'t.call'``.
+    """
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(model, "state_dict"):
+        raise ModelError(f"from_hf needs a Hugging Face model with a .config, got {type(model).__name__}")
+    model_type = _model_type(config)
+    expected = SUPPORTED_HF[model_type]
+    if type(model).__name__ != expected:
+        raise ModelError(
+            f"from_hf: got a {type(model).__name__} ({model_type}); expected {expected} (a model with its LM head)"
+        )
+    rope = None
+    if model_type == "llama":
+        seq = _positions(tokens, options.get("seq_len"), options.get("convention", "default"))
+        rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+        if seq is not None and rotary is not None:
+            dtype = model.get_input_embeddings().weight.dtype
+            rope = hf_rope_tables(rotary, seq, dtype)
+    state = model.state_dict(keep_vars=attach_option(options))
+    return from_hf_state_dict(config, state, tokens, rope=rope, **options)

@@ -1,0 +1,146 @@
+"""Hugging Face Llama (``LlamaForCausalLM``): its config, state dict and rotary tables in the builder's terms."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from circuits import names
+from circuits.errors import ModelError, shown
+from circuits.models.llama import LlamaConfig
+from circuits.models.reading import Reader, get_field, int_field, number_field, optional_int, typed_field
+
+
+def _rope_params(config: Any) -> Mapping[str, Any]:
+    """``rope_parameters`` (transformers 5) or ``rope_scaling`` (4.x), as a mapping."""
+    for key in ("rope_parameters", "rope_scaling"):
+        params = get_field(config, key)
+        if params is not None and not isinstance(params, Mapping):
+            raise ModelError(
+                f"Llama config: {key!r} is {shown(repr(params))}; expected an object (a mapping)"
+            )
+        if params:
+            return params
+    return {}
+
+
+def rope_type(config: Any) -> str:
+    """The rotary variant a Hugging Face Llama config asks for (``'default'`` when none)."""
+    params = _rope_params(config)
+    return typed_field(
+        "Llama", params, "rope_type", typed_field("Llama", params, "type", "default", str), str
+    )
+
+
+def _rope_theta(config: Any) -> float:
+    params = get_field(config, "rope_parameters") or {}
+    if "rope_theta" in params:
+        return number_field("Llama", params, "rope_theta", 10000.0, positive=True)
+    return number_field("Llama", config, "rope_theta", 10000.0, positive=True)
+
+
+def llama_config_from_hf(config: Any) -> LlamaConfig:
+    """Our ``LlamaConfig`` from a Hugging Face one (object or ``config.json`` dict), each field checked."""
+    family = "Llama"
+    problems = [
+        f"{option}=True"
+        for option in ("attention_bias", "mlp_bias")
+        if typed_field(family, config, option, False, bool)
+    ]
+    if problems:
+        raise ModelError(f"Llama config options not supported: {', '.join(problems)}")
+    _rope_params(config)
+    heads = int_field(family, config, "num_attention_heads")
+    ours = LlamaConfig(
+        n_layers=int_field(family, config, "num_hidden_layers", low=0),
+        n_heads=heads,
+        n_kv_heads=int_field(family, config, "num_key_value_heads", heads),
+        d_model=int_field(family, config, "hidden_size"),
+        d_head=optional_int(family, config, "head_dim"),
+        d_mlp=int_field(family, config, "intermediate_size"),
+        vocab_size=int_field(family, config, "vocab_size"),
+        max_positions=optional_int(family, config, "max_position_embeddings"),
+        rms_eps=number_field(family, config, "rms_norm_eps", 1e-6),
+        rope_theta=_rope_theta(config),
+        act=typed_field(family, config, "hidden_act", "silu", str),
+        tie_word_embeddings=typed_field(family, config, "tie_word_embeddings", False, bool),
+    )
+    if heads % ours.kv_heads:
+        raise ModelError(
+            f"Llama config: 'num_attention_heads' {heads} is not a multiple of 'num_key_value_heads' {ours.kv_heads}"
+        )
+    if ours.d_head is None and ours.d_model % heads:
+        raise ModelError(
+            f"Llama config: 'hidden_size' {ours.d_model} is not divisible by 'num_attention_heads' {heads}"
+        )
+    return ours
+
+
+def llama_weights_from_hf(
+    config: LlamaConfig, state_dict: Mapping[str, Any], attach: bool = False
+) -> dict[str, torch.Tensor]:
+    """Hugging Face Llama (``nn.Linear`` ``[out, in]`` weights) -> the builder's names and layouts (views)."""
+    d, h, g, c, v, m = (
+        config.d_model,
+        config.n_heads,
+        config.kv_heads,
+        config.head_size,
+        config.vocab_size,
+        config.d_mlp,
+    )
+    r = Reader("Llama", state_dict, attach)
+    out: dict[str, Any] = {names.TOK_EMBEDS_WEIGHT: r.take("model.embed_tokens.weight", (v, d))}
+    for layer in range(config.n_layers):
+        p = f"model.layers.{layer}."
+        attn_scale = names.norm_weight(names.attn_prefix(layer), "scale", names.RMS)
+        out[attn_scale] = r.take(p + "input_layernorm.weight", (d,))
+        for which, heads in (("q", h), ("k", g), ("v", g)):
+            weight = r.take(p + f"self_attn.{which}_proj.weight", (heads * c, d))
+            out[names.attn_weight(layer, which)] = None if weight is None else weight.reshape(heads, c, d)
+        o = r.take(p + "self_attn.o_proj.weight", (d, h * c))
+        out[names.attn_weight(layer, "o")] = None if o is None else o.reshape(d, h, c).permute(1, 0, 2)
+        mlp_scale = names.norm_weight(names.mlp_prefix(layer), "scale", names.RMS)
+        out[mlp_scale] = r.take(p + "post_attention_layernorm.weight", (d,))
+        out[names.mlp_weight(layer, "gate")] = r.take(p + "mlp.gate_proj.weight", (m, d))
+        out[names.mlp_weight(layer, "up")] = r.take(p + "mlp.up_proj.weight", (m, d))
+        out[names.mlp_weight(layer, "down")] = r.take(p + "mlp.down_proj.weight", (d, m))
+    out[names.norm_weight(names.FINAL, "scale", names.RMS)] = r.take("model.norm.weight", (d,))
+    unembed = r.take("lm_head.weight", (v, d), optional=config.tie_word_embeddings)
+    if unembed is not None and not config.tie_word_embeddings:
+        out[names.UNEMBED_WEIGHT] = unembed
+    r.finish(ignore=lambda k: k.endswith("rotary_emb.inv_freq"))
+    return r.weights(out)
+
+
+def hf_rope_tables(rotary_module: Any, seq_len: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin ``[S, d_head]`` from a Hugging Face rotary-embedding module (any rope variant)."""
+    device = next((b.device for b in rotary_module.buffers()), torch.device("cpu"))
+    probe = torch.zeros(1, dtype=dtype, device=device)
+    positions = torch.arange(seq_len, device=device)[None, :]
+    with torch.no_grad():
+        cos, sin = rotary_module(probe, positions)
+    return cos[0].cpu(), sin[0].cpu()
+
+
+def rope_from_transformers(config_dict: Mapping[str, Any], seq_len: int, dtype: torch.dtype):
+    """cos/sin ``[S, d_head]`` of a scaled rotary variant, computed by transformers from the config."""
+    try:
+        from transformers import LlamaConfig as HFLlamaConfig
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    except ImportError as error:
+        raise ModelError(
+            f"this Llama checkpoint uses the {rope_type(config_dict)!r} rotary variant, which is computed "
+            f"with transformers; install it (pip install 'circuits[hf]'): {error}"
+        ) from error
+    try:
+        hf_config = HFLlamaConfig(
+            **{k: v for k, v in config_dict.items() if k not in ("architectures", "model_type")}
+        )
+        return hf_rope_tables(LlamaRotaryEmbedding(hf_config), seq_len, dtype)
+    except Exception as error:  # transformers' own complaint about the rope parameters
+        raise ModelError(
+            f"Llama: transformers cannot compute the {rope_type(config_dict)!r} rotary tables from this config: "
+            f"{shown(str(error))}"
+        ) from error

@@ -1,0 +1,192 @@
+"""TransformerLens ``HookedTransformer`` state dicts: ``from_transformer_lens(state_dict, tokens, family=...)``.
+
+For the ``"gpt2"`` and ``"attn_only"`` families; the keys accepted are
+``TRANSFORMER_LENS_KEYS``.  Weights are copied, or views of the state dict's
+tensors with ``attach=True`` (see ``circuits.models.hf``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from circuits import names
+from circuits.errors import ModelError, shown
+from circuits.models.attn_only import AttnOnlyConfig, build_attn_only
+from circuits.models.common import BUILD_OPTIONS, checked_options
+from circuits.models.gpt2 import GPT2Config, build_gpt2
+from circuits.models.reading import Reader, attach_option
+from circuits.nodes import Circuit
+
+#: The TransformerLens ``HookedTransformer`` state-dict keys accepted, with
+#: their shapes (H heads, d d_model, c d_head, M d_mlp, V vocab, P positions).
+#: ``mlp.*`` keys are for ``family="gpt2"`` only; ``b_Q``/``b_K``/``b_V``/``b_O``
+#: must be all zero for ``family="attn_only"`` (its builder has no attention
+#: biases); ``unembed.b_U`` is optional.  Buffers (``attn.mask``,
+#: ``attn.IGNORE``, ``hook_*``) are ignored.  Folded layer norms
+#: (``fold_ln=True``, TransformerLens's default in ``from_pretrained``) have no
+#: ``ln*.w``/``ln*.b`` keys and are refused: load with
+#: ``from_pretrained_no_processing`` or ``fold_ln=False``.
+TRANSFORMER_LENS_KEYS = {
+    "embed.W_E": "[V,d]",
+    "pos_embed.W_pos": "[P,d]",
+    "blocks.{L}.ln1.w": "[d]",
+    "blocks.{L}.ln1.b": "[d]",
+    "blocks.{L}.attn.W_Q": "[H,d,c]",
+    "blocks.{L}.attn.W_K": "[H,d,c]",
+    "blocks.{L}.attn.W_V": "[H,d,c]",
+    "blocks.{L}.attn.W_O": "[H,c,d]",
+    "blocks.{L}.attn.b_Q": "[H,c]",
+    "blocks.{L}.attn.b_K": "[H,c]",
+    "blocks.{L}.attn.b_V": "[H,c]",
+    "blocks.{L}.attn.b_O": "[d]",
+    "blocks.{L}.ln2.w": "[d]",
+    "blocks.{L}.ln2.b": "[d]",
+    "blocks.{L}.mlp.W_in": "[d,M]",
+    "blocks.{L}.mlp.b_in": "[M]",
+    "blocks.{L}.mlp.W_out": "[M,d]",
+    "blocks.{L}.mlp.b_out": "[d]",
+    "ln_final.w": "[d]",
+    "ln_final.b": "[d]",
+    "unembed.W_U": "[d,V]",
+    "unembed.b_U": "[V]",
+}
+
+_TL_IGNORED = re.compile(r"(.*\.)?(hook_[\w.]*|mask|IGNORE)$")
+
+
+def _tl_dims(state: Mapping[str, Any], family: str) -> dict[str, int]:
+    """The dimensions read off the tensors (``V d P H c L``, and ``M`` for GPT-2)."""
+    if not isinstance(state, Mapping) or not all(isinstance(k, str) for k in state):
+        raise ModelError(
+            f"from_transformer_lens needs a state dict (str keys to tensors), got {type(state).__name__}"
+        )
+    ranks = {"embed.W_E": 2, "pos_embed.W_pos": 2, "blocks.0.attn.W_Q": 3}
+    if family == "gpt2":
+        ranks["blocks.0.mlp.W_in"] = 2
+    missing = [k for k in ranks if k not in state]
+    if missing:
+        hint = "; an attention-only model? use family='attn_only'" if missing == ["blocks.0.mlp.W_in"] else ""
+        raise ModelError(
+            f"TransformerLens {family}: missing {', '.join(repr(k) for k in missing)}, needed to read the "
+            f"model's dimensions{hint}; accepted keys: "
+            f"{', '.join(f'{k} {s}' for k, s in TRANSFORMER_LENS_KEYS.items())}"
+        )
+    for key, rank in ranks.items():
+        if not isinstance(state[key], torch.Tensor) or state[key].ndim != rank:
+            shape = (
+                list(state[key].shape) if isinstance(state[key], torch.Tensor) else type(state[key]).__name__
+            )
+            raise ModelError(
+                f"TransformerLens {family}: {key!r} is {shape}, expected {TRANSFORMER_LENS_KEYS[key]}"
+            )
+    dims = dict(zip("Vd", state["embed.W_E"].shape))
+    dims["P"] = state["pos_embed.W_pos"].shape[0]
+    dims["H"], _, dims["c"] = state["blocks.0.attn.W_Q"].shape
+    dims["L"] = 1 + max(int(m.group(1)) for k in state if (m := re.match(r"blocks\.(\d+)\.", k)))
+    dims["M"] = state["blocks.0.mlp.W_in"].shape[-1] if family == "gpt2" else 0
+    return dims
+
+
+def _tl_layer(r: Reader, out: dict[str, Any], family: str, layer: int, dims: Mapping[str, int]) -> list[str]:
+    """One block's weights into ``out`` (builder names); returns the attention biases that are not zero
+    (the attention-only builder has none)."""
+    d, H, c, M = dims["d"], dims["H"], dims["c"], dims["M"]
+    p = f"blocks.{layer}."
+    nonzero = []
+    out[names.norm_weight(names.attn_prefix(layer), "scale")] = r.take(p + "ln1.w", (d,))
+    out[names.norm_weight(names.attn_prefix(layer), "bias")] = r.take(p + "ln1.b", (d,))
+    for which in "qkv":
+        weight = r.take(p + f"attn.W_{which.upper()}", (H, d, c))
+        out[names.attn_weight(layer, which)] = None if weight is None else weight.transpose(1, 2)
+        bias = r.take(p + f"attn.b_{which.upper()}", (H, c), optional=family == "attn_only")
+        if family == "gpt2":
+            out[names.attn_weight(layer, f"{which}_bias")] = None if bias is None else bias.reshape(H, 1, c)
+        elif bias is not None and bool(bias.any()):
+            nonzero.append(p + f"attn.b_{which.upper()}")
+    w_o = r.take(p + "attn.W_O", (H, c, d))
+    out[names.attn_weight(layer, "o")] = None if w_o is None else w_o.transpose(1, 2)
+    b_o = r.take(p + "attn.b_O", (d,), optional=family == "attn_only")
+    if family != "gpt2":
+        return nonzero + ([p + "attn.b_O"] if b_o is not None and bool(b_o.any()) else [])
+    out[names.attn_weight(layer, "o_bias")] = b_o
+    out[names.norm_weight(names.mlp_prefix(layer), "scale")] = r.take(p + "ln2.w", (d,))
+    out[names.norm_weight(names.mlp_prefix(layer), "bias")] = r.take(p + "ln2.b", (d,))
+    w_in = r.take(p + "mlp.W_in", (d, M))
+    out[names.mlp_weight(layer, "proj_in")] = None if w_in is None else w_in.T
+    out[names.mlp_weight(layer, "in_bias")] = r.take(p + "mlp.b_in", (M,))
+    w_out = r.take(p + "mlp.W_out", (M, d))
+    out[names.mlp_weight(layer, "proj_out")] = None if w_out is None else w_out.T
+    out[names.mlp_weight(layer, "out_bias")] = r.take(p + "mlp.b_out", (d,))
+    return nonzero
+
+
+@checked_options(*BUILD_OPTIONS)
+def from_transformer_lens(
+    state_dict: Mapping[str, Any],
+    tokens: Any = None,
+    *,
+    family: str,
+    ln_eps: float = 1e-5,
+    act: str = "gelu_new",
+    **options: Any,
+) -> Circuit:
+    """A circuit from a TransformerLens ``HookedTransformer`` state dict.
+
+    ``family`` is ``"gpt2"`` (standard positions, MLPs, biases) or
+    ``"attn_only"`` (shortformer positions, as the golden file).  Dimensions
+    are read off the tensors; ``ln_eps`` and ``act`` (GPT-2's MLP activation)
+    are not in a state dict, so give them if they differ from the defaults.
+    Accepted keys and shapes: ``TRANSFORMER_LENS_KEYS``.  Other options as in
+    the builders; with ``attach=True`` the arrays are views of the state
+    dict's tensors (pass ``model.state_dict(keep_vars=True)`` for gradients).
+    """
+    if family not in ("gpt2", "attn_only"):
+        raise ModelError(f"from_transformer_lens: family {shown(repr(family))} is not 'gpt2' or 'attn_only'")
+    dims = _tl_dims(state_dict, family)
+    V, d, P, H, c, L = (dims[k] for k in "VdPHcL")
+    r = Reader(f"TransformerLens {family}", state_dict, attach_option(options))
+    out: dict[str, Any] = {
+        names.TOK_EMBEDS_WEIGHT: r.take("embed.W_E", (V, d)),
+        names.POS_EMBEDS_WEIGHT: r.take("pos_embed.W_pos", (P, d)),
+    }
+    nonzero_biases = [key for layer in range(L) for key in _tl_layer(r, out, family, layer, dims)]
+    out[names.norm_weight(names.FINAL, "scale")] = r.take("ln_final.w", (d,))
+    out[names.norm_weight(names.FINAL, "bias")] = r.take("ln_final.b", (d,))
+    w_u = r.take("unembed.W_U", (d, V))
+    out[names.UNEMBED_WEIGHT] = None if w_u is None else w_u.T
+    b_u = r.take("unembed.b_U", (V,), optional=True)
+    if b_u is not None and bool(b_u.any()):
+        out[names.UNEMBED_BIAS_WEIGHT] = b_u
+    if r.missing and any(".ln1.w" in m or "ln_final.w" in m for m in r.missing):
+        r.missing.append(
+            "(no layer-norm weights: a state dict with folded layer norms is not supported; "
+            "load with fold_ln=False / from_pretrained_no_processing)"
+        )
+    r.finish(ignore=lambda k: bool(_TL_IGNORED.match(k)))
+    if nonzero_biases:
+        raise ModelError(
+            "TransformerLens attn_only: the attention-only builder has no attention biases, but "
+            f"{', '.join(repr(k) for k in nonzero_biases)} are not all zero"
+        )
+    weights = r.weights(out)
+    if family == "gpt2":
+        if H * c != d:
+            raise ModelError(f"TransformerLens gpt2: {H} heads x d_head {c} != d_model {d}")
+        config = GPT2Config(
+            n_layers=L,
+            n_heads=H,
+            d_model=d,
+            vocab_size=V,
+            n_ctx=P,
+            d_mlp=dims["M"],
+            ln_eps=ln_eps,
+            act=act,
+            tie_word_embeddings=False,
+        )
+        return build_gpt2(config, weights, tokens, **options)
+    config = AttnOnlyConfig(n_layers=L, n_heads=H, d_model=d, d_head=c, vocab_size=V, n_ctx=P, ln_eps=ln_eps)
+    return build_attn_only(config, weights, tokens, **options)
