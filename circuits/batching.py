@@ -51,6 +51,7 @@ from circuits.nodes import (
     GeneralFunction,
     Index,
     Rearrange,
+    check_node,
 )
 from circuits.spec import format_shape
 
@@ -68,8 +69,7 @@ def expand(circuit: Circuit, replacements: Mapping[Any, Any]) -> Circuit:
     restrictions (IterativeMatcher) are not supported here: expand a
     circuit, or un-share first with ``update``.
     """
-    if not isinstance(circuit, Circuit):
-        raise ExpandError(f"expand: expected a circuit node, got {type(circuit).__name__}")
+    check_node(circuit, "expand: the circuit", ExpandError)
     try:
         items = list(replacements.items())
     except AttributeError:
@@ -145,12 +145,13 @@ class _Expander:
         for matcher, value in self.rules:
             if matcher(node):
                 break
-        new = value(node) if not isinstance(value, Circuit) else value
-        if not isinstance(new, Circuit):
-            raise ExpandError(
-                f"expand: the function for {matcher!r} returned a {type(new).__name__} for "
-                f"{node.describe()}, not a circuit node"
+        if not isinstance(value, Circuit):
+            value = check_node(
+                value(node),
+                f"expand: the function for {matcher!r} returned {{got}} for {node.describe()}",
+                ExpandError,
             )
+        new = value
         old_shape, new_shape = node.shape, new.shape
         extra = len(new_shape) - len(old_shape)
         if extra < 0 or tuple(new_shape[extra:]) != tuple(old_shape):

@@ -77,7 +77,7 @@ import typing
 from typing import Any, Callable, Iterator, Sequence
 
 from circuits.errors import MatcherError, MatchError
-from circuits.nodes import Circuit
+from circuits.nodes import Circuit, check_node
 from circuits.traversal import unique_nodes
 
 __all__ = [
@@ -457,8 +457,7 @@ def walk(root: Circuit, matcher: Any, *, descend_found: bool = True) -> list[Wal
     ``descend_found=False`` the walk does not go below found nodes (for
     rewrites that replace a found subtree whole).  Iterative: any depth.
     """
-    if not isinstance(root, Circuit):
-        raise MatcherError(f"expected a circuit node to search, got {type(root).__name__}")
+    check_node(root, "walk: the circuit to search", MatcherError)
     iterative = as_iterative(matcher)
     if iterative.is_plain:
         return _walk_plain(root, iterative.plain_matcher, descend_found)
@@ -546,15 +545,13 @@ def iter_found(root: Circuit, matcher: Any) -> Iterator[Circuit]:
 
 def get(circuit: Circuit, matcher: Any) -> set[Circuit]:
     """Every distinct node of ``circuit`` that ``matcher`` finds (plain or iterative)."""
-    if not isinstance(circuit, Circuit):
-        raise MatcherError(f"get: expected a circuit node to search, got {type(circuit).__name__}")
+    check_node(circuit, "get: the circuit to search", MatcherError)
     return set(iter_found(circuit, matcher))
 
 
 def are_any_found(circuit: Circuit, matcher: Any) -> bool:
     """Whether ``matcher`` finds any node (a plain matcher stops at the first)."""
-    if not isinstance(circuit, Circuit):
-        raise MatcherError(f"are_any_found: expected a circuit node, got {type(circuit).__name__}")
+    check_node(circuit, "are_any_found: the circuit to search", MatcherError)
     iterative = as_iterative(matcher)
     if iterative.is_plain:
         predicate = iterative.plain_matcher._predicate

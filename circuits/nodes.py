@@ -67,7 +67,10 @@ def _check_name(instance, attribute, value):
 
 def _check_children(instance, attribute, value):
     for position, child in enumerate(value):
-        check_node(child, f"{spec_rules.describe(type(instance).__name__, instance.name)}: child {position}")
+        if not isinstance(child, Circuit):  # checked first: the message is built only when it is needed
+            check_node(
+                child, f"{spec_rules.describe(type(instance).__name__, instance.name)}: child {position}"
+            )
 
 
 def _check_shape(shape: Any, where: str) -> Shape:

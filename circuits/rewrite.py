@@ -37,7 +37,7 @@ import torch
 from circuits.errors import RewriteError
 from circuits.gcpause import gc_paused
 from circuits.matching import Matcher, WalkEntry, as_iterative, walk
-from circuits.nodes import Array, Circuit, Symbol
+from circuits.nodes import Array, Circuit, Symbol, check_node
 from circuits.traversal import unique_nodes
 
 __all__ = ["rebuild", "replace", "substitute", "update"]
@@ -58,11 +58,7 @@ def update(circuit: Circuit, matcher: Any, fn: Callable[[Circuit], Circuit]) -> 
     def on_found(node: Circuit) -> Circuit:
         new = done.get(node.hash)
         if new is None:
-            new = fn(node)
-            if not isinstance(new, Circuit):
-                raise RewriteError(
-                    f"update: fn returned a {type(new).__name__} for {node.describe()}, not a circuit node"
-                )
+            new = check_node(fn(node), f"update: fn returned {{got}} for {node.describe()}", RewriteError)
             done[node.hash] = new
         return new
 
@@ -89,16 +85,8 @@ def replace(circuit: Circuit, mapping: Mapping[Circuit, Circuit]) -> Circuit:
         ) from None
     by_hash: dict[bytes, Circuit] = {}
     for old, new in items:
-        if not isinstance(old, Circuit):
-            raise RewriteError(
-                f"replace: key {old!r} is a {type(old).__name__}, not a circuit node "
-                "(use update for matchers and names)"
-            )
-        if not isinstance(new, Circuit):
-            raise RewriteError(
-                f"replace: the replacement for {old.describe()} is a {type(new).__name__}, not a circuit node"
-            )
-        by_hash[old.hash] = new
+        check_node(old, f"replace: key {old!r}", RewriteError, hint="use update for matchers and names")
+        by_hash[old.hash] = check_node(new, f"replace: the replacement for {old.describe()}", RewriteError)
     if not by_hash:
         return circuit
     matcher = Matcher._make(lambda node: node.hash in by_hash, f"Matcher(replace keys: {len(by_hash)})")
@@ -137,11 +125,12 @@ def substitute(circuit: Circuit, bindings: Mapping[Any, Any]) -> Circuit:
             new = value
             if isinstance(value, torch.Tensor):
                 new = Array(value, name=symbol.name)
-            if not isinstance(new, Circuit):
-                raise RewriteError(
-                    f"substitute: the value for {symbol.describe()} is a {type(value).__name__}, "
-                    "not a circuit node or tensor"
-                )
+            check_node(
+                new,
+                f"substitute: the value for {symbol.describe()}",
+                RewriteError,
+                hint="give a node or a tensor",
+            )
             if new.shape != symbol.shape:
                 raise RewriteError(
                     f"substitute: {symbol.describe()} has shape {list(symbol.shape)} but "
@@ -156,8 +145,7 @@ def substitute(circuit: Circuit, bindings: Mapping[Any, Any]) -> Circuit:
 
 
 def _check_root(circuit: Any, what: str) -> None:
-    if not isinstance(circuit, Circuit):
-        raise RewriteError(f"{what}: expected a circuit node, got {type(circuit).__name__}")
+    check_node(circuit, f"{what}: the circuit", RewriteError)
 
 
 def rebuild(entries: list[WalkEntry], on_found: Callable[[Circuit], Circuit], root: Circuit) -> Circuit:

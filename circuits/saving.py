@@ -37,8 +37,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import IO, Union
 
-from circuits.errors import MissingTensorError, NodeTypeError, StoreError, shown
-from circuits.nodes import Array, Circuit
+from circuits.errors import MissingTensorError, StoreError, shown
+from circuits.nodes import Array, Circuit, check_node
 from circuits.parsing import parse, parse_many
 from circuits.printing import repr_many
 from circuits.store import TensorStore, remove_dead_temporaries, write_atomically
@@ -79,8 +79,7 @@ def save(circuits: Circuit | Iterable[Circuit], path: PathLike) -> Path:
     """
     roots = [circuits] if isinstance(circuits, Circuit) else list(circuits)
     for position, root in enumerate(roots):
-        if not isinstance(root, Circuit):
-            raise NodeTypeError(f"save: root {position} is a {type(root).__name__}, not a circuit")
+        check_node(root, f"save: root {position}")
     path = Path(path)
     tensors = store_path(path)
     arrays = [n for n in unique_nodes(roots) if isinstance(n, Array)]

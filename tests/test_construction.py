@@ -174,3 +174,42 @@ def test_the_spelled_out_options_reach_the_function():
     assert value.dtype == torch.float64 and torch.equal(value, 1 + z.value.double())
     with pytest.raises(TypeError):
         node.update("x", lambda n: n, bogus=1)
+
+
+# ------------------------------------------------------- one "is it a node" check
+
+
+def test_check_node_names_what_was_expected_and_what_was_got():
+    from circuits.nodes import check_node
+
+    assert check_node(x, "here") is x
+    with pytest.raises(cc.NodeTypeError, match=r"^here is a int, not a circuit node$"):
+        check_node(3, "here")
+    with pytest.raises(cc.RewriteError, match=r"^f returned a str for x, not a circuit node \(a hint\)$"):
+        check_node("s", "f returned {got} for x", cc.RewriteError, hint="a hint")
+
+
+def test_every_entry_point_refuses_a_non_node_with_its_own_error_type(tmp_path):
+    from circuits import experiments as ex
+
+    cases = [
+        (cc.NodeTypeError, lambda: cc.save([x, 3], tmp_path / "c.circ"), "save: root 1 is a int"),
+        (cc.NodeTypeError, lambda: cc.Index(3, 0), "child is a int"),
+        (cc.NodeTypeError, lambda: cc.Concat(x, 3, axis=0), "child 1 is a int"),
+        (cc.ExpandError, lambda: cc.expand(3, {}), "expand: the circuit is a int"),
+        (cc.ExpandError, lambda: cc.expand(x, {"x": lambda n: 3}), "returned a int for Symbol 'x'"),
+        (cc.MatcherError, lambda: matching.get(3, "x"), "get: the circuit to search is a int"),
+        (cc.MatcherError, lambda: matching.are_any_found(3, "x"), "is a int"),
+        (cc.MatcherError, lambda: matching.walk(3, "x"), "is a int"),
+        (cc.RewriteError, lambda: cc.update(3, "x", lambda n: n), "update: the circuit is a int"),
+        (cc.RewriteError, lambda: cc.replace(x, {"x": y}), "key 'x' is a str"),
+        (cc.RewriteError, lambda: cc.substitute(x, {"x": 3}), "the value for Symbol 'x' is a int"),
+        (ex.ExperimentError, lambda: ex.zero_ablate(3, "x"), "zero_ablate: the circuit is a int"),
+        (ex.ExperimentError, lambda: ex.mean_ablate(3, "x", {}), "mean_ablate: the circuit is a int"),
+        (ex.ExperimentError, lambda: ex.patch(3, "x", {}), "patch: the circuit is a int"),
+        (ex.ExperimentError, lambda: ex.Metric(lambda c: None, "m").circuit(x), "returned a NoneType"),
+    ]
+    for error, call, text in cases:
+        with pytest.raises(error) as info:
+            call()
+        assert text in str(info.value) and "not a circuit node" in str(info.value), (text, info.value)

@@ -29,7 +29,7 @@ from circuits.experiments.inputs import (
     check_keys_found,
     with_inputs,
 )
-from circuits.nodes import Array, Circuit, Rearrange, Scalar
+from circuits.nodes import Array, Circuit, Rearrange, Scalar, check_node
 from circuits.rewrite import update
 
 __all__ = ["DEFAULT_CACHE_BYTES", "mean_ablate", "resample_ablate", "zero_ablate"]
@@ -40,8 +40,7 @@ DEFAULT_CACHE_BYTES = 2 * 2**30
 
 def rewrite_found(circuit: Circuit, matcher: Any, fn: Callable[[Circuit], Circuit], what: str) -> Circuit:
     """``circuit.update(matcher, fn)``, refusing a matcher that finds nothing."""
-    if not isinstance(circuit, Circuit):
-        raise ExperimentError(f"{what}: expected a circuit node, got {type(circuit).__name__}")
+    check_node(circuit, f"{what}: the circuit", ExperimentError)
     calls = []
 
     def counted(node: Circuit) -> Circuit:
@@ -97,12 +96,10 @@ def mean_ablate(
     >>> tokens = torch.randint(0, vocab, (64, 129))             # 64 sequences of the right length
     >>> ablated = mean_ablate(split, "b1.a.head3", {"toks_int_var": tokens})
     """
+    check_node(circuit, "mean_ablate: the circuit", ExperimentError)
+    check_keys_found(circuit, dataset_inputs, "mean_ablate")  # a mapping, every key found
     ev = evaluator if evaluator is not None else Evaluator(DEFAULT_CACHE_BYTES)
-    if isinstance(circuit, Circuit):
-        check_keys_found(circuit, dataset_inputs, "mean_ablate")  # a mapping, every key found
-    unbatched_inputs = isinstance(circuit, Circuit) and any(
-        node.rank < 2 for key in dataset_inputs for node in circuit.get(key)
-    )
+    unbatched_inputs = any(node.rank < 2 for key in dataset_inputs for node in circuit.get(key))
 
     def mean_of(node: Circuit) -> Circuit:
         on_dataset, kind = with_inputs(node, dataset_inputs, what="mean_ablate")
@@ -156,9 +153,8 @@ def rewrite_on_inputs(
     Resample ablation and patching are this one rewrite; they differ in
     what the inputs mean to the experiment, so each says its own ``shape_hint``.
     """
-
-    if isinstance(circuit, Circuit):
-        check_keys_found(circuit, inputs, what)
+    check_node(circuit, f"{what}: the circuit", ExperimentError)
+    check_keys_found(circuit, inputs, what)
 
     def on_inputs(node: Circuit) -> Circuit:
         new, kind = with_inputs(node, inputs, what=what)

@@ -33,7 +33,7 @@ import torch
 from circuits.cache import Evaluator
 from circuits.evaluation import evaluate
 from circuits.errors import ExperimentError
-from circuits.nodes import Add, Array, Circuit, Einsum, GeneralFunction, Index, Scalar
+from circuits.nodes import Add, Array, Circuit, Einsum, GeneralFunction, Index, Scalar, check_node
 
 __all__ = ["Metric", "kl_div", "logit_diff", "mean_loss"]
 
@@ -52,12 +52,9 @@ class Metric:
         self.name = name
 
     def circuit(self, circuit: Circuit) -> Circuit:
-        result = self.build(circuit)
-        if not isinstance(result, Circuit):
-            raise ExperimentError(
-                f"metric {self.name}: the builder returned a {type(result).__name__}, not a circuit"
-            )
-        return result
+        return check_node(
+            self.build(circuit), f"metric {self.name}: the builder returned {{got}}", ExperimentError
+        )
 
     def __call__(self, circuit: Circuit, *, evaluator: Evaluator | None = None) -> float:
         node = self.circuit(circuit)
