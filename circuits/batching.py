@@ -53,7 +53,7 @@ from circuits.nodes import (
     Rearrange,
     check_node,
 )
-from circuits.spec import format_shape
+from circuits.spec import EINSUM_LETTERS, format_shape
 
 __all__ = ["expand"]
 
@@ -203,11 +203,11 @@ class _Expander:
     def _einsum(self, node: Einsum, children, flags) -> Circuit:
         k = len(self.batch)
         used = set(node.out_axes).union(*node.operand_axes)
-        fresh = tuple(axis for axis in range(52) if axis not in used)[:k]
+        fresh = tuple(axis for axis in range(len(EINSUM_LETTERS)) if axis not in used)[:k]
         if len(fresh) < k:
             raise ExpandError(
                 f"expand: {node.describe()} ({node.einsum_string}) has no {k} unused letters "
-                "left for the batch axes (einsum allows 52)"
+                f"left for the batch axes (einsum allows {len(EINSUM_LETTERS)})"
             )
         operands = [
             (child, fresh + axes if flag else axes)

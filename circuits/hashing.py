@@ -1,8 +1,8 @@
 """Content hashes: of tensors (dtype, shape, bytes) and of node structure.
 
-One place decides how bytes are fed to blake2b, so that the printed 24-hex
-prefix of an Array, the store's file names and structural node hashes all
-agree.
+One place decides how bytes are fed to blake2b, so that the printed hex
+prefix of an Array (``PRINTED_HEX_DIGITS``), the store's file names (the
+full ``FULL_HEX_DIGITS``) and structural node hashes all agree.
 """
 
 from __future__ import annotations
@@ -13,6 +13,9 @@ import torch
 
 DIGEST_SIZE = 32
 NODE_DIGEST_SIZE = 16  # 128 bits: no collision in any real circuit, and half the bytes to compare
+#: A tensor's content hash in full, as the store names its file: 64 hex digits.
+FULL_HEX_DIGITS = 2 * DIGEST_SIZE
+#: The prefix of it that the text format prints after ``Array`` (and that a store resolves).
 PRINTED_HEX_DIGITS = 24
 
 

@@ -606,7 +606,8 @@ class Symbol(Circuit):
 class Einsum(Circuit):
     """Elementwise product over all axes, summed over axes not in the output.
 
-    Axes are integers 0-51, printed as the letters a-z, A-Z.
+    Axes are integers ``i`` in ``range(len(spec.EINSUM_LETTERS))``, printed as
+    ``EINSUM_LETTERS[i]`` (a-z, A-Z: the letters torch.einsum accepts).
     """
 
     operand_axes: tuple[tuple[int, ...], ...] = attrs.field()

@@ -18,6 +18,7 @@ import torch
 
 from circuits.errors import CircuitError, ParseError, shown
 from circuits.gcpause import gc_paused
+from circuits.hashing import FULL_HEX_DIGITS, PRINTED_HEX_DIGITS
 from circuits.nodes import (
     Add,
     Array,
@@ -45,7 +46,7 @@ _PRINTED_LINE = re.compile(
     r"(?:(?(serial) )'(?P<name>(?:[^'\\]|\\.)*)')?"
     r"(?: (?:\[(?P<shape>(?:\d+(?:,\d+)*)?)\] )?(?P<kind>[A-Za-z]+)(?: (?P<extra>[^#]*[^# ]))?)?"
 )
-_HEX = re.compile(r"[0-9a-f]{24,64}")
+_HEX = re.compile(f"[0-9a-f]{{{PRINTED_HEX_DIGITS},{FULL_HEX_DIGITS}}}")
 _INT = re.compile(r"-?\d+")
 _DECIMAL = re.compile(r"-?(\d+(\.\d*)?|\.\d+|inf|nan)")
 _SLICE = re.compile(r"(-?\d+)?:(-?\d+)?")
@@ -376,13 +377,15 @@ def _no_extra(line: _Line) -> None:
 def _build_array(line: _Line, store: TensorStore | None) -> Circuit:
     _no_children(line)
     if not _HEX.fullmatch(line.extra):
-        raise line.error(f"Array needs a 24-hex content hash, found {line.extra!r}")
+        raise line.error(f"Array needs a {PRINTED_HEX_DIGITS}-hex content hash, found {line.extra!r}")
     if store is None:
         return Array.from_hash(line.shape, line.extra, name=line.name)
     tensor = store.load(line.extra)
     node = Array(tensor, name=line.name)
     if not node.content_hash.startswith(line.extra):
-        raise line.error(f"the store's tensor hashes to {node.content_hash[:24]}, not {line.extra}")
+        raise line.error(
+            f"the store's tensor hashes to {node.content_hash[:PRINTED_HEX_DIGITS]}, not {line.extra}"
+        )
     return node
 
 

@@ -71,7 +71,7 @@ def _parse_einsum_string(spec: str) -> tuple[tuple[tuple[int, ...], ...], tuple[
 
 
 def normalize_axes(axes: Sequence[int] | str, where: str) -> tuple[int, ...]:
-    """Accept axes as a letter string or a sequence of ints in [0, 52)."""
+    """Accept axes as a letter string or a sequence of ints in ``range(len(EINSUM_LETTERS))``."""
     if isinstance(axes, str):
         return letters_to_axes(axes, where)
     try:
@@ -82,7 +82,7 @@ def normalize_axes(axes: Sequence[int] | str, where: str) -> tuple[int, ...]:
         if not 0 <= axis < len(EINSUM_LETTERS):
             raise EinsumError(
                 f"{where}: axis integer {axis} is outside [0, {len(EINSUM_LETTERS)}), "
-                "the 52 letters torch.einsum accepts"
+                f"the {len(EINSUM_LETTERS)} letters torch.einsum accepts"
             )
     return normalized
 

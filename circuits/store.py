@@ -1,7 +1,7 @@
 """A directory of safetensors files, one per tensor, named by content hash.
 
 Printing can save every array it writes; parsing with a store loads the
-arrays back by the 24-hex prefix the text carries.
+arrays back by the hex prefix the text carries (``PRINTED_HEX_DIGITS``).
 
 - A file is written to a temporary name, fsynced and renamed, so a crash
   never leaves a half-written tensor under a real hash.  The temporary's
@@ -31,11 +31,11 @@ import safetensors.torch
 import torch
 
 from circuits.errors import StoreError, shown
-from circuits.hashing import DIGEST_SIZE, tensor_content_hash
+from circuits.hashing import FULL_HEX_DIGITS, tensor_content_hash
 
 _SUFFIX = ".safetensors"
 _KEY = "tensor"
-_FULL_HASH = re.compile(f"[0-9a-f]{{{2 * DIGEST_SIZE}}}")
+_FULL_HASH = re.compile(f"[0-9a-f]{{{FULL_HEX_DIGITS}}}")
 _POSIX = os.name == "posix"
 # The host in temporary names: only this machine's pids can be checked.
 _HOST = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:64]
@@ -134,7 +134,7 @@ class TensorStore:
             return tensor
         if not _FULL_HASH.fullmatch(content_hash):
             raise StoreError(
-                f"{shown(str(path))} is misnamed: store files are named by the full {2 * DIGEST_SIZE}-hex "
+                f"{shown(str(path))} is misnamed: store files are named by the full {FULL_HEX_DIGITS}-hex "
                 f"content hash of their tensor, and this one's is {actual}"
             )
         raise StoreError(

@@ -51,7 +51,7 @@ def _flatten_einsum(node: Circuit) -> Circuit:
         try:
             mapping.update({a: next(fresh) for a in sorted(inner)})
         except StopIteration:
-            return node  # more than 52 letters: leave it nested
+            return node  # more letters than einsum has: leave it nested
         operands.extend(
             (op, tuple(mapping[a] for a in ax)) for op, ax in zip(child.children, child.operand_axes)
         )
