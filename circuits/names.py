@@ -1,40 +1,27 @@
 """The model naming convention: every name the model builders give, built and parsed here alone.
 
 The builders (``circuits.models``), the passes (``causal_mask``, ``split_heads``), the experiments
-(``sweep``'s head names) and the demo all take their names from this module, so that the convention
-is written once (as rust_circuit states its ``'x.w.y'`` rule once, and TransformerLens its hook names
-in ``get_act_name``).  Pure strings: no torch, no circuit, no other module of the package.
+(``sweep``'s head names) and the demo take their names from this module, so that the convention is
+written once (as rust_circuit states its ``'x.w.y'`` rule once, and TransformerLens its hook names in
+``get_act_name``).  Pure strings: no torch, no circuit, no other module of the package.
 
-Names that carry a layer ``L`` (and heads ``h``), each built by a function and read back by ``parse``:
+- Names with a layer (and heads) are built by functions: ``block(3) == 'b3'``,
+  ``attn_out(3) == 'b3.a'``, ``head(3, 7) == 'b3.a.head7'``, ``head(3, 4, 7) == 'b3.a.head4-7'``,
+  ``resid_mid``, ``mlp_out``, ``attn_norm``, ``mlp_norm``, ``attn_weight(3, 'q') == 'a3.w.q'``,
+  ``head_weight('a3.w.q', 7)``, ``mlp_weight``, ``norm_weight``, ``layer_mask``.
+- Every other name is the same in each layer (``Q == 'a.q'``, ``PROBS == 'a.attn_probs'``,
+  ``norm_node(LN, 'var') == 'ln.var'``) or is the model's own (``TOKENS == 'toks_int_var'``,
+  ``LOGITS == 't.call'``, ``LOSS == 't.loss'``): constants, all listed in ``FIXED``.  Which layer a
+  shared name's node belongs to is told by what lies below it (``circuits.passes.layer_of``).
+- ``parse(name)`` reads any of them back into a ``Name`` (kind, layer, part, heads), or None;
+  ``parse_head``, ``parse_head_group``, ``parse_attn_out`` and ``parse_attn_weight`` are its
+  common questions.  Layers and heads are decimal without leading zeros and ``parse`` reads
+  nothing else, so ``parse(name).text == name``.
+- ``ACTIVATION_KINDS`` lists, per kind of activation (``resid_pre``, ``q``, ``attn_probs``, ``z``,
+  ``mlp_post``, ``logits``, ...), the node each model family gives it today; ``activation_name``
+  resolves one for a family, layer and head.
 
-==========================  ======================  ==========================================
-name                        built by                what it is
-==========================  ======================  ==========================================
-``'b{L}'``                  ``block(L)``            the residual stream after layer ``L``
-``'b{L}.a'``                ``attn_out(L)``         attention output, the head-summing Einsum
-``'b{L}.a.head{h}'``        ``head(L, h)``          one head's branch, after ``split_heads``
-``'b{L}.a.head{h}-{h2}'``   ``head(L, h, h2)``      a group of heads' branch
-``'b{L}.resid_mid'``        ``resid_mid(L)``        the residual between attention and MLP
-``'b{L}.m'``                ``mlp_out(L)``          MLP output
-``'a{L}.norm'``             ``attn_norm(L)``        the norm before attention (``'m{L}.norm'``:
-                                                    ``mlp_norm(L)``, before the MLP)
-``'a{L}.w.q'``              ``attn_weight(L, p)``   an attention weight (``q k v o``, ``q_bias``..)
-``'a{L}.w.q.head{h}'``      ``head_weight(w, h)``   head ``h``'s slice of it, after ``split_heads``
-``'m{L}.w.proj_in'``        ``mlp_weight(L, p)``    an MLP weight
-``'a{L}.ln.w.scale'``       ``norm_weight(..)``     a norm's weight (``ln``/``rms``,
-                                                    ``scale``/``bias``; also ``'final.ln.w.*'``)
-``'t.a{L}.c.mask'``         ``layer_mask(L)``       a layer's mask (``causal_mask`` with a function)
-==========================  ======================  ==========================================
-
-Every other name is the same in each layer (``'a.q'``, ``'a.attn_probs'``, ``'ln.var'``) or is the
-model's own (``'toks_int_var'``, ``'t.call'``, ``'t.loss'``): the constants below, all listed in
-``FIXED``.  Which layer a shared name's node belongs to is told by what lies below it
-(``circuits.passes.layer_of``: the shallowest ``'a{L}.w.*'`` weight).  Layers and heads are written
-in decimal without leading zeros; ``parse`` reads nothing else, so ``parse(name).text == name``.
-
-``ACTIVATION_KINDS`` lists, per kind of activation (``resid_pre``, ``q``, ``attn_probs``, ``z``,
-``mlp_post``, ``logits``, ...), the node each model family gives it today; ``activation_name``
-resolves one for a family, layer and head.
+The convention and the activation kinds as tables: docs/models.md.
 """
 
 from __future__ import annotations

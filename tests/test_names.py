@@ -261,3 +261,9 @@ def test_activation_names_per_family():
     for bad in [("nope", "gpt2", 0), ("q", "bert", 0), ("resid_post", "gpt2", None), ("head_out", "gpt2", 0)]:
         with pytest.raises(ValueError):
             names.activation_name(*bad)
+
+
+def test_the_models_page_lists_every_activation_kind():
+    page = (Path(__file__).resolve().parents[1] / "docs" / "models.md").read_text(encoding="utf-8")
+    for kind in names.ACTIVATION_KINDS:
+        assert f"`{kind}`" in page, f"docs/models.md does not list the activation kind {kind!r}"

@@ -1,27 +1,13 @@
 """GPT-2: learned positions added to the residual stream, biases, a gelu_new MLP.
 
-Named in the golden file's scheme.  Per layer ``L``::
-
-    'b{L}' Add                         block output
-      'b{L}.m' Add                     MLP output (with its bias)
-        'm.proj_out' Einsum sM,dM->sd
-          'm.act' GeneralFunction gelu_new
-            'm.pre' Add
-              'm.proj_in' Einsum sd,Md->sM
-                'm{L}.norm' Add        layer norm of 'b{L}.resid_mid'
-                'm{L}.w.proj_in' [d_mlp,d]
-              'm{L}.w.in_bias' [d_mlp]
-          'm{L}.w.proj_out' [d,d_mlp]
-        'm{L}.w.out_bias' [d]
-      'b{L}.resid_mid' Add
-        'b{L}.a' Einsum hsV,hdV->sd    the heads' summed output, *without* the output bias
-        'a{L}.w.o_bias' [d]
-        previous residual ('b{L-1}', or 'embeds' for layer 0)
-
-Attention is as in the attention-only model, with ``'a.q'`` etc. an Add of
-``'a.q_nobias'`` and a ``[heads, 1, d_head]`` bias ``'a{L}.w.q_bias'``, and
-causal by default (the golden file's masked form).  Keeping ``'b{L}.a'`` the
-bare head-summing Einsum lets ``split_heads`` treat every family alike.
+Named in the golden file's scheme (``circuits.names``): per layer ``L``,
+``'b{L}'`` is ``Add('b{L}.m', 'b{L}.resid_mid')``, the MLP output ``'b{L}.m'``
+carries its bias, and ``'b{L}.resid_mid'`` adds the bare head-summing Einsum
+``'b{L}.a'``, the output bias ``'a{L}.w.o_bias'`` and the previous residual
+(``'embeds'`` for layer 0), so that ``split_heads`` treats every family alike.
+``'a.q'`` etc. are an Add of ``'a.q_nobias'`` and a ``[heads, 1, d_head]``
+bias.  Causal by default (the golden file's masked form).  The layer written
+out as a tree: docs/models.md.
 """
 
 from __future__ import annotations

@@ -1,32 +1,16 @@
 """Llama-style decoders: RMSNorm, rotary positions, SwiGLU MLP, grouped-query attention.
 
-Named in the golden file's scheme.  Per layer ``L``::
-
-    'b{L}' Add
-      'b{L}.m' Einsum sM,dM->sd              SwiGLU output
-        'm.gated' Einsum sM,sM->sM
-          'm.act' GeneralFunction silu
-            'm.gate' Einsum sd,Md->sM('m{L}.norm', 'm{L}.w.gate')
-          'm.up' Einsum sd,Md->sM('m{L}.norm', 'm{L}.w.up')
-        'm{L}.w.down' [d,d_mlp]
-      'b{L}.resid_mid' Add('b{L}.a', previous residual)
-
-``'a{L}.norm'``/``'m{L}.norm'`` are RMSNorms (``'rms.*'`` names, scale
-``'a{L}.rms.w.scale'``).  Queries and keys are rotated with precomputed
-``'t.a.c.rope_cos'``/``'t.a.c.rope_sin'`` arrays ``[S, d_head]``::
-
-    'a.q' Add
-      'a.q_cos' Einsum hqc,qc->hqc('a.q_unrot', 't.a.c.rope_cos')
-      'a.q_sin' Einsum hqc,qc->hqc('a.q_rot_half', 't.a.c.rope_sin')
-
-where ``'a.q_rot_half'`` is ``Concat(-x[..., d/2:], x[..., :d/2])`` built from
-Index, an Einsum with the Scalar -1, and Concat.  With fewer key/value heads
-than query heads, ``'a.k'``/``'a.v'`` are an Index with an integer tensor
-along the head axis (query head ``h`` reads key/value head ``h // group``)
-over ``'a.k_kv'``/``'a.v_kv'``, so every attention Einsum keeps one head axis
-``h``.  The ``1/sqrt(d_head)`` scale is read off ``'a{L}.w.q'`` (whose head
-axis is the query heads').  Causal by default, in the golden file's masked
-form.
+Named in the golden file's scheme (``circuits.names``): per layer ``L``,
+``'b{L}'`` is ``Add('b{L}.m', 'b{L}.resid_mid')``, with the SwiGLU output
+``'b{L}.m'`` and ``'b{L}.resid_mid' = Add('b{L}.a', previous residual)``.
+Norms are RMSNorms (``'rms.*'`` names).  Queries and keys are rotated
+(``'a.q'`` is ``Add('a.q_cos', 'a.q_sin')`` over ``'a.q_unrot'`` and the
+``'t.a.c.rope_cos'``/``'t.a.c.rope_sin'`` tables ``[S, d_head]``).  With fewer
+key/value heads than query heads, ``'a.k'``/``'a.v'`` are an Index along the
+head axis over ``'a.k_kv'``/``'a.v_kv'``, so every attention Einsum keeps one
+head axis.  The ``1/sqrt(d_head)`` scale is read off ``'a{L}.w.q'``.  Causal by
+default, in the golden file's masked form.  The layer written out as a tree:
+docs/models.md.
 """
 
 from __future__ import annotations
