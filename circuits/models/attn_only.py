@@ -4,7 +4,7 @@ Token embedding by ``gen_index``, shortformer positions (added to the
 query/key input only), layer norm written out, attention with heads as an
 axis, a final layer norm, unembedding, log-softmax and the per-token loss.
 The builder writes attention *unsplit* and, by default, *unmasked*:
-``circuits.passes.causal_mask`` then ``split_heads`` turn the 2-layer build
+``cc.causal_mask`` then ``cc.split_heads`` turn the 2-layer build
 at the golden dimensions into the golden file (all but the array hashes).
 """
 

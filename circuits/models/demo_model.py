@@ -6,7 +6,7 @@
 ``AttnOnlyConfig.weight_shapes()``) and its config, seed and losses to
 ``circuits/data/induction_2l.json``.  ``load_demo_model(tokens)`` builds it
 as a circuit with ``build_attn_only``: unsplit and unmasked, as the builder
-gives it, so apply ``circuits.passes.causal_mask`` (it was trained causal)
+gives it, so apply ``cc.causal_mask`` (it was trained causal)
 and, to study heads, ``split_heads``.
 """
 
@@ -72,7 +72,7 @@ def load_demo_model(tokens: Any = None, **options: Any) -> Circuit:
     are those of ``build_attn_only``: an int tensor ``[S+1]`` or ``[B,S+1]``
     with ``S`` at most ``n_ctx``, e.g. ``repeated_tokens(...)``.  The circuit
     is unmasked unless ``causal=True``; the model was trained with a causal
-    mask, so apply ``circuits.passes.causal_mask`` before evaluating.
+    mask, so apply ``cc.causal_mask`` before evaluating.
     """
     return build_attn_only(demo_config(), load_demo_weights(), tokens, **options)
 
