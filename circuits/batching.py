@@ -53,11 +53,9 @@ from circuits.nodes import (
     Rearrange,
     check_node,
 )
-from circuits.spec import EINSUM_LETTERS, format_shape
+from circuits.spec import EINSUM_LETTERS, Shape, format_shape
 
 __all__ = ["expand"]
-
-Shape = tuple[int, ...]
 
 
 def expand(circuit: Circuit, replacements: Mapping[Any, Any]) -> Circuit:

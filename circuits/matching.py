@@ -351,16 +351,10 @@ class IterativeMatcher:
     def start(self) -> State:
         return self._start
 
-    def hits(self, node: Circuit) -> tuple[bool, ...]:
-        """Which stages' matchers match ``node`` (all that ``step`` needs of it, with its child count)."""
-        return tuple(bool(stage.matcher._predicate(node)) for stage in self._stages)
-
-    def step(self, state: State, node: Circuit) -> tuple[bool, list[State]]:
-        """At ``node`` reached in ``state``: is it found, and the state for each child."""
-        return self.step_from(state, self.hits(node), len(node.children))
-
     def step_from(self, state: State, hits: tuple[bool, ...], count: int) -> tuple[bool, list[State]]:
-        """``step`` given the node's stage hits and child count (so walks can cache it)."""
+        """At a node reached in ``state``, given which stages' matchers match it (``hits``) and its
+        child ``count`` (all a step needs of the node, so walks can cache it): is it found, and the
+        state for each child."""
         stages = self._stages
         last = len(stages) - 1
         pending = list(state)

@@ -39,7 +39,7 @@ from circuits.hashing import PRINTED_HEX_DIGITS, node_hash, tensor_content_hash
 if TYPE_CHECKING:  # only an annotation here
     from circuits.store import TensorStore
 
-Shape = tuple[int, ...]
+Shape = spec_rules.Shape
 _HASH_HEX = re.compile(r"[0-9a-f]{%d,}" % PRINTED_HEX_DIGITS)
 
 

@@ -142,9 +142,6 @@ def broadcast_shapes(shapes: Sequence[Shape], where: str) -> Shape:
     return tuple(result)
 
 
-IndexItem = "int | slice | torch.Tensor"
-
-
 def normalize_index(index, shape: Shape, where: str) -> tuple:
     """Check an index against ``shape`` and pad it with full slices to full rank.
 

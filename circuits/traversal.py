@@ -6,7 +6,7 @@ walk recurses: each keeps its own explicit stack.
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from typing import Iterable
 
 from circuits.nodes import Circuit
 
@@ -42,12 +42,3 @@ def postorder(roots: Iterable[Circuit]) -> list[Circuit]:
         stack.append((node, True))
         stack.extend((child, False) for child in reversed(node.children) if child.hash not in done)
     return order
-
-
-def preorder_with_depth(roots: Iterable[Circuit]) -> Iterator[tuple[Circuit, int]]:
-    """Every occurrence (repeats included) with its depth, as the printer visits them."""
-    stack = [(root, 0) for root in reversed(list(roots))]
-    while stack:
-        node, depth = stack.pop()
-        yield node, depth
-        stack.extend((child, depth + 1) for child in reversed(node.children))
