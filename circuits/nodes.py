@@ -230,13 +230,7 @@ class Circuit:
         try:
             return self.evolve(children=children)
         except Exception as error:
-            changed = [
-                f"child {i}: {old.describe()} {list(old.shape)} -> "
-                + (f"{new.describe()} {list(new.shape)}" if isinstance(new, Circuit) else type(new).__name__)
-                for i, (old, new) in enumerate(zip(self.children, children))
-                if new is not old
-            ]
-            error.add_note(f"while rebuilding {self.describe()} over new children ({'; '.join(changed)})")
+            error.add_note(_rebuilding_note(self, children))
             raise
 
     # ------------------------------------------------------------- text
@@ -325,6 +319,17 @@ class Circuit:
 def _shapes_of(nodes: Sequence[Any]) -> list:
     """Children shapes for an error message (a non-node shows its type)."""
     return [list(n.shape) if isinstance(n, Circuit) else type(n).__name__ for n in nodes]
+
+
+def _rebuilding_note(node: Circuit, children: tuple) -> str:
+    """What ``with_children`` was doing when the constructor refused the new children."""
+    changed = [
+        f"child {i}: {old.describe()} {list(old.shape)} -> "
+        + (f"{new.describe()} {list(new.shape)}" if isinstance(new, Circuit) else type(new).__name__)
+        for i, (old, new) in enumerate(zip(node.children, children))
+        if new is not old
+    ]
+    return f"while rebuilding {node.describe()} over new children ({'; '.join(changed)})"
 
 
 def _init_fields(cls: type) -> tuple[str, ...]:
