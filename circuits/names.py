@@ -155,7 +155,8 @@ def head(layer: int, first: int, last: int | None = None) -> str:
 
 
 def head_weight(weight: str, first: int, last: int | None = None) -> str:
-    """``'a3.w.q.head7'``: head 7's slice of ``weight`` after ``split_heads``."""
+    """``'a3.w.q.head7'``: head 7's slice of ``weight`` (an Array: an attention weight, or a mask with
+    a head axis) after ``split_heads``."""
     return f"{weight}.{head_label(first, last)}"
 
 
@@ -236,8 +237,9 @@ class Name(NamedTuple):
 
     ``kind`` is one of ``KINDS``; ``layer`` the layer (None for a ``'fixed'`` name);
     ``part`` the weight's part (``'q'``, ``'proj_in'``), the norm weight's ``'ln.w.scale'``,
-    or the fixed name itself; ``heads`` is ``(first, last)`` for a head branch or a head's
-    weight slice (``first == last`` for one head).
+    or the fixed name itself; ``heads`` is ``(first, last)`` for a head branch, or for the
+    heads' slice that ``split_heads`` takes of an attention weight or a mask (``first == last``
+    for one head).
     """
 
     kind: str
@@ -247,11 +249,8 @@ class Name(NamedTuple):
 
     @property
     def text(self) -> str:
-        return _WRITERS[self.kind](self)
-
-
-def _with_heads(name: str, heads: tuple[int, int] | None) -> str:
-    return name if heads is None else head_weight(name, *heads)
+        text = _WRITERS[self.kind](self)
+        return text if self.heads is None or self.kind == "head" else head_weight(text, *self.heads)
 
 
 _WRITERS = {
@@ -262,7 +261,7 @@ _WRITERS = {
     "mlp_out": lambda n: mlp_out(n.layer),
     "attn_norm": lambda n: attn_norm(n.layer),
     "mlp_norm": lambda n: mlp_norm(n.layer),
-    "attn_weight": lambda n: _with_heads(attn_weight(n.layer, n.part), n.heads),
+    "attn_weight": lambda n: attn_weight(n.layer, n.part),
     "mlp_weight": lambda n: mlp_weight(n.layer, n.part),
     "attn_norm_weight": lambda n: f"{attn_prefix(n.layer)}.{n.part}",
     "mlp_norm_weight": lambda n: f"{mlp_prefix(n.layer)}.{n.part}",
@@ -284,7 +283,7 @@ _PATTERNS = [
         ("mlp_out", rf"b{_NUM}\.m"),
         ("attn_norm", rf"a{_NUM}\.norm"),
         ("mlp_norm", rf"m{_NUM}\.norm"),
-        ("attn_weight", rf"a{_NUM}\.w\.([A-Za-z0-9_]+)(?:\.{_HEADS})?"),
+        ("attn_weight", rf"a{_NUM}\.w\.([A-Za-z0-9_]+)"),
         ("mlp_weight", rf"m{_NUM}\.w\.([A-Za-z0-9_]+)"),
         ("attn_norm_weight", rf"a{_NUM}\.{_NORM_WEIGHT}"),
         ("mlp_norm_weight", rf"m{_NUM}\.{_NORM_WEIGHT}"),
@@ -301,6 +300,19 @@ def parse(name: str | None) -> Name | None:
     """
     if not isinstance(name, str):
         return None
+    whole = _parse_whole(name)
+    if whole is not None:
+        return whole
+    sliced = _SLICE.fullmatch(name)  # a heads' slice that split_heads took of an Array
+    if sliced is None:
+        return None
+    base, heads = _parse_whole(sliced.group(1)), _heads(*sliced.groups()[1:])
+    if base is None or heads is None or base.heads is not None or not _sliceable(base):
+        return None
+    return base._replace(heads=heads)
+
+
+def _parse_whole(name: str) -> Name | None:
     if name in FIXED:
         return Name("fixed", part=name)
     for kind, pattern in _PATTERNS:
@@ -312,13 +324,16 @@ def parse(name: str | None) -> Name | None:
         if kind == "head":
             heads = _heads(*rest)
             return None if heads is None else Name(kind, layer, heads=heads)
-        if kind == "attn_weight":
-            heads = _heads(*rest[1:])
-            if rest[1] is not None and heads is None:
-                return None
-            return Name(kind, layer, rest[0], heads)
         return Name(kind, layer, rest[0] if rest else None)
     return None
+
+
+_SLICE = re.compile(rf"(.+)\.{_HEADS}")
+
+
+def _sliceable(name: Name) -> bool:
+    """The Arrays with a head axis that ``split_heads`` slices: attention weights and masks."""
+    return name.kind in ("attn_weight", "layer_mask") or (name.kind == "fixed" and name.part == CAUSAL_MASK)
 
 
 def _heads(first: str | None, last: str | None) -> tuple[int, int] | None:

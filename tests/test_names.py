@@ -71,6 +71,14 @@ def test_weight_names_round_trip(layer, part, heads):
             assert names.parse(text).text == text
 
 
+def test_masks_sliced_by_split_heads_round_trip():
+    for name, expected in [
+        ("t.a1.c.mask.head2", names.Name("layer_mask", 1, heads=(2, 2))),
+        ("t.a.c.causal_mask.head0-3", names.Name("fixed", part=names.CAUSAL_MASK, heads=(0, 3))),
+    ]:
+        assert names.parse(name) == expected and expected.text == name
+
+
 def test_fixed_names_parse_as_themselves():
     for name in names.FIXED:
         assert names.parse(name) == names.Name("fixed", part=name)
@@ -116,6 +124,8 @@ def test_the_builders_spellings_are_unchanged():
         "a1.w.",
         "a1.ln.w.weight",
         "m1.w.q.head0",  # MLP weights have no heads
+        "b1.head0",
+        "t.call.head0",  # only attention weights and masks are sliced by heads
         "x",
         "",
         "b1 ",
@@ -179,6 +189,10 @@ def _variants(family: str) -> dict[str, cc.Circuit]:
         "split": cc.split_heads(masked),
         "grouped": cc.split_heads(masked, layers=[1], heads=[[0, 1], [2, 3]]),
         "knocked out": cc.causal_mask(built, mask=lambda layer, head: torch.ones(5, 5).tril()),
+        "knocked out, split": cc.split_heads(
+            cc.causal_mask(built, mask=lambda layer, head: torch.ones(5, 5))
+        ),
+        "per-head mask, split": cc.split_heads(cc.causal_mask(built, mask=torch.ones(4, 5, 5))),
     }
 
 
