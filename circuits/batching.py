@@ -86,8 +86,8 @@ def expand(circuit: Circuit, replacements: Mapping[Any, Any]) -> Circuit:
         rules.append((Matcher(key), value))
     if not rules:
         return circuit
-    predicates = [m._predicate for m, _ in rules]
-    any_key = Matcher._make(lambda node: any(p(node) for p in predicates), "expand keys")
+    predicates = [m.predicate for m, _ in rules]
+    any_key = Matcher.from_predicate(lambda node: any(p(node) for p in predicates), "expand keys")
     with gc_paused():
         entries = walk(circuit, any_key, descend_found=False)
         return _Expander(rules).run(entries, circuit)

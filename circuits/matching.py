@@ -112,11 +112,17 @@ class Matcher:
         self._text: str = text
 
     @classmethod
-    def _make(cls, predicate: Callable[[Circuit], bool], text: str) -> Matcher:
+    def from_predicate(cls, predicate: Callable[[Circuit], bool], text: str) -> Matcher:
+        """A matcher running ``predicate`` as it is (no conversion), printed as ``text``."""
         matcher = object.__new__(cls)
         matcher._predicate = predicate
         matcher._text = text
         return matcher
+
+    @property
+    def predicate(self) -> Callable[[Circuit], bool]:
+        """The plain function ``node -> bool`` this matcher runs (the fast path for walks and rewrites)."""
+        return self._predicate
 
     # ------------------------------------------------------- constructors
 
@@ -132,7 +138,7 @@ class Matcher:
         if not isinstance(compiled, re.Pattern):
             raise MatcherError(f"Matcher.regex: pattern {pattern!r} is not a str or re.Pattern")
         search = compiled.search
-        return cls._make(
+        return cls.from_predicate(
             lambda node: node.name is not None and search(node.name) is not None,
             f"Matcher.regex({compiled.pattern!r})",
         )
@@ -143,7 +149,7 @@ class Matcher:
         for kind in classes:
             if not (isinstance(kind, type) and issubclass(kind, Circuit)):
                 raise MatcherError(f"Matcher.types: {kind!r} is not a circuit node class")
-        return cls._make(
+        return cls.from_predicate(
             lambda node: isinstance(node, classes),
             "Matcher.types(" + ", ".join(kind.__name__ for kind in classes) + ")",
         )
@@ -161,7 +167,9 @@ class Matcher:
     def __and__(self, other: Any) -> Matcher:
         other = Matcher(other)
         a, b = self._predicate, other._predicate
-        return Matcher._make(lambda node: bool(a(node)) and bool(b(node)), f"({self._text} & {other._text})")
+        return Matcher.from_predicate(
+            lambda node: bool(a(node)) and bool(b(node)), f"({self._text} & {other._text})"
+        )
 
     def __rand__(self, other: Any) -> Matcher:
         return Matcher(other) & self
@@ -169,14 +177,16 @@ class Matcher:
     def __or__(self, other: Any) -> Matcher:
         other = Matcher(other)
         a, b = self._predicate, other._predicate
-        return Matcher._make(lambda node: bool(a(node)) or bool(b(node)), f"({self._text} | {other._text})")
+        return Matcher.from_predicate(
+            lambda node: bool(a(node)) or bool(b(node)), f"({self._text} | {other._text})"
+        )
 
     def __ror__(self, other: Any) -> Matcher:
         return Matcher(other) | self
 
     def __invert__(self) -> Matcher:
         a = self._predicate
-        return Matcher._make(lambda node: not a(node), f"~{self._text}")
+        return Matcher.from_predicate(lambda node: not a(node), f"~{self._text}")
 
     def __repr__(self) -> str:
         return self._text

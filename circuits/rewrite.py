@@ -89,7 +89,9 @@ def replace(circuit: Circuit, mapping: Mapping[Circuit, Circuit]) -> Circuit:
         by_hash[old.hash] = check_node(new, f"replace: the replacement for {old.describe()}", RewriteError)
     if not by_hash:
         return circuit
-    matcher = Matcher._make(lambda node: node.hash in by_hash, f"Matcher(replace keys: {len(by_hash)})")
+    matcher = Matcher.from_predicate(
+        lambda node: node.hash in by_hash, f"Matcher(replace keys: {len(by_hash)})"
+    )
     with gc_paused():
         return _rewrite_plain(circuit, matcher, lambda node: by_hash[node.hash], descend_found=False)
 
@@ -198,7 +200,7 @@ def _rewrite_plain(
     Each distinct node (by hash) is visited once; ``results`` maps its hash
     to the rewritten node, or None when it is unchanged.
     """
-    predicate = matcher._predicate
+    predicate = matcher.predicate
     results: dict[bytes, Any] = {}
     interned: dict[bytes, Circuit] = {}
     stack: list[tuple[Circuit, bool]] = [(root, False)]

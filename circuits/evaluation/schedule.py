@@ -14,11 +14,11 @@ from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
-from circuits.errors import EvaluationError, NodeTypeError, StaleTensorError, StaleTensorEvaluationError
+from circuits.errors import EvaluationError, StaleTensorError, StaleTensorEvaluationError
 from circuits.evaluation.kernels import KERNEL_MAKERS, kernel_maker
 from circuits.evaluation.leaves import Call, check_options, finish_leaves, leaf_handler
 from circuits.evaluation.plan import Plan, Steps
-from circuits.nodes import Circuit
+from circuits.nodes import Circuit, check_node
 from circuits.spec import format_shape
 
 __all__ = ["KnownValue", "compile_plan"]
@@ -69,8 +69,7 @@ def compile_plan(
     """
     roots = list(roots)
     for position, root in enumerate(roots):
-        if not isinstance(root, Circuit):
-            raise NodeTypeError(f"evaluate: root {position} is a {type(root).__name__}, not a circuit node")
+        check_node(root, f"evaluate: root {position}")
     device = check_options(inputs, device, dtype)
     if kernel is not None and not callable(kernel):
         raise EvaluationError(
