@@ -53,7 +53,7 @@ from circuits.nodes import (
     Rearrange,
     check_node,
 )
-from circuits.spec import EINSUM_LETTERS, Shape, format_shape
+from circuits.shapes import EINSUM_LETTERS, Shape, format_shape
 
 __all__ = ["expand"]
 

@@ -31,7 +31,7 @@ from typing import Iterable
 
 from circuits.nodes import Circuit
 from circuits.printing import quote_name, repr_many
-from circuits.spec import format_shape
+from circuits.shapes import format_shape
 from circuits.traversal import unique_nodes
 
 #: Styles kept inline (notebooks drop <style> in some front ends).

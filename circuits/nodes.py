@@ -19,7 +19,7 @@ import einops
 import numpy as np
 import torch
 
-from circuits import spec as spec_rules
+from circuits import shapes as shape_rules
 from circuits.errors import (
     CircuitError,
     ConcatError,
@@ -39,7 +39,7 @@ from circuits.hashing import PRINTED_HEX_DIGITS, node_hash, tensor_content_hash
 if TYPE_CHECKING:  # only an annotation here
     from circuits.store import TensorStore
 
-Shape = spec_rules.Shape
+Shape = shape_rules.Shape
 _HASH_HEX = re.compile(r"[0-9a-f]{%d,}" % PRINTED_HEX_DIGITS)
 
 
@@ -69,7 +69,7 @@ def _check_children(instance, attribute, value):
     for position, child in enumerate(value):
         if not isinstance(child, Circuit):  # checked first: the message is built only when it is needed
             check_node(
-                child, f"{spec_rules.describe(type(instance).__name__, instance.name)}: child {position}"
+                child, f"{shape_rules.describe(type(instance).__name__, instance.name)}: child {position}"
             )
 
 
@@ -143,10 +143,10 @@ class Circuit:
 
     def describe(self) -> str:
         """How messages name this node: ``Einsum 'a.q'`` or ``unnamed Einsum``."""
-        return spec_rules.describe(self.kind, self.name)
+        return shape_rules.describe(self.kind, self.name)
 
     def __repr__(self) -> str:
-        return f"<{self.describe()} {spec_rules.format_shape(self.shape)}>"
+        return f"<{self.describe()} {shape_rules.format_shape(self.shape)}>"
 
     # ------------------------------------------------------------- rebuild
 
@@ -186,7 +186,7 @@ class Circuit:
             value = fields.get("value")
             if isinstance(value, torch.Tensor) and value.requires_grad and not value.is_leaf:
                 raise LeafError(
-                    f"{spec_rules.describe(cls.kind, fields['name'])}: its tensor is inside an autograd graph "
+                    f"{shape_rules.describe(cls.kind, fields['name'])}: its tensor is inside an autograd graph "
                     "(a view of a parameter, as attach=True makes), which torch cannot deep-copy; deep-copy "
                     "a circuit built without attach=True"
                 )
@@ -351,7 +351,7 @@ _INIT_FIELDS: dict[type, tuple[str, ...]] = {}
 def _no_children(cls: type, fields: Mapping[str, Any]) -> None:
     if fields["children"]:
         raise LeafError(
-            f"{spec_rules.describe(cls.kind, fields['name'])} is a leaf: it takes no children, "
+            f"{shape_rules.describe(cls.kind, fields['name'])} is a leaf: it takes no children, "
             f"got {len(fields['children'])}"
         )
 
@@ -360,7 +360,7 @@ def _one_child(cls: type, fields: Mapping[str, Any], error: type[CircuitError]) 
     children = fields["children"]
     if len(children) != 1:
         raise error(
-            f"{spec_rules.describe(cls.kind, fields['name'])}: a {cls.kind} has exactly one child, "
+            f"{shape_rules.describe(cls.kind, fields['name'])}: a {cls.kind} has exactly one child, "
             f"got {len(children)}"
         )
     return children[0]
@@ -395,7 +395,7 @@ class Array(Circuit):
     tensor_requires_grad: bool = attrs.field(init=False)
 
     def __init__(self, value: Any, name: str | None = None):
-        where = spec_rules.describe("Array", name)
+        where = shape_rules.describe("Array", name)
         value = _leaf_tensor(value, where)
         self.__attrs_init__(
             children=(),
@@ -408,7 +408,7 @@ class Array(Circuit):
     @classmethod
     def from_hash(cls, shape: Sequence[int], content_hash: str, name: str | None = None) -> Array:
         """An array known only by shape and (a prefix of) its content hash."""
-        where = spec_rules.describe("Array", name)
+        where = shape_rules.describe("Array", name)
         if not isinstance(content_hash, str) or not _HASH_HEX.fullmatch(content_hash):
             raise LeafError(
                 f"{where}: content hash {content_hash!r} is not at least "
@@ -492,7 +492,7 @@ class Array(Circuit):
                 f"now {value._version})"
             )
         raise StaleTensorError(
-            f"{self.describe()} {spec_rules.format_shape(self.shape)} with hash "
+            f"{self.describe()} {shape_rules.format_shape(self.shape)} with hash "
             f"{self.content_hash[:PRINTED_HEX_DIGITS]}: {change}, so its hash and printed form no longer "
             "describe its tensor; make a new Array from the tensor as it is now (or clone it before "
             "changing it)"
@@ -502,7 +502,7 @@ class Array(Circuit):
         """The tensor, or a clear error if it was never loaded or was modified in place since."""
         if self.value is None:
             raise MissingTensorError(
-                f"{self.describe()} {spec_rules.format_shape(self.shape)} with hash "
+                f"{self.describe()} {shape_rules.format_shape(self.shape)} with hash "
                 f"{self.content_hash[:PRINTED_HEX_DIGITS]} has no tensor: it was parsed "
                 "without a tensor store holding it (pass store= to parse)"
             )
@@ -550,7 +550,7 @@ class Scalar(Circuit):
     declared_shape: Shape = attrs.field()
 
     def __init__(self, value: float, shape: Sequence[int] = (), name: str | None = None):
-        where = spec_rules.describe("Scalar", name)
+        where = shape_rules.describe("Scalar", name)
         self.__attrs_init__(
             children=(),
             name=name,
@@ -593,7 +593,7 @@ class Symbol(Circuit):
 
     def __init__(self, shape: Sequence[int], name: str | None = None):
         self.__attrs_init__(
-            children=(), name=name, declared_shape=_check_shape(shape, spec_rules.describe("Symbol", name))
+            children=(), name=name, declared_shape=_check_shape(shape, shape_rules.describe("Symbol", name))
         )
 
     def _derive(self):
@@ -619,7 +619,7 @@ class Einsum(Circuit):
     out_axes: tuple[int, ...] = attrs.field()
 
     def __init__(self, *args: tuple[Circuit, Sequence[int] | str], out_axes, name: str | None = None):
-        where = spec_rules.describe("Einsum", name)
+        where = shape_rules.describe("Einsum", name)
         if not args:
             # "->" reads back as one rank-0 operand, so an empty Einsum has no text form
             raise EinsumError(f"{where}: needs at least one (node, axes) operand, got none")
@@ -628,25 +628,25 @@ class Einsum(Circuit):
             if not (isinstance(arg, tuple) and len(arg) == 2):
                 raise EinsumError(f"{where}: operand {position} must be a (node, axes) pair, got {arg!r}")
             nodes.append(arg[0])
-            axes.append(spec_rules.normalize_axes(arg[1], where))
+            axes.append(shape_rules.normalize_axes(arg[1], where))
         self.__attrs_init__(
             children=tuple(nodes),
             name=name,
             operand_axes=tuple(axes),
-            out_axes=spec_rules.normalize_axes(out_axes, where),
+            out_axes=shape_rules.normalize_axes(out_axes, where),
         )
 
     @classmethod
     def from_einsum_string(cls, string: str, *nodes: Circuit, name: str | None = None) -> Einsum:
         """``Einsum.from_einsum_string("qc,kc,,qk->qk", q, k, scale, mask)``."""
-        where = spec_rules.describe("Einsum", name)
+        where = shape_rules.describe("Einsum", name)
         if not isinstance(string, str):
             raise EinsumError(
                 f"{where}: einsum string {shown(repr(string))} is a {type(string).__name__}, not a str "
                 "like 'ab,bc->ac'"
             )
         try:
-            operands, out = spec_rules.parse_einsum_string(string.replace(" ", ""), where)
+            operands, out = shape_rules.parse_einsum_string(string.replace(" ", ""), where)
         except EinsumError as error:
             raise EinsumError(f"{error}; operand shapes {_shapes_of(nodes)}") from None
         if len(operands) != len(nodes):
@@ -662,7 +662,7 @@ class Einsum(Circuit):
             raise EinsumError(
                 f"{where}: {len(self.operand_axes)} operand axes for {len(self.children)} children"
             )
-        shape = spec_rules.einsum_shape(
+        shape = shape_rules.einsum_shape(
             [c.shape for c in self.children], self.operand_axes, self.out_axes, where
         )
         return shape, self.einsum_string
@@ -672,14 +672,14 @@ class Einsum(Circuit):
         children, axes = fields["children"], fields["operand_axes"]
         if len(children) != len(axes):
             raise EinsumError(
-                f"{spec_rules.describe(cls.kind, fields['name'])}: {len(axes)} operand axes for "
+                f"{shape_rules.describe(cls.kind, fields['name'])}: {len(axes)} operand axes for "
                 f"{len(children)} children"
             )
         return cls(*zip(children, axes), out_axes=fields["out_axes"], name=fields["name"])
 
     @property
     def einsum_string(self) -> str:
-        return spec_rules.einsum_text(self.operand_axes, self.out_axes)
+        return shape_rules.einsum_text(self.operand_axes, self.out_axes)
 
 
 @attrs.frozen(init=False, eq=False, repr=False)
@@ -690,7 +690,7 @@ class Add(Circuit):
         self.__attrs_init__(children=tuple(nodes), name=name)
 
     def _derive(self):
-        return spec_rules.broadcast_shapes([c.shape for c in self.children], self.describe()), ""
+        return shape_rules.broadcast_shapes([c.shape for c in self.children], self.describe()), ""
 
     @classmethod
     def _from_fields(cls, fields: dict[str, Any], old: Add | None) -> Add:
@@ -709,11 +709,11 @@ class GeneralFunction(Circuit):
                 spec = get_function(spec)
             except FunctionSpecError as error:
                 raise FunctionSpecError(
-                    f"{spec_rules.describe('GeneralFunction', name)} of children shapes {_shapes_of(nodes)}: {error}"
+                    f"{shape_rules.describe('GeneralFunction', name)} of children shapes {_shapes_of(nodes)}: {error}"
                 ) from None
         if not isinstance(spec, FunctionSpec):
             raise FunctionSpecError(
-                f"{spec_rules.describe('GeneralFunction', name)}: spec {spec!r} is not a FunctionSpec"
+                f"{shape_rules.describe('GeneralFunction', name)}: spec {spec!r} is not a FunctionSpec"
             )
         self.__attrs_init__(children=tuple(nodes), name=name, spec=spec)
 
@@ -753,8 +753,8 @@ class Index(Circuit):
     index: tuple = attrs.field()
 
     def __init__(self, node: Circuit, index: Any, name: str | None = None):
-        where = spec_rules.describe("Index", name)
-        items = spec_rules.normalize_index(index, check_node(node, f"{where}: child").shape, where)
+        where = shape_rules.describe("Index", name)
+        items = shape_rules.normalize_index(index, check_node(node, f"{where}: child").shape, where)
         self.__attrs_init__(children=(node,), name=name, index=items)
 
     def _derive(self):
@@ -763,8 +763,8 @@ class Index(Circuit):
                 f"{self.describe()}: an Index has exactly one child, got {len(self.children)}"
             )
         child_shape = self.children[0].shape
-        spec_rules.check_index(self.index, child_shape, self.describe())
-        return spec_rules.index_shape(self.index, child_shape), spec_rules.format_index(self.index)
+        shape_rules.check_index(self.index, child_shape, self.describe())
+        return shape_rules.index_shape(self.index, child_shape), shape_rules.format_index(self.index)
 
     @classmethod
     def _from_fields(cls, fields: dict[str, Any], old: Index | None) -> Index:
@@ -802,7 +802,7 @@ class Rearrange(Circuit):
         sizes: Mapping[str, int] | None = None,
         **axis_sizes: int,
     ):
-        where = spec_rules.describe("Rearrange", name)
+        where = shape_rules.describe("Rearrange", name)
         if not isinstance(pattern, str):
             raise RearrangeError(f"{where}: pattern {pattern!r} is not a string")
         sizes = {**(sizes or {}), **axis_sizes}
@@ -849,7 +849,7 @@ class Concat(Circuit):
     axis: int = attrs.field()
 
     def __init__(self, *nodes: Circuit, axis: int, name: str | None = None):
-        where = spec_rules.describe("Concat", name)
+        where = shape_rules.describe("Concat", name)
         if not nodes:
             raise ConcatError(f"{where}: needs at least one child")
         if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):

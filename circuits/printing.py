@@ -13,7 +13,7 @@ from typing import Iterable
 
 from circuits.gcpause import gc_paused
 from circuits.nodes import Array, Circuit, Index, Scalar, Symbol
-from circuits.spec import format_shape
+from circuits.shapes import format_shape
 from circuits.store import TensorStore
 
 # Variants whose shape FORMAT.md prints by default: it does not follow from children.

@@ -17,7 +17,7 @@ from circuits.errors import StaleTensorError
 from circuits.evaluation.einsum import einsum_kernel
 from circuits.functions import FunctionSpec, is_library_function
 from circuits.nodes import Add, Circuit, Concat, Einsum, GeneralFunction, Index, Rearrange
-from circuits.spec import format_shape
+from circuits.shapes import format_shape
 
 __all__ = ["KERNEL_MAKERS", "default_kernel", "kernel_maker"]
 

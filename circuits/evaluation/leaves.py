@@ -27,7 +27,7 @@ from circuits.errors import (
 from circuits.evaluation.kernels import KERNEL_MAKERS, kernel_maker
 from circuits.evaluation.plan import Steps, error_at
 from circuits.nodes import Array, Circuit, Scalar, Symbol
-from circuits.spec import format_shape
+from circuits.shapes import format_shape
 
 __all__ = ["Call", "check_options", "finish_leaves", "leaf_handler", "same_device"]
 

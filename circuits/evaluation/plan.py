@@ -8,7 +8,7 @@ import torch
 
 from circuits.errors import EvaluationError
 from circuits.nodes import Circuit, GeneralFunction, Scalar
-from circuits.spec import format_shape
+from circuits.shapes import format_shape
 
 __all__ = ["Plan", "Steps", "error_at"]
 

@@ -19,7 +19,7 @@ from circuits.evaluation.kernels import KERNEL_MAKERS, kernel_maker
 from circuits.evaluation.leaves import Call, check_options, finish_leaves, leaf_handler
 from circuits.evaluation.plan import Plan, Steps
 from circuits.nodes import Circuit, check_node
-from circuits.spec import format_shape
+from circuits.shapes import format_shape
 
 __all__ = ["KnownValue", "compile_plan"]
 

@@ -30,14 +30,14 @@ from typing import Any, Callable
 
 import torch
 
+from circuits import names
 from circuits.cache import Evaluator
 from circuits.evaluation import evaluate
 from circuits.errors import ExperimentError
 from circuits.nodes import Add, Array, Circuit, Einsum, GeneralFunction, Index, Scalar, check_node
+from circuits.shapes import EINSUM_LETTERS
 
 __all__ = ["Metric", "kl_div", "logit_diff", "mean_loss"]
-
-_LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
 class Metric:
@@ -85,7 +85,7 @@ def find(circuit: Circuit, name: str, what: str) -> Circuit:
 
 def _mean(node: Circuit, name: str) -> Einsum:
     """The mean of every element of ``node``: one Einsum with a Scalar ``1/numel``."""
-    letters = _LETTERS[: node.rank]
+    letters = EINSUM_LETTERS[: node.rank]
     count = 1
     for size in node.shape:
         count *= size
@@ -95,7 +95,7 @@ def _mean(node: Circuit, name: str) -> Einsum:
 
 
 def _mean_loss(circuit: Circuit) -> Circuit:
-    return _mean(find(circuit, "t.loss", "mean_loss"), "metric.mean_loss")
+    return _mean(find(circuit, names.LOSS, "mean_loss"), "metric.mean_loss")
 
 
 #: Mean of the per-token loss ``'t.loss'``.
@@ -103,7 +103,7 @@ mean_loss = Metric(_mean_loss, "mean_loss")
 
 
 def logit_diff(
-    position: int, good: Any, bad: Any, *, logits: str = "t.call", push_down: bool = True
+    position: int, good: Any, bad: Any, *, logits: str = names.LOGITS, push_down: bool = True
 ) -> Metric:
     """Mean over the batch of ``logits[..., position, good] - logits[..., position, bad]``.
 
@@ -149,7 +149,7 @@ def logit_diff(
             picked.append(
                 GeneralFunction.new_by_name(at, index, spec_name=spec, name=f"metric.{label}_logits")
             )
-        letters = _LETTERS[: picked[1].rank]
+        letters = EINSUM_LETTERS[: picked[1].rank]
         negated = Einsum.from_einsum_string(
             f"{letters},->{letters}", picked[1], Scalar(-1.0, name="metric.neg"), name="metric.neg_bad_logits"
         )
@@ -177,7 +177,7 @@ def kl_div(clean: Circuit, *, log_probs: str = "log_probs") -> Metric:
                 f"kl_div: {log_probs!r} has shape {list(lp.shape)} here but {list(clean_lp.shape)} "
                 "in the clean circuit"
             )
-        letters = _LETTERS[: lp.rank]
+        letters = EINSUM_LETTERS[: lp.rank]
         neg = Einsum.from_einsum_string(
             f"{letters},->{letters}", lp, Scalar(-1.0, name="metric.neg"), name="metric.neg_lp"
         )

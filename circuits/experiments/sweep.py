@@ -49,11 +49,10 @@ import torch
 
 from circuits import names
 from circuits.cache import Evaluator, check_cache_bytes
-from circuits.errors import shown
+from circuits.errors import ExperimentError, shown
 from circuits.experiments.ablation import DEFAULT_CACHE_BYTES, zero_ablate
-from circuits.errors import ExperimentError
 from circuits.experiments.metrics import Metric, mean_loss
-from circuits.nodes import Circuit
+from circuits.nodes import Circuit, check_node
 from circuits.passes.attention import split_heads, unsplit_head_counts
 from circuits.traversal import unique_nodes
 
@@ -173,12 +172,10 @@ def _targets(targets: Any) -> list[tuple[Any, Any]]:
 
 def _ablated(ablation: Callable, circuit: Circuit, label: Any, target: Any) -> Circuit:
     result = ablation(circuit, target)
-    if not isinstance(result, Circuit):
-        raise ExperimentError(
-            f"sweep: ablation {getattr(ablation, '__name__', repr(ablation))} returned a "
-            f"{type(result).__name__} for target {label!r}, not a circuit"
-        )
-    return result
+    name = getattr(ablation, "__name__", repr(ablation))
+    return check_node(
+        result, f"sweep: ablation {name} returned {{got}} for target {label!r}", ExperimentError
+    )
 
 
 def _number(value: Any, metric_name: str) -> float:
@@ -312,8 +309,7 @@ def sweep(
 
 
 def _check_arguments(circuit: Any, ablation: Any, evaluator: Any, cache_bytes: Any, policy: Any) -> None:
-    if not isinstance(circuit, Circuit):
-        raise ExperimentError(f"sweep: expected a circuit node, got {type(circuit).__name__}")
+    check_node(circuit, "sweep: the circuit", ExperimentError)
     if policy not in ("planned", "lru"):
         raise ExperimentError(f"sweep: policy {policy!r} is not 'planned' or 'lru'")
     check_cache_bytes(cache_bytes, "sweep")

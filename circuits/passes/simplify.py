@@ -15,7 +15,7 @@ import torch
 
 from circuits.nodes import Add, Circuit, Einsum, GeneralFunction, Index, Rearrange, Scalar
 from circuits.passes.push_down import pattern_groups, is_full
-from circuits.spec import EINSUM_LETTERS, broadcast_shapes
+from circuits.shapes import EINSUM_LETTERS, broadcast_shapes
 
 Rule = Callable[[Circuit], Circuit]
 
