@@ -2,8 +2,9 @@
 
 Circuits are acyclic and immutable, so the collector finds nothing in them;
 but while a parse creates 10^5 nodes it runs full collections over every
-live node again and again, which measured 20-40% of parse time at that
-size.  Reference counting still frees everything as usual while paused.
+live node again and again, a large share of the time at that size
+(``bench/format_scale.py`` measures it).  Reference counting still frees
+everything as usual while paused.
 """
 
 from __future__ import annotations

@@ -17,22 +17,10 @@ gradient has both uses' parts):
   both gradients are zero; infinite when only one is, or when one is missing).
 
 Targets: float64, every ``max_abs_diff <= 1e-9``; float32, every
-``rel_diff <= 1e-5``; the loss difference likewise (absolute in float64,
-relative to the HF loss in float32).  Sizes (``SIZES``): ``tiny`` (2 layers,
-d_model 32, seconds) and ``small`` (4 layers, d_model 128, 8 query and 2
-key/value heads).  Weights are drawn with std 0.2 (tiny) or 0.1 (small), and
-norm weights and biases are moved off 1 and 0, so that a mis-wired piece
-shows.  Float32 differences grow with how saturated the softmaxes are:
-drawn with std 0.3, the small models' worst rel_diff is about 3e-5 (float64
-still agrees within 1e-13).
-
-One Hugging Face detail: in float64, ``LlamaRMSNorm`` rounds activations
-through float32 (deliberately, for half precision), which alone gives
-gradient differences of about 1e-7 (measured: 1.1e-7 tiny, 7.4e-8 small).  The float64 Llama reference therefore runs
-with that round trip removed (the same formula in the model's dtype, patched
-on the model's own norm modules for the run and restored after).
-
-``circuits parity`` (``add_arguments``/``run``) prints the table.
+``rel_diff <= 1e-5``; the loss difference likewise.  Sizes are ``SIZES``
+(``tiny``, ``small``).  How the weights are drawn, the float32 margin, and
+the float32 round trip in Hugging Face's float64 ``LlamaRMSNorm`` (removed
+for the run): docs/trust.md.  ``circuits parity`` prints the table.
 """
 
 from __future__ import annotations

@@ -7,36 +7,12 @@
     table.to_pandas().pivot(index="layer", columns="head", values="delta")
 
 Head names work on a circuit whose layers are split (``split_heads``) or
-not.  On an unsplit layer, a target ``'b3.a.head7'`` is ablated in the
-circuit with layer 3 alone split (``split_heads(circuit, layers=[3])``):
-every other layer keeps its heads together, one matmul for all of them,
-which is what a sweep recomputes above each ablated head, so sweeping the
-unsplit circuit is the faster way (``bench/ablation_sweep.py``, GPT-2 small
-on 8 x 128 tokens: about 10% less time than sweeping the split circuit).
-The values are the same as on the fully split circuit, up to float
-rounding in how the heads are summed.
-
-How it saves work
------------------
-Every ablated circuit shares with the clean one all that the ablation did
-not change, so the sweep evaluates the clean circuit once and then, per
-target, only the nodes whose hash changed (the ancestors of the ablated
-node); everything below and beside them is read from the Evaluator's cache.
-
-What the cache keeps is planned from the sweep's own circuits, which are
-all built before the first evaluation (rewrites are cheap; this also
-reports a bad target before any long computation).  Circuits run in order;
-each computes the nodes no earlier circuit had and reads from the cache the
-earlier nodes that those have as children (its frontier: for a head
-ablation, the other heads of its layer and the residual stream below it).
-A computed value is admitted only if a later circuit reads it, and dropped
-after the last one that does.  So the cache holds just the frontiers (for
-GPT-2 small at 8 x 128 tokens, every head's output and every layer's
-residual: under 0.5 GiB, where keeping every clean value would take 1.7
-GiB), and one-off values (an ablated run's logits) never push out values a
-later target needs, which plain LRU would do (``policy="lru"`` admits
-everything, for comparison).  The budget is still enforced by the
-Evaluator (LRU among the admitted values).
+not: on an unsplit layer, ``'b3.a.head7'`` is ablated in the circuit with
+layer 3 alone split; the values are those of the fully split circuit, up
+to float rounding in how the heads are summed.  The sweep evaluates the
+clean circuit once, then per target only the nodes whose hash changed; the
+cache admits only the values a later circuit reads, and drops each after
+its last reader.  How and why, with figures: docs/rewrites.md.
 """
 
 from __future__ import annotations
