@@ -33,6 +33,11 @@ def format_shape(shape: Sequence[int]) -> str:
     return "[" + ",".join(str(size) for size in shape) + "]"
 
 
+def shape_or_type(value: object) -> str:
+    """How a message names a value that should have been a tensor: ``shape [4,3]``, or its type."""
+    return f"shape {format_shape(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+
+
 def letters_to_axes(letters: str, where: str) -> tuple[int, ...]:
     """``"qk"`` -> ``(16, 10)``; any character outside a-z, A-Z is an error."""
     try:

@@ -17,7 +17,7 @@ from circuits.errors import StaleTensorError
 from circuits.evaluation.einsum import einsum_kernel
 from circuits.functions import FunctionSpec, is_library_function
 from circuits.nodes import Add, Circuit, Concat, Einsum, GeneralFunction, Index, Rearrange
-from circuits.shapes import format_shape
+from circuits.shapes import format_shape, shape_or_type
 
 __all__ = ["KERNEL_MAKERS", "default_kernel", "kernel_maker"]
 
@@ -78,13 +78,8 @@ def _shape_checked(spec: FunctionSpec, shape: tuple[int, ...]) -> Callable:
     def checked(*tensors: torch.Tensor) -> torch.Tensor:
         value = function(*tensors)
         if not isinstance(value, torch.Tensor) or value.shape != shape:
-            got = (
-                f"shape {format_shape(value.shape)}"
-                if isinstance(value, torch.Tensor)
-                else type(value).__name__
-            )
             raise ValueError(
-                f"function {spec.name!r} returned {got}, but its shape_fn declared {format_shape(shape)}"
+                f"function {spec.name!r} returned {shape_or_type(value)}, but its shape_fn declared {format_shape(shape)}"
             )
         return value
 

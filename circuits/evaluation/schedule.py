@@ -19,7 +19,7 @@ from circuits.evaluation.kernels import KERNEL_MAKERS, kernel_maker
 from circuits.evaluation.leaves import Call, check_options, finish_leaves, leaf_handler
 from circuits.evaluation.plan import Plan, Steps
 from circuits.nodes import Circuit, check_node
-from circuits.shapes import format_shape
+from circuits.shapes import format_shape, shape_or_type
 
 __all__ = ["KnownValue", "compile_plan"]
 
@@ -230,13 +230,8 @@ def _take_known(known: Known, node: Circuit, slot: int, call: Call, leaf_values,
         if isinstance(tensor, torch.Tensor):
             call.saw(tensor)
     if not isinstance(tensor, torch.Tensor) or tensor.shape != node.shape:
-        got = (
-            f"shape {format_shape(tensor.shape)}"
-            if isinstance(tensor, torch.Tensor)
-            else type(tensor).__name__
-        )
         raise EvaluationError(
-            f"evaluate: the known value of {node.describe()} {format_shape(node.shape)} is {got}, "
+            f"evaluate: the known value of {node.describe()} {format_shape(node.shape)} is {shape_or_type(tensor)}, "
             "not a tensor of the node's shape",
             node=node,
             path=(*path, node),
