@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from circuits.errors import ModelError, shown
-from circuits.models.common import BUILD_OPTIONS, checked_options
+from circuits.masks import NEG_INF
+from circuits.models.common import checked_options
 from circuits.models.hf import config_for, from_hf_state_dict
 from circuits.nodes import Circuit
 
@@ -131,12 +132,21 @@ def _read_checkpoint_tensors(directory: Path) -> dict[str, torch.Tensor]:
     )
 
 
-@checked_options(*(option for option in BUILD_OPTIONS if option != "attach"))
-def load_hf_checkpoint(path: str | os.PathLike, tokens: Any = None, **options: Any) -> Circuit:
+@checked_options()
+def load_hf_checkpoint(
+    path: str | os.PathLike,
+    tokens: Any = None,
+    *,
+    seq_len: int | None = None,
+    batch_size: int | None = None,
+    convention: str = "default",
+    causal: bool = True,
+    neg_inf: float = NEG_INF,
+) -> Circuit:
     """A circuit from a local Hugging Face checkpoint directory (``config.json`` + safetensors).
 
-    Options as in ``from_hf`` (but ``attach``: the weights read are the
-    circuit's own).  ``transformers`` is not needed (except for Llama
+    ``tokens`` and the options as in ``from_hf`` (but no ``attach``: the
+    weights read are the circuit's own).  ``transformers`` is not needed (except for Llama
     checkpoints with a scaled rotary variant).  A broken ``config.json``,
     weights file or shard index is a ``ModelError`` naming the file; shards
     the index names outside the directory are refused.
@@ -154,4 +164,13 @@ def load_hf_checkpoint(path: str | os.PathLike, tokens: Any = None, **options: A
         config_for(config)
     except ModelError as error:
         raise ModelError(f"{config_file}: {error}") from error
-    return from_hf_state_dict(config, _read_checkpoint_tensors(directory), tokens, **options)
+    return from_hf_state_dict(
+        config,
+        _read_checkpoint_tensors(directory),
+        tokens,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        convention=convention,
+        causal=causal,
+        neg_inf=neg_inf,
+    )

@@ -35,9 +35,6 @@ CONVENTIONS = {
 
 _BATCH_LETTERS = "bBxXyYzZ" + string.ascii_letters
 
-#: The keyword options every builder takes, which the loaders pass on to it.
-BUILD_OPTIONS = ("seq_len", "batch_size", "convention", "causal", "neg_inf", "attach")
-
 #: MLP activations as Hugging Face spells them -> the GeneralFunction computing them (GPT-2 and Llama).
 ACTIVATIONS = {
     "gelu_new": "gelu_new",
@@ -54,19 +51,22 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 # ----------------------------------------------------------------- options
 
 
-def checked_options(*forwarded: str) -> Callable[[_F], _F]:
+def checked_options() -> Callable[[_F], _F]:
     """Refuse an unknown option or a bad call with a ModelError listing what is accepted.
 
-    Python's own TypeError is no ``CircuitError`` and cannot list the options
-    a loader takes through ``**options`` and passes on (``forwarded``).
+    Python's own TypeError is no ``CircuitError`` and names no alternatives.
+    The listing is the function's optional and keyword-only parameters, read
+    off its signature, so every option must be a parameter: a function taking
+    ``**kwargs`` is refused when decorated.
     """
 
     def decorate(function: _F) -> _F:
         signature = inspect.signature(function)
-        params = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
-        optional = [p.name for p in params if p.default is not p.empty or p.kind is p.KEYWORD_ONLY]
-        accepted = optional + [name for name in forwarded if name not in optional]
-        known = {p.name for p in params} | set(forwarded)
+        params = list(signature.parameters.values())
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            raise TypeError(f"checked_options: {function.__name__} takes **kwargs; spell its options out")
+        accepted = [p.name for p in params if p.default is not p.empty or p.kind is p.KEYWORD_ONLY]
+        known = {p.name for p in params}
         listing = ", ".join(accepted) or "none"
 
         @functools.wraps(function)

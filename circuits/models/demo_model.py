@@ -21,8 +21,9 @@ import safetensors.torch
 import torch
 
 from circuits.errors import ModelError
+from circuits.masks import NEG_INF
 from circuits.models.attn_only import AttnOnlyConfig, build_attn_only
-from circuits.models.common import BUILD_OPTIONS, checked_options
+from circuits.models.common import checked_options
 from circuits.nodes import Circuit
 
 #: The beginning-of-sequence token that starts every row of the task.
@@ -64,17 +65,36 @@ def load_demo_weights() -> dict[str, torch.Tensor]:
     return dict(safetensors.torch.load(data))
 
 
-@checked_options(*BUILD_OPTIONS)
-def load_demo_model(tokens: Any = None, **options: Any) -> Circuit:
+@checked_options()
+def load_demo_model(
+    tokens: Any = None,
+    *,
+    seq_len: int | None = None,
+    batch_size: int | None = None,
+    convention: str = "default",
+    causal: bool = False,
+    neg_inf: float = NEG_INF,
+    attach: bool = False,
+) -> Circuit:
     """The shipped induction model as a circuit whose root is the per-token loss ``'t.loss'``.
 
-    ``tokens`` and ``options`` (``seq_len``, ``batch_size``, ``causal``, ...)
-    are those of ``build_attn_only``: an int tensor ``[S+1]`` or ``[B,S+1]``
-    with ``S`` at most ``n_ctx``, e.g. ``repeated_tokens(...)``.  The circuit
-    is unmasked unless ``causal=True``; the model was trained with a causal
-    mask, so apply ``cc.causal_mask`` before evaluating.
+    ``tokens`` and the options are those of ``build_attn_only``: an int
+    tensor ``[S+1]`` or ``[B,S+1]`` with ``S`` at most ``n_ctx``, e.g.
+    ``repeated_tokens(...)``, or None with ``seq_len`` (and ``batch_size``).
+    The circuit is unmasked unless ``causal=True``; the model was trained
+    with a causal mask, so apply ``cc.causal_mask`` before evaluating.
     """
-    return build_attn_only(demo_config(), load_demo_weights(), tokens, **options)
+    return build_attn_only(
+        demo_config(),
+        load_demo_weights(),
+        tokens,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        convention=convention,
+        causal=causal,
+        neg_inf=neg_inf,
+        attach=attach,
+    )
 
 
 def repeated_tokens(

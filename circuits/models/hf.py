@@ -28,7 +28,8 @@ from typing import Any
 import torch
 
 from circuits.errors import ModelError, shown
-from circuits.models.common import BUILD_OPTIONS, CONVENTIONS, checked_options
+from circuits.masks import NEG_INF
+from circuits.models.common import CONVENTIONS, checked_options
 from circuits.models.gpt2 import build_gpt2
 from circuits.models.hf_gpt2 import gpt2_config_from_hf, gpt2_weights_from_hf
 from circuits.models.hf_llama import (
@@ -101,28 +102,43 @@ def hf_to_weights(
     return family, ours, llama_weights_from_hf(ours, state_dict, attach)
 
 
-@checked_options(*BUILD_OPTIONS)
+@checked_options()
 def from_hf_state_dict(
     config: Any,
     state_dict: Mapping[str, Any],
     tokens: Any = None,
     *,
+    seq_len: int | None = None,
+    batch_size: int | None = None,
+    convention: str = "default",
+    causal: bool = True,
+    neg_inf: float = NEG_INF,
     rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-    **options: Any,
+    attach: bool = False,
 ) -> Circuit:
     """A circuit from a Hugging Face config (object or ``config.json`` dict) and a state dict.
 
-    ``options`` are the builder's: ``seq_len``, ``batch_size``,
-    ``convention``, ``causal``, ``neg_inf``, ``attach`` (see the module
-    docstring: with it, the arrays are views of the state dict's tensors).
+    The options are the builder's (``build_gpt2`` or ``build_llama``, whose
+    defaults agree), as in ``from_hf``; with ``attach`` the arrays are views
+    of the state dict's tensors (see the module docstring).  ``rope``
+    (Llama only): the rotary ``(cos, sin)`` tables; by default the builder
+    computes them, or, for a scaled rotary variant, ``transformers`` does.
     """
-    family, ours, weights = hf_to_weights(config, state_dict, attach_option(options))
+    family, ours, weights = hf_to_weights(config, state_dict, attach_option({"attach": attach}))
+    options = {
+        "seq_len": seq_len,
+        "batch_size": batch_size,
+        "convention": convention,
+        "causal": causal,
+        "neg_inf": neg_inf,
+        "attach": attach,
+    }
     if family == "gpt2":
         if rope is not None:
             raise ModelError("rope= applies to Llama models only")
         return build_gpt2(ours, weights, tokens, **options)
     if rope is None and rope_type(config) != "default":
-        seq = _positions(tokens, options.get("seq_len"), options.get("convention", "default"))
+        seq = _positions(tokens, seq_len, convention)
         if seq is None:
             raise ModelError(
                 f"this Llama model's {rope_type(config)!r} rotary tables need the number of positions: pass "
@@ -134,19 +150,31 @@ def from_hf_state_dict(
     return build_llama(ours, weights, tokens, rope=rope, **options)
 
 
-@checked_options(*BUILD_OPTIONS)
-def from_hf(model: Any, tokens: Any = None, **options: Any) -> Circuit:
+@checked_options()
+def from_hf(
+    model: Any,
+    tokens: Any = None,
+    *,
+    seq_len: int | None = None,
+    batch_size: int | None = None,
+    convention: str = "default",
+    causal: bool = True,
+    neg_inf: float = NEG_INF,
+    attach: bool = False,
+) -> Circuit:
     """A circuit equal to an in-memory ``GPT2LMHeadModel`` or ``LlamaForCausalLM``.
 
     ``tokens``: an int tensor ``[S+1]`` or ``[B,S+1]`` (inputs all but the
     last, targets all but the first; copied), or None with ``seq_len=`` (and
-    ``batch_size=``) for a placeholder.  Other options as in the builders:
-    ``convention="golden"``, ``causal``, ``neg_inf``, and ``attach=True`` to
-    make every weight array a view of the model's parameter, so that a
-    backward pass through the circuit fills ``model.parameters()``'s
-    ``.grad`` (rebuild the circuit after an optimizer step: see the module
-    docstring).  The root is the per-token loss ``'t.loss'``; the logits are
-    ``'t.call'``.
+    ``batch_size=``) for a placeholder.  The other options are the builders'
+    (``build_gpt2``, ``build_llama``): ``convention="golden"`` for ``[S+2]``
+    tokens, ``causal`` (the masked form, as the model computes it),
+    ``neg_inf`` (the masked scores' value), and ``attach=True`` to make
+    every weight array a view of the model's parameter, so that a backward
+    pass through the circuit fills ``model.parameters()``'s ``.grad``
+    (rebuild the circuit after an optimizer step: see the module docstring).
+    A Llama model's rotary tables are its own.  The root is the per-token
+    loss ``'t.loss'``; the logits are ``'t.call'``.
     """
     config = getattr(model, "config", None)
     if config is None or not hasattr(model, "state_dict"):
@@ -159,10 +187,21 @@ def from_hf(model: Any, tokens: Any = None, **options: Any) -> Circuit:
         )
     rope = None
     if model_type == "llama":
-        seq = _positions(tokens, options.get("seq_len"), options.get("convention", "default"))
+        seq = _positions(tokens, seq_len, convention)
         rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
         if seq is not None and rotary is not None:
             dtype = model.get_input_embeddings().weight.dtype
             rope = hf_rope_tables(rotary, seq, dtype)
-    state = model.state_dict(keep_vars=attach_option(options))
-    return from_hf_state_dict(config, state, tokens, rope=rope, **options)
+    state = model.state_dict(keep_vars=attach_option({"attach": attach}))
+    return from_hf_state_dict(
+        config,
+        state,
+        tokens,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        convention=convention,
+        causal=causal,
+        neg_inf=neg_inf,
+        rope=rope,
+        attach=attach,
+    )

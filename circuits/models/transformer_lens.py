@@ -15,8 +15,9 @@ import torch
 
 from circuits import names
 from circuits.errors import ModelError, shown
+from circuits.masks import NEG_INF
 from circuits.models.attn_only import AttnOnlyConfig, build_attn_only
-from circuits.models.common import BUILD_OPTIONS, checked_options
+from circuits.models.common import checked_options
 from circuits.models.gpt2 import GPT2Config, build_gpt2
 from circuits.models.reading import Reader, attach_option
 from circuits.nodes import Circuit
@@ -124,7 +125,7 @@ def _tl_layer(r: Reader, out: dict[str, Any], family: str, layer: int, dims: Map
     return nonzero
 
 
-@checked_options(*BUILD_OPTIONS)
+@checked_options()
 def from_transformer_lens(
     state_dict: Mapping[str, Any],
     tokens: Any = None,
@@ -132,7 +133,12 @@ def from_transformer_lens(
     family: str,
     ln_eps: float = 1e-5,
     act: str = "gelu_new",
-    **options: Any,
+    seq_len: int | None = None,
+    batch_size: int | None = None,
+    convention: str = "default",
+    causal: bool | None = None,
+    neg_inf: float = NEG_INF,
+    attach: bool = False,
 ) -> Circuit:
     """A circuit from a TransformerLens ``HookedTransformer`` state dict.
 
@@ -140,15 +146,18 @@ def from_transformer_lens(
     ``"attn_only"`` (shortformer positions, as the golden file).  Dimensions
     are read off the tensors; ``ln_eps`` and ``act`` (GPT-2's MLP activation)
     are not in a state dict, so give them if they differ from the defaults.
-    Accepted keys and shapes: ``TRANSFORMER_LENS_KEYS``.  Other options as in
-    the builders; with ``attach=True`` the arrays are views of the state
-    dict's tensors (pass ``model.state_dict(keep_vars=True)`` for gradients).
+    Accepted keys and shapes: ``TRANSFORMER_LENS_KEYS``.  The other options
+    are the builder's (``build_gpt2`` or ``build_attn_only``); ``causal=None``
+    means the family's default (True for ``"gpt2"``, False for
+    ``"attn_only"``, unmasked as the golden file).  With ``attach=True`` the
+    arrays are views of the state dict's tensors (pass
+    ``model.state_dict(keep_vars=True)`` for gradients).
     """
     if family not in ("gpt2", "attn_only"):
         raise ModelError(f"from_transformer_lens: family {shown(repr(family))} is not 'gpt2' or 'attn_only'")
     dims = _tl_dims(state_dict, family)
     V, d, P, H, c, L = (dims[k] for k in "VdPHcL")
-    r = Reader(f"TransformerLens {family}", state_dict, attach_option(options))
+    r = Reader(f"TransformerLens {family}", state_dict, attach_option({"attach": attach}))
     out: dict[str, Any] = {
         names.TOK_EMBEDS_WEIGHT: r.take("embed.W_E", (V, d)),
         names.POS_EMBEDS_WEIGHT: r.take("pos_embed.W_pos", (P, d)),
@@ -173,6 +182,10 @@ def from_transformer_lens(
             f"{', '.join(repr(k) for k in nonzero_biases)} are not all zero"
         )
     weights = r.weights(out)
+    options: dict[str, Any] = {"seq_len": seq_len, "batch_size": batch_size, "convention": convention}
+    options.update(neg_inf=neg_inf, attach=attach)
+    if causal is not None:  # None: the family's builder's default
+        options["causal"] = causal
     if family == "gpt2":
         if H * c != d:
             raise ModelError(f"TransformerLens gpt2: {H} heads x d_head {c} != d_model {d}")
