@@ -40,7 +40,7 @@ from circuits.models.hf_llama import (
     rope_type,
 )
 from circuits.models.llama import build_llama
-from circuits.models.reading import attach_option, get_field
+from circuits.models.reading import check_attach, get_field
 from circuits.nodes import Circuit
 
 SUPPORTED_HF = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
@@ -124,7 +124,7 @@ def from_hf_state_dict(
     (Llama only): the rotary ``(cos, sin)`` tables; by default the builder
     computes them, or, for a scaled rotary variant, ``transformers`` does.
     """
-    family, ours, weights = hf_to_weights(config, state_dict, attach_option({"attach": attach}))
+    family, ours, weights = hf_to_weights(config, state_dict, check_attach(attach))
     options = {
         "seq_len": seq_len,
         "batch_size": batch_size,
@@ -192,7 +192,7 @@ def from_hf(
         if seq is not None and rotary is not None:
             dtype = model.get_input_embeddings().weight.dtype
             rope = hf_rope_tables(rotary, seq, dtype)
-    state = model.state_dict(keep_vars=attach_option({"attach": attach}))
+    state = model.state_dict(keep_vars=check_attach(attach))
     return from_hf_state_dict(
         config,
         state,

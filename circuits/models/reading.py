@@ -118,8 +118,8 @@ def typed_field(family: str, config: Any, key: str, default: Any, kind: type) ->
     return value
 
 
-def attach_option(options: Mapping[str, Any]) -> bool:
-    attach = options.get("attach", False)
+def check_attach(attach: Any) -> bool:
+    """``attach``, refused unless a bool: ``attach="no"`` would be true."""
     if not isinstance(attach, bool):
         raise ModelError(f"attach={shown(repr(attach))} is not a bool (True or False)")
     return attach

@@ -19,7 +19,7 @@ from circuits.masks import NEG_INF
 from circuits.models.attn_only import AttnOnlyConfig, build_attn_only
 from circuits.models.common import checked_options
 from circuits.models.gpt2 import GPT2Config, build_gpt2
-from circuits.models.reading import Reader, attach_option
+from circuits.models.reading import Reader, check_attach
 from circuits.nodes import Circuit
 
 #: The TransformerLens ``HookedTransformer`` state-dict keys accepted, with
@@ -157,7 +157,7 @@ def from_transformer_lens(
         raise ModelError(f"from_transformer_lens: family {shown(repr(family))} is not 'gpt2' or 'attn_only'")
     dims = _tl_dims(state_dict, family)
     V, d, P, H, c, L = (dims[k] for k in "VdPHcL")
-    r = Reader(f"TransformerLens {family}", state_dict, attach_option({"attach": attach}))
+    r = Reader(f"TransformerLens {family}", state_dict, check_attach(attach))
     out: dict[str, Any] = {
         names.TOK_EMBEDS_WEIGHT: r.take("embed.W_E", (V, d)),
         names.POS_EMBEDS_WEIGHT: r.take("pos_embed.W_pos", (P, d)),
