@@ -4,7 +4,8 @@ Builders (``attn_only``, ``gpt2``, ``llama``, sharing ``common``) take a
 config, a dict of weight tensors named as in the circuit, and the tokens, and
 return a circuit whose root is the per-token loss ``'t.loss'``; the logits are
 ``'t.call'``, the token input ``'toks_int_var'`` (every name is built by
-``circuits.names``).  Loaders, one module per source: ``hf`` (in-memory
+``circuits.names``).  With ``convention="prompt"`` the tokens are a prompt
+alone (no next token to predict) and the root is the logits.  Loaders, one module per source: ``hf`` (in-memory
 Hugging Face models and state dicts, converted by ``hf_gpt2`` and
 ``hf_llama``), ``checkpoint`` (a local checkpoint directory) and
 ``transformer_lens`` (TransformerLens state dicts), sharing ``reading``.

@@ -83,7 +83,9 @@ def build_attn_only(
     ``weights`` maps the names of ``config.weight_shapes()`` to tensors
     (``'t.w.unembed_bias'`` is optional).  ``tokens`` is an int tensor
     ``[S+1]`` or ``[B,S+1]`` (``[S+2]``/``[B,S+2]`` with
-    ``convention="golden"``), copied, or None with ``seq_len`` (and
+    ``convention="golden"``; a prompt ``[S]``/``[B,S]`` with
+    ``convention="prompt"``, which makes the logits ``'t.call'`` the root,
+    with no targets and no loss), copied, or None with ``seq_len`` (and
     ``batch_size``) for a zero placeholder.  ``causal=True`` writes the masked
     form that the ``causal_mask`` pass produces; the default leaves attention
     unmasked.  An unknown option is a ``ModelError`` listing the accepted ones.

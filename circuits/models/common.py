@@ -28,9 +28,12 @@ from circuits.shapes import format_slice
 #: How the token array is cut into model inputs and targets.
 #: ``"default"``: ``[S+1]`` tokens, inputs ``[:-1]``, targets ``[1:]``.
 #: ``"golden"``: ``[S+2]`` tokens, inputs ``[:-2]``, targets ``[1:-1]`` (the golden file's 302 -> 300).
+#: convention -> (tokens per row beyond the positions, inputs slice, targets slice or None).
+#: ``"prompt"``: the tokens are the inputs alone, and the circuit's root is the logits ``'t.call'``.
 CONVENTIONS = {
     "default": (1, slice(None, -1), slice(1, None)),
     "golden": (2, slice(None, -2), slice(1, -1)),
+    "prompt": (0, slice(None), None),
 }
 
 _BATCH_LETTERS = "bBxXyYzZ" + string.ascii_letters
@@ -151,10 +154,11 @@ class Tokens:
     """The token nodes every family shares.
 
     ``var`` is ``'toks_int_var'`` (an int64 Array, ``[S+k]`` or ``[B,S+k]``),
-    ``inputs`` is ``'input_toks_int'`` and ``targets`` is ``'true_toks_int'``.
+    ``inputs`` is ``'input_toks_int'`` and ``targets`` is ``'true_toks_int'``
+    (None for prompts: the ``"prompt"`` convention has no targets).
     """
 
-    def __init__(self, var: Array, inputs: Index, targets: Index, seq_len: int, batched: bool):
+    def __init__(self, var: Array, inputs: Index, targets: Index | None, seq_len: int, batched: bool):
         self.var = var
         self.inputs = inputs
         self.targets = targets
@@ -217,7 +221,7 @@ def make_tokens(
     var = Array(tokens, name=names.TOKENS)
     prefix = batch_prefix(batched)
     inputs = Index(var, prefix + (input_slice,), name=names.INPUT_TOKENS)
-    targets = Index(var, prefix + (target_slice,), name=names.TARGET_TOKENS)
+    targets = None if target_slice is None else Index(var, prefix + (target_slice,), name=names.TARGET_TOKENS)
     return Tokens(var, inputs, targets, positions, batched)
 
 
@@ -247,9 +251,10 @@ def _token_copy(tokens: Any, convention: str) -> torch.Tensor:
             f"(convention {convention!r})"
         )
     if tokens.shape[-1] <= extra:
+        targets = "none" if target_slice is None else f"[{format_slice(target_slice)}]"
         raise ModelError(
             f"tokens have shape {list(tokens.shape)}: the {convention!r} convention needs more than "
-            f"{extra} tokens per row (inputs [{format_slice(input_slice)}], targets [{format_slice(target_slice)}])"
+            f"{extra} tokens per row (inputs [{format_slice(input_slice)}], targets {targets})"
         )
     try:
         return tokens.detach().to(torch.int64, copy=True)
@@ -380,13 +385,18 @@ def attend(
 
 
 def loss_head(
-    final: Circuit, unembed: Circuit, targets: Circuit, unembed_bias: Circuit | None = None
-) -> Einsum:
-    """Logits ``'t.call'``, ``'log_probs'``, ``'ll'`` and the per-token loss ``'t.loss'``."""
+    final: Circuit, unembed: Circuit, targets: Circuit | None, unembed_bias: Circuit | None = None
+) -> Circuit:
+    """Logits ``'t.call'``, ``'log_probs'``, ``'ll'`` and the per-token loss ``'t.loss'``.
+
+    Without targets (prompts), the logits are the root.
+    """
     if unembed_bias is None:
         logits = einsum("sh,vh->sv", final, unembed, name=names.LOGITS)
     else:
         logits = Add(einsum("sh,vh->sv", final, unembed, name=names.UNEMBED), unembed_bias, name=names.LOGITS)
+    if targets is None:
+        return logits
     log_probs = fn("log_softmax", logits, name=names.LOG_PROBS)
     ll = fn("gen_index_at_0_batch_x_c", log_probs, targets, name=names.LOG_LIKELIHOOD)
     return einsum("a,->a", ll, Scalar(-1.0, name=names.NLL_NEG), name=names.LOSS)
