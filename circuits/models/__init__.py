@@ -22,6 +22,7 @@ from circuits.models.llama import LlamaConfig, build_llama, llama_random_weights
 from circuits.models.checkpoint import load_hf_checkpoint
 from circuits.models.hf import from_hf, from_hf_state_dict, hf_to_weights
 from circuits.models.transformer_lens import TRANSFORMER_LENS_KEYS, from_transformer_lens
+from circuits.models.text import to_str_tokens, to_tokens
 
 __all__ = [
     "CONVENTIONS",
@@ -44,4 +45,6 @@ __all__ = [
     "load_demo_model",
     "load_hf_checkpoint",
     "rope_cos_sin",
+    "to_str_tokens",
+    "to_tokens",
 ]

@@ -19,6 +19,7 @@ import torch
 from circuits import names
 from circuits.masks import causal_mask_array
 from circuits.models import common
+from circuits.models.text import token_ids
 from circuits.models.common import einsum
 from circuits.nodes import Add, Array, Circuit
 
@@ -77,6 +78,7 @@ def build_attn_only(
     causal: bool = False,
     neg_inf: float = common.NEG_INF,
     attach: bool = False,
+    tokenizer: Any = None,
 ) -> Circuit:
     """The model as a circuit whose root is the per-token loss ``'t.loss'``.
 
@@ -86,7 +88,9 @@ def build_attn_only(
     ``convention="golden"``; a prompt ``[S]``/``[B,S]`` with
     ``convention="prompt"``, which makes the logits ``'t.call'`` the root,
     with no targets and no loss), copied, or None with ``seq_len`` (and
-    ``batch_size``) for a zero placeholder.  ``causal=True`` writes the masked
+    ``batch_size``) for a zero placeholder; or text (a string, or a list of
+    strings of equal token length) with ``tokenizer=`` any Hugging Face
+    tokenizer (``models.to_tokens``: a BOS token in front, as TransformerLens).  ``causal=True`` writes the masked
     form that the ``causal_mask`` pass produces; the default leaves attention
     unmasked.  An unknown option is a ``ModelError`` listing the accepted ones.
 
@@ -97,6 +101,7 @@ def build_attn_only(
     circuit stale: evaluating it raises ``StaleTensorError``, so rebuild it
     after each step.
     """
+    tokens = token_ids(tokens, tokenizer)
     if not isinstance(config, AttnOnlyConfig):
         raise common.ModelError(f"build_attn_only needs an AttnOnlyConfig, got {type(config).__name__}")
     common.check_build_options(causal, neg_inf, attach)

@@ -22,6 +22,7 @@ from circuits.errors import ModelError, shown
 from circuits.masks import NEG_INF
 from circuits.models.common import checked_options
 from circuits.models.hf import config_for, from_hf_state_dict
+from circuits.models.text import token_ids
 from circuits.nodes import Circuit
 
 
@@ -142,6 +143,7 @@ def load_hf_checkpoint(
     convention: str = "default",
     causal: bool = True,
     neg_inf: float = NEG_INF,
+    tokenizer: Any = None,
 ) -> Circuit:
     """A circuit from a local Hugging Face checkpoint directory (``config.json`` + safetensors).
 
@@ -151,6 +153,7 @@ def load_hf_checkpoint(
     weights file or shard index is a ``ModelError`` naming the file; shards
     the index names outside the directory are refused.
     """
+    tokens = token_ids(tokens, tokenizer)
     directory = Path(path)
     config_file = directory / "config.json"
     if not config_file.is_file():

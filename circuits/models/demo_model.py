@@ -24,6 +24,7 @@ from circuits.errors import ModelError
 from circuits.masks import NEG_INF
 from circuits.models.attn_only import AttnOnlyConfig, build_attn_only
 from circuits.models.common import checked_options
+from circuits.models.text import token_ids
 from circuits.nodes import Circuit
 
 #: The beginning-of-sequence token that starts every row of the task.
@@ -75,6 +76,7 @@ def load_demo_model(
     causal: bool = False,
     neg_inf: float = NEG_INF,
     attach: bool = False,
+    tokenizer: Any = None,
 ) -> Circuit:
     """The shipped induction model as a circuit whose root is the per-token loss ``'t.loss'``.
 
@@ -84,6 +86,7 @@ def load_demo_model(
     The circuit is unmasked unless ``causal=True``; the model was trained
     with a causal mask, so apply ``cc.causal_mask`` before evaluating.
     """
+    tokens = token_ids(tokens, tokenizer)
     return build_attn_only(
         demo_config(),
         load_demo_weights(),

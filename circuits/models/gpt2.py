@@ -22,6 +22,7 @@ from circuits import names
 from circuits.errors import ModelError, shown
 from circuits.masks import causal_mask_array
 from circuits.models import common
+from circuits.models.text import token_ids
 from circuits.models.common import ACTIVATIONS, einsum, fn
 from circuits.nodes import Add, Array, Circuit
 
@@ -104,6 +105,7 @@ def build_gpt2(
     causal: bool = True,
     neg_inf: float = common.NEG_INF,
     attach: bool = False,
+    tokenizer: Any = None,
 ) -> Circuit:
     """GPT-2 as a circuit whose root is the per-token loss ``'t.loss'``.
 
@@ -112,6 +114,7 @@ def build_gpt2(
     embedding is used); ``'t.w.unembed_bias'`` is optional.  Tokens and
     options (``attach`` too) as in ``build_attn_only``.
     """
+    tokens = token_ids(tokens, tokenizer)
     if not isinstance(config, GPT2Config):
         raise ModelError(f"build_gpt2 needs a GPT2Config, got {type(config).__name__}")
     if not isinstance(config.act, str) or config.act not in ACTIVATIONS:

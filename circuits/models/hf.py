@@ -41,6 +41,7 @@ from circuits.models.hf_llama import (
 )
 from circuits.models.llama import build_llama
 from circuits.models.reading import check_attach, get_field
+from circuits.models.text import token_ids
 from circuits.nodes import Circuit
 
 SUPPORTED_HF = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
@@ -115,6 +116,7 @@ def from_hf_state_dict(
     neg_inf: float = NEG_INF,
     rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     attach: bool = False,
+    tokenizer: Any = None,
 ) -> Circuit:
     """A circuit from a Hugging Face config (object or ``config.json`` dict) and a state dict.
 
@@ -124,6 +126,7 @@ def from_hf_state_dict(
     (Llama only): the rotary ``(cos, sin)`` tables; by default the builder
     computes them, or, for a scaled rotary variant, ``transformers`` does.
     """
+    tokens = token_ids(tokens, tokenizer)
     family, ours, weights = hf_to_weights(config, state_dict, check_attach(attach))
     options = {
         "seq_len": seq_len,
@@ -161,12 +164,13 @@ def from_hf(
     causal: bool = True,
     neg_inf: float = NEG_INF,
     attach: bool = False,
+    tokenizer: Any = None,
 ) -> Circuit:
     """A circuit equal to an in-memory ``GPT2LMHeadModel`` or ``LlamaForCausalLM``.
 
     ``tokens``: an int tensor ``[S+1]`` or ``[B,S+1]`` (inputs all but the
     last, targets all but the first; copied), or None with ``seq_len=`` (and
-    ``batch_size=``) for a placeholder.  The other options are the builders'
+    ``batch_size=``) for a placeholder, or text with ``tokenizer=``.  The other options are the builders'
     (``build_gpt2``, ``build_llama``): ``convention="golden"`` for ``[S+2]``
     tokens, ``causal`` (the masked form, as the model computes it),
     ``neg_inf`` (the masked scores' value), and ``attach=True`` to make
@@ -176,6 +180,7 @@ def from_hf(
     A Llama model's rotary tables are its own.  The root is the per-token
     loss ``'t.loss'``; the logits are ``'t.call'``.
     """
+    tokens = token_ids(tokens, tokenizer)
     config = getattr(model, "config", None)
     if config is None or not hasattr(model, "state_dict"):
         raise ModelError(f"from_hf needs a Hugging Face model with a .config, got {type(model).__name__}")

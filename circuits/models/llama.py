@@ -25,6 +25,7 @@ from circuits import names
 from circuits.errors import ModelError, shown
 from circuits.masks import causal_mask_array
 from circuits.models import common
+from circuits.models.text import token_ids
 from circuits.models.common import ACTIVATIONS, einsum, fn
 from circuits.nodes import Add, Array, Circuit, Index
 
@@ -169,6 +170,7 @@ def build_llama(
     neg_inf: float = common.NEG_INF,
     rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     attach: bool = False,
+    tokenizer: Any = None,
 ) -> Circuit:
     """A Llama-style decoder as a circuit whose root is the per-token loss ``'t.loss'``.
 
@@ -178,6 +180,7 @@ def build_llama(
     (copied, never attached); by default they are ``rope_cos_sin(config, S)``.
     Tokens and options (``attach`` too) as in ``build_attn_only``.
     """
+    tokens = token_ids(tokens, tokenizer)
     if not isinstance(config, LlamaConfig):
         raise ModelError(f"build_llama needs a LlamaConfig, got {type(config).__name__}")
     if not isinstance(config.act, str) or config.act not in ACTIVATIONS:

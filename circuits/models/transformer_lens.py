@@ -20,6 +20,7 @@ from circuits.models.attn_only import AttnOnlyConfig, build_attn_only
 from circuits.models.common import checked_options
 from circuits.models.gpt2 import GPT2Config, build_gpt2
 from circuits.models.reading import Reader, check_attach
+from circuits.models.text import token_ids
 from circuits.nodes import Circuit
 
 #: The TransformerLens ``HookedTransformer`` state-dict keys accepted, with
@@ -139,6 +140,7 @@ def from_transformer_lens(
     causal: bool | None = None,
     neg_inf: float = NEG_INF,
     attach: bool = False,
+    tokenizer: Any = None,
 ) -> Circuit:
     """A circuit from a TransformerLens ``HookedTransformer`` state dict.
 
@@ -153,6 +155,7 @@ def from_transformer_lens(
     arrays are views of the state dict's tensors (pass
     ``model.state_dict(keep_vars=True)`` for gradients).
     """
+    tokens = token_ids(tokens, tokenizer)
     if family not in ("gpt2", "attn_only"):
         raise ModelError(f"from_transformer_lens: family {shown(repr(family))} is not 'gpt2' or 'attn_only'")
     dims = _tl_dims(state_dict, family)
