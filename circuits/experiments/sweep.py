@@ -17,6 +17,10 @@ its last reader.  How and why, with figures: docs/rewrites.md.
 
 from __future__ import annotations
 
+import concurrent.futures
+import os
+import pickle
+
 import collections
 import time
 from typing import Any, Callable, Iterable, Mapping
@@ -217,6 +221,8 @@ def sweep(
     cache_bytes: int = DEFAULT_CACHE_BYTES,
     policy: str = "planned",
     progress: bool = True,
+    executor: concurrent.futures.Executor | None = None,
+    shards: int | None = None,
 ) -> SweepResult:
     """Apply ``ablation`` to each target in turn and measure ``metric``; see the module docstring.
 
@@ -236,14 +242,32 @@ def sweep(
     - ``policy``: ``"planned"`` (the default; see the module docstring) or
       ``"lru"`` (admit every value, plain LRU).
     - ``progress``: a tqdm progress bar, if tqdm is installed.
+    - ``executor``: a ``concurrent.futures.Executor`` (a
+      ``ProcessPoolExecutor``, or a dask.distributed ``Client.get_executor()``
+      for a cluster) to shard the targets across: each shard is a sweep of
+      its own, with its own Evaluator of ``cache_bytes``, in the order given;
+      ``shards`` (default: one per target, at most 4 per CPU here) sets how
+      many.  The circuit, ``ablation`` and ``metric`` travel by pickle:
+      module-level functions or ``functools.partial`` of them, not lambdas.
+      The table is the local run's; every row's ``baseline`` and ``delta``
+      use the first shard's baseline.
 
     >>> table = sweep(circuit, head_names(circuit))        # zero each head, mean loss
     >>> table["b0.a.head1"] - table.baseline
     """
     _check_arguments(circuit, ablation, evaluator, cache_bytes, policy)
     items = _targets(targets)
-    labels = [label for label, _ in items]
+    if executor is not None:
+        return _sharded(executor, shards, circuit, items, ablation, metric, evaluator, cache_bytes, policy)
     ev = evaluator if evaluator is not None else Evaluator(cache_bytes)
+    return _sweep_items(circuit, items, ablation, metric, ev, policy, progress)
+
+
+def _sweep_items(
+    circuit: Circuit, items: list, ablation: Callable, metric: Any, ev: Evaluator, policy: str, progress: bool
+) -> SweepResult:
+    """The sweep of ``items`` (``(label, target)`` pairs) through ``ev``."""
+    labels = [label for label, _ in items]
     as_metric = isinstance(metric, Metric)
     metric_name = metric.name if as_metric else getattr(metric, "__name__", repr(metric))
 
@@ -282,6 +306,52 @@ def sweep(
     for position in _progress(list(positions), progress, "sweep"):
         records.append(_record(labels[position - 1], *run(position), baseline))
     return SweepResult(records, baseline, metric_name)
+
+
+def _shard(circuit: Circuit, items: list, ablation: Callable, metric: Any, cache_bytes: int, policy: str):
+    """One shard of a sharded sweep, run where the executor runs it (module-level: it travels by pickle)."""
+    return _sweep_items(circuit, items, ablation, metric, Evaluator(cache_bytes), policy, progress=False)
+
+
+def _sharded(
+    executor, shards, circuit, items, ablation, metric, evaluator, cache_bytes, policy
+) -> SweepResult:
+    if not isinstance(executor, concurrent.futures.Executor) and not callable(
+        getattr(executor, "submit", None)
+    ):
+        raise ExperimentError(
+            f"sweep: executor must be a concurrent.futures.Executor, got {type(executor).__name__}"
+        )
+    if evaluator is not None:
+        raise ExperimentError(
+            "sweep: an evaluator cannot be shared across an executor's workers; pass one or the other"
+        )
+    if shards is not None and (isinstance(shards, bool) or not isinstance(shards, int) or shards < 1):
+        raise ExperimentError(f"sweep: shards must be a positive int, got {shards!r}")
+    if shards is None:
+        shards = 4 * (os.cpu_count() or 1)
+    count = max(1, min(shards, len(items)))
+    bounds = [round(i * len(items) / count) for i in range(count + 1)]
+    parts = [items[bounds[i] : bounds[i + 1]] for i in range(count)]
+    try:
+        futures = [
+            executor.submit(_shard, circuit, part, ablation, metric, cache_bytes, policy) for part in parts
+        ]
+        results = [future.result() for future in futures]
+    except (pickle.PicklingError, AttributeError, TypeError) as error:
+        if "pickle" not in str(error).lower():
+            raise
+        raise ExperimentError(
+            f"sweep: the executor could not send the work to its workers ({error}); ablation and metric must "
+            "be picklable: module-level functions or functools.partial of them, not lambdas or local functions"
+        ) from error
+    baseline = results[0].baseline
+    records = [
+        {**record, "baseline": baseline, "delta": record["metric"] - baseline}
+        for result in results
+        for record in result.records
+    ]
+    return SweepResult(records, baseline, results[0].metric)
 
 
 def _check_arguments(circuit: Any, ablation: Any, evaluator: Any, cache_bytes: Any, policy: Any) -> None:

@@ -1,0 +1,75 @@
+"""Sweeps sharded across an executor give the local sweep's table."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+
+import pytest
+
+import circuits as cc
+from circuits import experiments as ex
+from circuits import models
+from circuits.models.demo_model import repeated_tokens
+
+
+@pytest.fixture(scope="module")
+def split():
+    return cc.split_heads(cc.causal_mask(models.load_demo_model(repeated_tokens(2, 8))))
+
+
+def _same_table(sharded: ex.SweepResult, local: ex.SweepResult) -> None:
+    assert list(sharded) == list(local)  # the same targets, in the same order
+    assert sharded.baseline == pytest.approx(local.baseline, rel=1e-6, abs=0)
+    for target, value in local.items():
+        assert sharded[target] == pytest.approx(value, rel=1e-6, abs=0), target
+    assert [r["target"] for r in sharded.records] == [r["target"] for r in local.records]
+    assert all(r["delta"] == r["metric"] - sharded.baseline for r in sharded.records)
+
+
+class _InlineExecutor(concurrent.futures.Executor):
+    """Runs each task at once, in this process: the sharding without the processes."""
+
+    def submit(self, fn, /, *args, **kwargs):
+        future = concurrent.futures.Future()
+        future.set_result(fn(*args, **kwargs))
+        return future
+
+
+def test_shards_in_order_give_the_local_table(split):
+    local = ex.sweep(split, ex.head_names(split), progress=False)
+    for shards in (1, 3, 100):
+        sharded = ex.sweep(split, ex.head_names(split), executor=_InlineExecutor(), shards=shards)
+        _same_table(sharded, local)
+
+
+def test_bad_executor_arguments_are_refused(split):
+    with pytest.raises(cc.CircuitError, match="shards must be a positive int"):
+        ex.sweep(split, ["b0.a.head0"], executor=_InlineExecutor(), shards=0)
+    with pytest.raises(cc.CircuitError, match="cannot be shared"):
+        ex.sweep(split, ["b0.a.head0"], executor=_InlineExecutor(), evaluator=cc.Evaluator(2**20))
+    with pytest.raises(cc.CircuitError, match="must be a concurrent.futures.Executor"):
+        ex.sweep(split, ["b0.a.head0"], executor=object())
+
+
+@pytest.mark.slow
+def test_a_process_pool_gives_the_local_table(split):
+    local = ex.sweep(split, ex.head_names(split), progress=False)
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(2, mp_context=context) as pool:
+        _same_table(ex.sweep(split, ex.head_names(split), executor=pool), local)
+        with pytest.raises(cc.CircuitError, match="picklable"):
+            ex.sweep(split, ["b0.a.head0"], ablation=lambda c, t: ex.zero_ablate(c, t), executor=pool)
+
+
+@pytest.mark.slow
+def test_a_dask_cluster_gives_the_local_table(split):
+    distributed = pytest.importorskip("distributed")
+    local = ex.sweep(split, ex.head_names(split), progress=False)
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+    ) as cluster:
+        with distributed.Client(cluster) as client:
+            _same_table(
+                ex.sweep(split, ex.head_names(split), executor=client.get_executor(), shards=2), local
+            )
