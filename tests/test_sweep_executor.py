@@ -73,3 +73,14 @@ def test_a_dask_cluster_gives_the_local_table(split):
             _same_table(
                 ex.sweep(split, ex.head_names(split), executor=client.get_executor(), shards=2), local
             )
+
+
+def test_head_grid_puts_each_heads_delta_at_its_layer_and_head(split):
+    table = ex.sweep(split, ["b1.a.head2", "b0.a.head1"], progress=False)
+    grid = table.head_grid()
+    assert grid.shape == (2, 3)
+    assert grid[1, 2].item() == pytest.approx(table["b1.a.head2"] - table.baseline, rel=1e-6)
+    assert grid[0, 1].item() == pytest.approx(table["b0.a.head1"] - table.baseline, rel=1e-6)
+    assert int(grid.isnan().sum()) == 4
+    with pytest.raises(cc.CircuitError, match="no target of this sweep is a single head"):
+        ex.sweep(split, {"tokens": "idxed_embeds"}, progress=False).head_grid()

@@ -55,6 +55,21 @@ class SweepResult(dict):
         self.baseline = baseline
         self.metric = metric
 
+    def head_grid(self, value: str = "delta") -> torch.Tensor:
+        """``[layers, heads]`` of ``value`` (a record field: ``"delta"``, ``"metric"``) for the single-head
+        targets, NaN where a head was not swept; for ``plot_grid``."""
+        heads = [r for r in self.records if "layer" in r]
+        if not heads:
+            raise ExperimentError("head_grid: no target of this sweep is a single head ('b3.a.head7')")
+        if value not in heads[0]:
+            raise ExperimentError(f"head_grid: records have no {value!r}; they have {sorted(heads[0])}")
+        grid = torch.full(
+            (max(r["layer"] for r in heads) + 1, max(r["head"] for r in heads) + 1), float("nan")
+        )
+        for record in heads:
+            grid[record["layer"], record["head"]] = record[value]
+        return grid
+
     def to_pandas(self):
         try:
             import pandas
