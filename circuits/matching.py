@@ -74,10 +74,11 @@ import difflib
 import re
 import types
 import typing
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from circuits.errors import MatcherError, MatchError
-from circuits.nodes import Circuit, check_node
+from circuits import names
+from circuits.errors import MatcherError, MatchError, PassError
+from circuits.nodes import Array, Circuit, Einsum, check_node
 from circuits.traversal import unique_nodes
 
 __all__ = [
@@ -85,8 +86,13 @@ __all__ = [
     "Matcher",
     "are_any_found",
     "as_iterative",
+    "describe_where",
     "get",
     "get_unique",
+    "layer_of",
+    "layer_text",
+    "no_match_hint",
+    "shortest_paths",
     "walk",
 ]
 
@@ -577,27 +583,191 @@ _SHOWN = 8
 
 
 def get_unique(circuit: Circuit, matcher: Any) -> Circuit:
-    """The one node ``matcher`` finds; ``MatchError`` if none or several do."""
+    """The one node ``matcher`` finds; ``MatchError`` if none or several do.
+
+    With none, the message lists names that come close and, for a head's name on a layer whose
+    heads are not split, says to ``split_heads``.  With several, it says where each sits: its
+    path from the root and, where the naming convention tells, its layer (and head).
+    """
     found = get(circuit, matcher)
     if len(found) == 1:
         return next(iter(found))
     iterative = as_iterative(matcher)
     shown = iterative if not iterative.is_plain else iterative.plain_matcher
     if not found:
-        message = f"get_unique({shown!r}): no node matches in {circuit.describe()}"
-        hint = _close_names(circuit, matcher)
-        if hint:
-            message += f"; names that come close: {', '.join(repr(n) for n in hint)}"
-        raise MatchError(message, count=0, nodes=[])
-    nodes = sorted(found, key=lambda n: (n.name is None, n.name or "", n.kind))
-    described = [n.describe() + " " + str(list(n.shape)) for n in nodes[:_SHOWN]]
-    more = f", ... and {len(nodes) - _SHOWN} more" if len(nodes) > _SHOWN else ""
+        raise MatchError(
+            f"get_unique({shown!r}): no node matches in {circuit.describe()}{no_match_hint(circuit, matcher)}",
+            count=0,
+            nodes=[],
+        )
+    paths = shortest_paths(circuit, found)
+    nodes = sorted(found, key=lambda n: _order(n, paths[n.hash], len(found) <= _PLACED))
+    more = f" ({_SHOWN} shown, and {len(nodes) - _SHOWN} more)" if len(nodes) > _SHOWN else ""
+    lines = [
+        f"\n  {n.describe()} {list(n.shape)}: {describe_where(n, paths[n.hash])}" for n in nodes[:_SHOWN]
+    ]
     raise MatchError(
         f"get_unique({shown!r}): {len(nodes)} distinct nodes match in {circuit.describe()}, "
-        f"expected exactly one: {', '.join(described)}{more}",
+        f"expected exactly one{more}:{''.join(lines)}",
         count=len(nodes),
         nodes=nodes,
     )
+
+
+_PLACED = 64  # several nodes found: up to this many are ordered by layer (the names tell it)
+
+
+def _order(node: Circuit, path: list[Circuit], placed: bool) -> tuple:
+    """Sort key: by name, kind, layer and head (when ``placed``), then path: deterministic."""
+    at = _placement(node, path) if placed else None
+    layer = (0, -1, ()) if at is None else (1, at[0], at[1] or ())
+    return (node.name is None, node.name or "", node.kind, layer, [p.name or "" for p in path], node.hash)
+
+
+def no_match_hint(circuit: Circuit, form: Any) -> str:
+    """What a message about ``form`` finding nothing in ``circuit`` adds: names that come close,
+    and for a head's name (``'b1.a.head2'``, ``'b1.a.head0-3'``) on a layer that is not split
+    into heads, that ``split_heads`` makes them.  Empty, or ``'; ...'``."""
+    hints = []
+    split = _split_hint(circuit, form)
+    if split:
+        hints.append(split)
+    close = _close_names(circuit, form)
+    if close:
+        hints.append(f"names that come close: {', '.join(repr(n) for n in close)}")
+    return "".join(f"; {hint}" for hint in hints)
+
+
+def _split_hint(circuit: Circuit, form: Any) -> str:
+    group = names.parse_head_group(form) if isinstance(form, str) else None
+    if group is None:
+        return ""
+    layer, first, last = group
+    attention = names.attn_out(layer)
+    if not any(isinstance(n, Einsum) and n.name == attention for n in unique_nodes(circuit)):
+        return ""  # no such layer, or split already (an Add of head branches)
+    text = (
+        f"layer {layer} is not split into heads ({attention!r} is one Einsum over them): heads are "
+        f"nodes only after cc.split_heads(c), or cc.split_heads(c, layers=[{layer}])"
+    )
+    if first != last:
+        text += f" with heads= listing every head in contiguous groups, one of them {list(range(first, last + 1))}"
+    return text
+
+
+# ------------------------------------------------------------ where a node sits
+
+_PATH_HEAD, _PATH_TAIL = 4, 8  # as evaluation's error_at cuts a long path
+_COMPONENTS = ("attn_out", "head", "mlp_out", "attn_norm", "mlp_norm")
+# Attention nodes named alike in every layer, below which the layer's own weights are the
+# shallowest attention weights (``layer_of`` tells their layer); not the query input, whose
+# shallowest weights are the previous layer's.
+_ATTENTION_INSIDE = frozenset(
+    [names.Q, names.K, names.V, names.Q_NOBIAS, names.K_NOBIAS, names.V_NOBIAS, names.Q_UNROTATED]
+    + [names.K_UNROTATED, names.K_KV, names.V_KV, names.SCORES, names.RAW_SCORES, names.PROBS]
+    + [names.COMB_V]
+)
+
+
+def shortest_paths(root: Circuit, targets: Iterable[Circuit]) -> dict[bytes, list[Circuit]]:
+    """For each target (by hash), the nodes of a shortest path from ``root`` to it, root first.
+
+    Breadth-first, iterative; stops once every target is reached.  A target not below ``root``
+    gets no entry.
+    """
+    wanted = {node.hash for node in targets}
+    parent: dict[bytes, Circuit | None] = {root.hash: None}
+    frontier, remaining = [root], len(wanted - {root.hash})
+    while frontier and remaining:
+        following = []
+        for node in frontier:
+            for child in node.children:
+                if child.hash not in parent:
+                    parent[child.hash] = node
+                    following.append(child)
+                    remaining -= child.hash in wanted
+        frontier = following
+    paths = {}
+    for node in targets:
+        if node.hash not in parent:
+            continue
+        path = [node]
+        while (above := parent[path[-1].hash]) is not None:
+            path.append(above)
+        paths[node.hash] = path[::-1]
+    return paths
+
+
+def describe_where(node: Circuit, path: Sequence[Circuit]) -> str:
+    """``'layer 1, path t.loss > ... > b1.a > a.comb_v > a.attn_probs'``: how a message says where
+    ``node`` sits, given a path to it (``shortest_paths``); long paths are cut in the middle."""
+    shown = [p.name if p.name is not None else f"<{p.describe()}>" for p in path]
+    if len(shown) > _PATH_HEAD + _PATH_TAIL + 1:
+        skipped = len(shown) - _PATH_HEAD - _PATH_TAIL
+        shown = shown[:_PATH_HEAD] + [f"... ({skipped} more) ..."] + shown[-_PATH_TAIL:]
+    layer = layer_text(node, path)
+    return (f"{layer}, " if layer else "") + f"path {' > '.join(shown)}"
+
+
+def layer_of(node: Circuit) -> int:
+    """The layer of an attention node: from the shallowest ``a{L}.w.*`` array below it
+    (a head's slice ``a{L}.w.q.head{h}`` counts too); ``PassError`` if there is none.
+
+    (Also ``circuits.passes.layer_of``: it lives here, below the passes, for ``get_unique``'s
+    messages.)
+    """
+    frontier, seen = [node], set()
+    while frontier:
+        following = []
+        for current in frontier:
+            weight = names.parse_attn_weight(current.name)
+            if weight is not None and isinstance(current, Array):
+                return weight[0]
+            for child in current.children:
+                if child.hash not in seen:
+                    seen.add(child.hash)
+                    following.append(child)
+        frontier = following
+    raise PassError(f"cannot tell the layer of {node.describe()}: no 'a{{L}}.w.*' array below it")
+
+
+def layer_text(node: Circuit, path: Sequence[Circuit] = ()) -> str:
+    """``'layer 1'`` or ``'layer 1, head 2'`` (``'heads 0-3'``) where the naming convention tells
+    which layer ``node`` belongs to, else ``''``.
+
+    From, in turn: its own name (``'b1.a'``, ``'a1.w.q.head2'``); the nearest named node of the
+    convention above it on ``path`` (the node's path from the root, the node last), if that is a
+    layer's attention, head, MLP or norm (not a residual sum such as ``'b0'``, which every later
+    layer reads); for a node inside attention named alike in every layer (``'a.attn_probs'``),
+    ``circuits.passes.layer_of``.
+    """
+    placed = _placement(node, path)
+    if placed is None:
+        return ""
+    layer, heads = placed
+    if heads is None:
+        return f"layer {layer}"
+    return f"layer {layer}, " + (f"head {heads[0]}" if heads[0] == heads[1] else "heads %d-%d" % heads)
+
+
+def _placement(node: Circuit, path: Sequence[Circuit]) -> tuple[int, tuple[int, int] | None] | None:
+    """(layer, heads or None) as ``layer_text`` tells them, or None."""
+    parsed = names.parse(node.name)
+    if parsed is None or parsed.layer is None:
+        parsed = None
+        for above in reversed(path[:-1]):
+            candidate = names.parse(above.name)
+            if candidate is not None and candidate.layer is not None:
+                parsed = candidate if candidate.kind in _COMPONENTS else None
+                break
+    if parsed is not None:
+        return parsed.layer, parsed.heads
+    if node.name in _ATTENTION_INSIDE:
+        try:
+            return layer_of(node), None
+        except PassError:
+            return None
+    return None
 
 
 def _close_names(circuit: Circuit, form: Any) -> list[str]:

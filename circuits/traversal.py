@@ -6,16 +6,36 @@ walk recurses: each keeps its own explicit stack.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Union
 
-from circuits.nodes import Circuit
+from circuits.errors import NodeTypeError, shown
+from circuits.nodes import Circuit, check_node
+
+#: One circuit, or an iterable of them.
+Roots = Union[Circuit, Iterable[Circuit]]
 
 
-def unique_nodes(roots: Iterable[Circuit]) -> list[Circuit]:
-    """Every distinct node (by structure) reachable from ``roots``, in pre-order."""
+def _roots(roots: Roots, what: str) -> list[Circuit]:
+    """``roots`` as a list of nodes: one circuit, or an iterable of them; ``NodeTypeError`` otherwise."""
+    if isinstance(roots, Circuit):
+        return [roots]
+    if isinstance(roots, (str, bytes)) or not isinstance(roots, Iterable):
+        raise NodeTypeError(
+            f"{what}: takes a circuit or an iterable of circuits, got {type(roots).__name__} "
+            f"{shown(repr(roots))}"
+        )
+    listed = list(roots)
+    for position, root in enumerate(listed):
+        check_node(root, f"{what}: root {position}")
+    return listed
+
+
+def unique_nodes(roots: Roots) -> list[Circuit]:
+    """Every distinct node (by structure) reachable from ``roots`` (one circuit, or an iterable of
+    them), in pre-order."""
     seen: set[bytes] = set()
     order: list[Circuit] = []
-    stack = list(reversed(list(roots)))
+    stack = list(reversed(_roots(roots, "unique_nodes")))
     while stack:
         node = stack.pop()
         if node.hash in seen:
@@ -26,11 +46,12 @@ def unique_nodes(roots: Iterable[Circuit]) -> list[Circuit]:
     return order
 
 
-def postorder(roots: Iterable[Circuit]) -> list[Circuit]:
-    """Distinct nodes, every child before its parents (a topological order)."""
+def postorder(roots: Roots) -> list[Circuit]:
+    """Distinct nodes, every child before its parents (a topological order); ``roots`` as in
+    ``unique_nodes``."""
     done: set[bytes] = set()
     order: list[Circuit] = []
-    stack: list[tuple[Circuit, bool]] = [(root, False) for root in reversed(list(roots))]
+    stack: list[tuple[Circuit, bool]] = [(root, False) for root in reversed(_roots(roots, "postorder"))]
     while stack:
         node, children_done = stack.pop()
         if node.hash in done:

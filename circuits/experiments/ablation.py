@@ -27,8 +27,10 @@ from circuits.experiments.inputs import (
     SAME,
     ExperimentError,
     check_keys_found,
+    shape_changes,
     with_inputs,
 )
+from circuits.matching import no_match_hint
 from circuits.nodes import Array, Circuit, Rearrange, Scalar, check_node
 from circuits.rewrite import update
 
@@ -49,7 +51,9 @@ def rewrite_found(circuit: Circuit, matcher: Any, fn: Callable[[Circuit], Circui
 
     result = update(circuit, matcher, counted)
     if not calls:
-        raise ExperimentError(f"{what}: {matcher!r} finds no node in {circuit.describe()}")
+        raise ExperimentError(
+            f"{what}: {matcher!r} finds no node in {circuit.describe()}{no_match_hint(circuit, matcher)}"
+        )
     return result
 
 
@@ -157,10 +161,13 @@ def rewrite_on_inputs(
     check_keys_found(circuit, inputs, what)
 
     def on_inputs(node: Circuit) -> Circuit:
-        new, kind = with_inputs(node, inputs, what=what)
-        if kind != SAME:
-            raise ExperimentError(f"{what}: {shape_hint}")
-        return new
+        changes = shape_changes(node, inputs, what)
+        if changes:
+            raise ExperimentError(
+                f"{what}: {node.describe()} {list(node.shape)} would be computed on inputs of other "
+                f"shapes: {'; '.join(changes)}; {shape_hint}"
+            )
+        return with_inputs(node, inputs, what=what)[0]  # every shape kept: a plain replacement
 
     return rewrite_found(circuit, matcher, on_inputs, what)
 

@@ -36,7 +36,7 @@ from circuits.nodes import Array, Circuit
 from circuits.rewrite import replace
 from circuits.traversal import unique_nodes
 
-__all__ = ["check_keys_found", "with_inputs"]
+__all__ = ["check_keys_found", "shape_changes", "with_inputs"]
 
 SAME, REBATCHED, EXPANDED = "same", "rebatched", "expanded"
 
@@ -111,6 +111,23 @@ def with_inputs(
         result = expand(result, {node: new for node, new in batched.items()})
     kind = EXPANDED if EXPANDED in kinds else REBATCHED if REBATCHED in kinds else SAME
     return result, kind
+
+
+def shape_changes(circuit: Circuit, inputs: Mapping[Any, Any], what: str) -> list[str]:
+    """For each node of ``circuit`` that ``inputs`` replaces with a value of another shape, both
+    shapes: ``"Array 'toks_int_var' has shape [2, 13], the value given for it [3, 13]"``."""
+    changes = []
+    for key, value in inputs.items():
+        if isinstance(key, IterativeMatcher):
+            continue  # with_inputs refuses it
+        for node in sorted(circuit.get(key), key=lambda n: (n.describe(), n.hash)):
+            new = _replacement(node, value, what)
+            if tuple(new.shape) != tuple(node.shape):
+                changes.append(
+                    f"{node.describe()} has shape {list(node.shape)}, the value given for it "
+                    f"{list(new.shape)}"
+                )
+    return changes
 
 
 def check_keys_found(circuit: Circuit, inputs: Mapping[Any, Any], what: str) -> None:

@@ -17,7 +17,7 @@ import torch
 from circuits import names
 from circuits.errors import PassError
 from circuits.masks import NEG_INF, causal_mask_array, neg_inf_bias
-from circuits.matching import Matcher
+from circuits.matching import Matcher, layer_of  # layer_of lives there: get_unique's messages use it
 from circuits.nodes import Add, Array, Circuit, Einsum, Index
 from circuits.passes.push_down import push_index
 from circuits.traversal import unique_nodes
@@ -97,24 +97,6 @@ def _mask_node(mask: MaskSpec, scores: Circuit, heads: int, queries: int, keys: 
             f"causal_mask: mask values must be 0 or 1 (1 = attend), got {tensor.unique().tolist()[:6]}"
         )
     return Array(tensor.to(torch.get_default_dtype()), name=name)
-
-
-def layer_of(node: Circuit) -> int:
-    """The layer of an attention node: from the shallowest ``a{L}.w.*`` array below it
-    (a head's slice ``a{L}.w.q.head{h}`` counts too)."""
-    frontier, seen = [node], set()
-    while frontier:
-        following = []
-        for current in frontier:
-            weight = names.parse_attn_weight(current.name)
-            if weight is not None and isinstance(current, Array):
-                return weight[0]
-            for child in current.children:
-                if child.hash not in seen:
-                    seen.add(child.hash)
-                    following.append(child)
-        frontier = following
-    raise PassError(f"cannot tell the layer of {node.describe()}: no 'a{{L}}.w.*' array below it")
 
 
 # ------------------------------------------------------------- head splitting
