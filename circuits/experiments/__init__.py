@@ -9,6 +9,9 @@
 ``mean_loss``, ``logit_diff``, ``kl_div``     metrics, as circuit builders (``Metric``)
 ``sweep(c, targets, ablation, metric)``       one ablation per target, through a cached
                                               ``Evaluator``; a table of results
+``point(kind, layer, head)``                  a matcher for one layer's (head's) activation:
+                                              ``'resid_pre'``, ``'attn_probs'``, ``'z'``, ...
+                                              (``circuits.experiments.points``)
 ``head_names(c)``                             every ``'b{L}.a.head{h}'``, of split layers
                                               and unsplit ones (``sweep`` splits those
                                               one layer at a time)
@@ -27,20 +30,25 @@ from circuits.errors import ExperimentError
 from circuits.experiments.inputs import with_inputs
 from circuits.experiments.metrics import Metric, kl_div, logit_diff, mean_loss
 from circuits.experiments.patching import patch
+from circuits.experiments.points import HEAD_KINDS, POINT_KINDS, TRANSFORMER_LENS_HOOKS, point
 from circuits.experiments.sweep import SweepResult, head_names, sweep
 
 __all__ = [
     "DEFAULT_CACHE_BYTES",
     "Evaluator",
     "ExperimentError",
+    "HEAD_KINDS",
     "Metric",
+    "POINT_KINDS",
     "SweepResult",
+    "TRANSFORMER_LENS_HOOKS",
     "head_names",
     "kl_div",
     "logit_diff",
     "mean_ablate",
     "mean_loss",
     "patch",
+    "point",
     "resample_ablate",
     "sweep",
     "with_inputs",

@@ -1,0 +1,230 @@
+"""Activation points: ``point(kind, layer, head)``, a matcher that finds one layer's (one head's) activation.
+
+Attention and MLP internals have the same name in every layer (``'a.attn_probs'``, ``'m.act'``;
+see ``circuits.names``), and a later layer's attention contains the earlier layers below its input
+norm, so neither a name nor "below ``'b1.a'``" picks one layer's node.  A point searches from the
+layer's own named node (``'b{L}.a'``, ``'b{L}.a.head{h}'``, ``'b{L}.m'``, a norm) down to the kind's
+name and never below the layer's input: the walk stops at the residual stream and the norms
+(``'b{L}'``, ``'b{L}.resid_mid'``, ``'a{L}.norm'``, ``'m{L}.norm'``, the embeddings).  It uses the
+naming convention alone (no hashes), so one point fits every circuit the builders make, split or
+not, masked or not.
+
+- A layer point of a per-head kind (``q k v attn_scores attn_probs z``) finds the layer's node on
+  an unsplit layer; on a split layer (``cc.split_heads``) the layer has no such node, and the
+  point finds every head branch's node (one per head or group; together they are the layer's).
+- A head point (``head=h``) finds head ``h``'s node on a split layer.  On an unsplit layer (or one
+  whose head ``h`` is inside a group branch) head ``h`` has no node of its own: using the point
+  on it raises ``ExperimentError`` saying to ``split_heads`` first.
+- After ``split_heads`` on grouped-query attention a head's keys and values are ``'a.k_kv'`` and
+  ``'a.v_kv'`` (the head's Index moves below them); the ``k`` and ``v`` points find those.
+- A point of a kind the circuit's family lacks (``mlp_out`` of an attention-only model) finds
+  nothing.
+
+``TRANSFORMER_LENS_HOOKS`` gives TransformerLens's hook name for each kind; how our nodes differ
+in shape or meaning from those hooks: docs/models.md.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+from circuits import names
+from circuits.errors import ExperimentError
+from circuits.matching import IterativeMatcher, Matcher
+from circuits.nodes import Circuit
+
+__all__ = ["HEAD_KINDS", "POINT_KINDS", "TRANSFORMER_LENS_HOOKS", "point"]
+
+#: Every kind ``point`` takes, in the order of a forward pass (``names.ACTIVATION_KINDS``).
+POINT_KINDS = tuple(names.ACTIVATION_KINDS)
+
+#: The kinds that take a head: the attention internals and ``head_out`` (which needs one).
+HEAD_KINDS = ("q", "k", "v", "attn_scores", "attn_probs", "z", "head_out")
+
+#: TransformerLens's hook for each kind (``{layer}`` filled in); None: TransformerLens has no hook
+#: for it (the model's output).  docs/models.md says where the values differ.
+TRANSFORMER_LENS_HOOKS: dict[str, str | None] = {
+    "embed": "hook_embed",
+    "pos_embed": "hook_pos_embed",
+    "resid_pre": "blocks.{layer}.hook_resid_pre",
+    "ln1": "blocks.{layer}.ln1.hook_normalized",
+    "ln1_scale": "blocks.{layer}.ln1.hook_scale",
+    "q": "blocks.{layer}.attn.hook_q",
+    "k": "blocks.{layer}.attn.hook_k",
+    "v": "blocks.{layer}.attn.hook_v",
+    "attn_scores": "blocks.{layer}.attn.hook_attn_scores",
+    "attn_probs": "blocks.{layer}.attn.hook_pattern",
+    "z": "blocks.{layer}.attn.hook_z",
+    "head_out": "blocks.{layer}.attn.hook_result",
+    "attn_out": "blocks.{layer}.hook_attn_out",
+    "resid_mid": "blocks.{layer}.hook_resid_mid",
+    "ln2": "blocks.{layer}.ln2.hook_normalized",
+    "ln2_scale": "blocks.{layer}.ln2.hook_scale",
+    "mlp_pre": "blocks.{layer}.mlp.hook_pre",
+    "mlp_post": "blocks.{layer}.mlp.hook_post",
+    "mlp_out": "blocks.{layer}.hook_mlp_out",
+    "resid_post": "blocks.{layer}.hook_resid_post",
+    "resid_final": "blocks.{last}.hook_resid_post",
+    "ln_final": "ln_final.hook_normalized",
+    "ln_final_scale": "ln_final.hook_scale",
+    "logits": None,
+    "log_probs": None,
+    "loss": None,
+}
+
+PointMatcher = Union[Matcher, IterativeMatcher]
+
+# Where a shared kind's node is searched from: a node of the layer with a name of its own.
+_FROM = {
+    "ln1_scale": names.attn_norm,
+    "ln2_scale": names.mlp_norm,
+    "mlp_pre": names.mlp_out,
+    "mlp_post": names.mlp_out,
+    **{kind: names.attn_out for kind in HEAD_KINDS if kind != "head_out"},
+}
+# Other names of a kind's node: a grouped-query head's keys and values after split_heads.
+_ALSO = {"k": (names.K_KV,), "v": (names.V_KV,)}
+_EMBEDDINGS = frozenset({names.EMBEDS, names.TOKEN_EMBEDS})
+_STREAM_KINDS = frozenset({"block", "resid_mid", "attn_norm", "mlp_norm"})
+
+
+def _is_stream(node: Circuit) -> bool:
+    """The residual stream and the norms of it: a layer's inputs, which a point never searches below."""
+    if node.name is None:
+        return False
+    if node.name in _EMBEDDINGS:
+        return True
+    parsed = names.parse(node.name)
+    return parsed is not None and parsed.kind in _STREAM_KINDS
+
+
+def _is_residual(node: Circuit) -> bool:
+    if node.name is None:
+        return False
+    parsed = names.parse(node.name)
+    return node.name in _EMBEDDINGS or (parsed is not None and parsed.kind == "block")
+
+
+_STREAM = Matcher.from_predicate(_is_stream, "Matcher(<residual stream or norm>)")
+_RESIDUAL = Matcher.from_predicate(_is_residual, "Matcher(<residual stream>)")
+
+
+def point(kind: str, layer: int | None = None, head: int | None = None) -> PointMatcher:
+    """A matcher for the activation ``kind`` of ``layer`` (and ``head``); see the module docstring.
+
+    ``kind`` is one of ``POINT_KINDS`` (``'resid_pre'``, ``'q'``, ``'attn_probs'``, ``'z'``,
+    ``'head_out'``, ``'mlp_post'``, ``'logits'``, ...); ``layer`` is needed for every kind but the
+    model-wide ones (``embed``, ``pos_embed``, ``resid_final``, ``ln_final``, ``ln_final_scale``,
+    ``logits``, ``log_probs``, ``loss``), which take none; ``head`` only for ``HEAD_KINDS``
+    (``head_out`` needs it).  Use it wherever a matcher goes: ``c.get_unique(point('attn_probs',
+    1, 2))``, ``ex.patch(c, point('resid_pre', 1), inputs)``.
+    """
+    entry = _checked(kind, layer, head)
+    if entry.scope == "model":
+        return _model_point(kind)
+    if kind == "head_out":
+        return _branch(kind, layer, head)
+    if entry.shared:
+        start = _FROM[kind](layer) if head is None else _branch(kind, layer, head)
+        return _below(start, _kind_names(kind))
+    if kind == "resid_pre":
+        if layer == 0:
+            return IterativeMatcher(names.attn_norm(0)).then(_EMBEDDINGS, stop_at_match=True)
+        return Matcher(names.block(layer - 1))
+    return Matcher(_kind_names(kind, layer))
+
+
+def _checked(kind, layer, head) -> names.ActivationKind:
+    if not isinstance(kind, str) or kind not in names.ACTIVATION_KINDS:
+        raise ExperimentError(
+            f"point: unknown activation kind {kind!r}; the kinds are {', '.join(POINT_KINDS)}"
+        )
+    entry = names.ACTIVATION_KINDS[kind]
+    where = f"point({kind!r}, layer={layer!r}, head={head!r})"
+    if entry.scope == "model":
+        if layer is not None:
+            raise ExperimentError(f"{where}: {kind!r} is one node for the whole model; give no layer")
+    elif not _is_index(layer):
+        raise ExperimentError(f"{where}: the layer must be an int >= 0, got {layer!r}")
+    if head is not None:
+        if kind not in HEAD_KINDS:
+            raise ExperimentError(
+                f"{where}: {kind!r} has no heads; the kinds with heads are {', '.join(HEAD_KINDS)}"
+            )
+        if not _is_index(head):
+            raise ExperimentError(f"{where}: the head must be an int >= 0, got {head!r}")
+    elif entry.scope == "head":
+        raise ExperimentError(f"{where}: {kind!r} is one head's output; give head=")
+    return entry
+
+
+def _is_index(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _kind_names(kind: str, layer: int | None = None) -> frozenset:
+    """Every family's name for ``kind`` (at ``layer``), and its other names (``_ALSO``)."""
+    found = {names.activation_name(kind, family, layer) for family in names.FAMILIES}
+    return frozenset(found - {None}) | frozenset(_ALSO.get(kind, ()))
+
+
+def _below(start, kind_names: frozenset) -> IterativeMatcher:
+    """The nodes named ``kind_names`` below ``start``, but not below the residual stream or a norm.
+
+    The second stage stops at the first kind node or stream node on each path (``stop_at_match``);
+    the third keeps only the kind nodes (depth 0: the node the second stage stopped at)."""
+    shown = ", ".join(repr(n) for n in sorted(kind_names))
+    kind = Matcher(kind_names)
+    return (
+        IterativeMatcher(start)
+        .then(Matcher.from_predicate(kind.predicate, "{" + shown + "}") | _STREAM, stop_at_match=True)
+        .then(kind, min_depth=0, max_depth=0)
+    )
+
+
+def _model_point(kind: str) -> PointMatcher:
+    if kind == "resid_final":  # the final norm's input: 'b{n-1}', or the embeddings
+        return IterativeMatcher(names.FINAL_NORM).then(_RESIDUAL, stop_at_match=True)
+    if kind == "ln_final_scale":
+        return _below(names.FINAL_NORM, _kind_names(kind))
+    return Matcher(_kind_names(kind))
+
+
+def _branch(kind: str, layer: int, head: int) -> Matcher:
+    """Head ``head``'s branch ``'b{L}.a.head{h}'``; meeting layer ``L``'s attention without that
+    branch (unsplit, or the head inside a group) raises ``ExperimentError``."""
+    branch, out = names.head(layer, head), names.attn_out(layer)
+
+    def predicate(node: Circuit) -> bool:
+        if node.name == branch:
+            return True
+        if node.name == out:
+            _check_split(node, kind, layer, head)
+        return False
+
+    return Matcher.from_predicate(predicate, f"Matcher({branch!r})")
+
+
+def _check_split(node: Circuit, kind: str, layer: int, head: int) -> None:
+    groups = [names.parse_head_group(child.name) for child in node.children]
+    groups = [g for g in groups if g is not None and g[0] == layer]
+    if (layer, head, head) in groups:
+        return
+    where = f"point({kind!r}, layer={layer}, head={head})"
+    split = f"cc.split_heads(c) (or cc.split_heads(c, layers=[{layer}]))"
+    if not groups:
+        raise ExperimentError(
+            f"{where}: layer {layer}'s heads are not split ({node.name!r} is one {node.kind} over every head), "
+            f"so head {head} has no node of its own; split them first: {split}, or take "
+            f"point({kind!r}, layer={layer}) and index head {head} on its head axis"
+        )
+    within = [names.head(*g) for g in groups if g[1] <= head <= g[2]]
+    if within:
+        raise ExperimentError(
+            f"{where}: head {head} is inside the branch {within[0]!r}, not a branch of its own; "
+            f"split it alone: cc.split_heads(c, layers=[{layer}], heads=...)"
+        )
+    raise ExperimentError(
+        f"{where}: layer {layer} has no head {head}; its branches are "
+        f"{', '.join(repr(names.head(*g)) for g in groups)}"
+    )

@@ -1,0 +1,397 @@
+"""``ex.point(kind, layer, head)``: one layer's (one head's) node, on every family, split or not, masked or not.
+
+Values are checked against TransformerLens's ``run_with_cache`` on the same weights (GPT-2 and the
+attention-only family, the shipped demo model included) and against a Llama written in torch.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import circuits as cc
+import circuits.models as cm
+from circuits import experiments as ex
+from circuits import names
+
+TOL = 1e-4
+
+
+def _nodes(circuit, kind, layer=None, head=None):
+    return list(circuit.get(ex.point(kind, layer, head)))
+
+
+def _value(circuit, kind, layer=None, head=None):
+    return circuit.get_unique(ex.point(kind, layer, head)).evaluate()
+
+
+def _variants(circuit, family, masked):
+    """The circuit as built (``masked`` picks the builders' causal form), then with heads split."""
+    if family == "attn_only" and masked:
+        circuit = cc.causal_mask(circuit)
+    return {"unsplit": circuit, "split": cc.split_heads(circuit)}
+
+
+# ------------------------------------------------------------------ TransformerLens
+
+
+def tl_model(family: str, masked: bool, seed: int = 0, n_layers: int = 2):
+    """A HookedTransformer of odd dimensions with every weight random (biases and norms too)."""
+    lens = pytest.importorskip("transformer_lens")  # imported here: it takes seconds
+    options = dict(
+        n_layers=n_layers,
+        d_model=12,
+        n_heads=3,
+        d_head=4,
+        d_vocab=17,
+        n_ctx=16,
+        act_fn="gelu_new",
+        normalization_type="LN",
+        use_attn_result=True,
+        attention_dir="causal" if masked else "bidirectional",
+        seed=seed,
+        dtype=torch.float32,
+        device="cpu",
+    )
+    if family == "gpt2":
+        options["d_mlp"] = 20
+    else:
+        options.update(attn_only=True, positional_embedding_type="shortformer")
+    model = lens.HookedTransformer(lens.HookedTransformerConfig(**options))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for key, param in model.named_parameters():
+            zero_bias = family == "attn_only" and ".attn.b_" in key  # the attention-only builder has none
+            if not zero_bias:
+                param.copy_(param + 0.3 * torch.randn(param.shape, generator=generator))
+    return model.eval()
+
+
+def tl_expected(model, cache, kind, layer, head, tokens):
+    """TransformerLens's value of ``kind``, in our node's layout (see docs/models.md)."""
+    hook = ex.TRANSFORMER_LENS_HOOKS[kind]
+    if hook is not None:
+        value = cache[hook.format(layer=layer, last=model.cfg.n_layers - 1)]
+    if kind == "pos_embed":
+        return value[0]  # ours has no batch axis
+    if kind in ("ln1", "ln2", "ln_final"):  # ours is after the norm's weights
+        norm = model.ln_final if kind == "ln_final" else getattr(model.blocks[layer], kind)
+        return value * norm.w + norm.b
+    if kind.endswith("_scale"):  # ours is 1/sqrt(var + eps), [batch, pos]
+        return 1 / value.squeeze(-1)
+    if kind in ("q", "k", "v", "z"):  # ours [batch, head, pos, d_head]
+        value = value.transpose(1, 2)
+    if kind in ("q", "k", "v", "z", "attn_scores", "attn_probs") and head is not None:
+        return value[:, head]
+    if kind == "head_out":
+        return value[:, :, head]
+    if kind == "attn_out":  # ours is without the output bias
+        return value - model.blocks[layer].attn.b_O
+    if hook is not None:
+        return value
+    logits = model(tokens[:, :-1])
+    if kind == "logits":
+        return logits
+    log_probs = torch.log_softmax(logits, dim=-1)
+    if kind == "log_probs":
+        return log_probs
+    if kind == "loss":
+        return -log_probs.gather(-1, tokens[:, 1:, None])[..., 0]
+    return value
+
+
+def _close(ours, expected, kind, masked, label):
+    assert ours.shape == expected.shape, (label, ours.shape, expected.shape)
+    if kind == "attn_scores" and masked:  # masked pairs: TransformerLens -inf, ours NEG_INF
+        keep = torch.ones(ours.shape[-2:], dtype=torch.bool).tril()
+        assert (ours[..., ~keep] == cm.NEG_INF).all(), label
+        ours, expected = ours[..., keep], expected[..., keep]
+    assert (ours - expected).abs().max().item() < TOL, label
+
+
+def check_against_transformer_lens(model, circuit_of, family, masked, tokens):
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens[:, :-1])
+        for variant, circuit in _variants(circuit_of(), family, masked).items():
+            for kind in ex.POINT_KINDS:
+                entry = names.ACTIVATION_KINDS[kind]
+                if entry.names[family] is None:
+                    assert _nodes(circuit, kind, *([0] if entry.scope != "model" else [])) == []
+                    continue
+                for layer in [None] if entry.scope == "model" else range(n_layers):
+                    heads = [None]
+                    if kind in ex.HEAD_KINDS and variant == "split":
+                        heads = list(range(n_heads))
+                        if kind != "head_out":
+                            assert len(_nodes(circuit, kind, layer)) == n_heads  # one per head branch
+                    if kind == "head_out" and variant == "unsplit":
+                        continue
+                    for head in heads:
+                        ours = _value(circuit, kind, layer, head)
+                        expected = tl_expected(model, cache, kind, layer, head, tokens)
+                        _close(ours, expected, kind, masked, f"{variant} {kind} {layer} {head}")
+
+
+@pytest.mark.slow  # importing TransformerLens alone takes seconds
+@pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated")
+@pytest.mark.parametrize("masked", [True, False])
+@pytest.mark.parametrize("family", ["gpt2", "attn_only"])
+def test_every_point_equals_transformer_lens(family, masked):
+    model = tl_model(family, masked)
+    tokens = torch.randint(0, 17, (3, 9), generator=torch.Generator().manual_seed(1))
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+
+    def circuit_of():
+        return cm.from_transformer_lens(state, tokens, family=family, causal=masked)
+
+    check_against_transformer_lens(model, circuit_of, family, masked, tokens)
+
+
+def demo_transformer_lens(masked: bool):
+    """The shipped demo model's weights in a HookedTransformer."""
+    from circuits.models.demo_model import demo_config, load_demo_weights
+
+    lens = pytest.importorskip("transformer_lens")
+    config, w = demo_config(), load_demo_weights()
+    model = lens.HookedTransformer(
+        lens.HookedTransformerConfig(
+            n_layers=config.n_layers,
+            d_model=config.d_model,
+            n_heads=config.n_heads,
+            d_head=config.d_head,
+            d_vocab=config.vocab_size,
+            n_ctx=config.n_ctx,
+            attn_only=True,
+            positional_embedding_type="shortformer",
+            normalization_type="LN",
+            use_attn_result=True,
+            attention_dir="causal" if masked else "bidirectional",
+            dtype=torch.float32,
+            device="cpu",
+        )
+    )
+    state = {
+        "embed.W_E": w["t.w.tok_embeds"],
+        "pos_embed.W_pos": w["t.w.pos_embeds"],
+        "ln_final.w": w["final.ln.w.scale"],
+        "ln_final.b": w["final.ln.w.bias"],
+        "unembed.W_U": w["t.w.unembed"].T,
+    }
+    for layer in range(config.n_layers):
+        p = f"blocks.{layer}."
+        state[p + "ln1.w"], state[p + "ln1.b"] = w[f"a{layer}.ln.w.scale"], w[f"a{layer}.ln.w.bias"]
+        for which in "qkv":
+            state[p + f"attn.W_{which.upper()}"] = w[f"a{layer}.w.{which}"].transpose(1, 2)
+        state[p + "attn.W_O"] = w[f"a{layer}.w.o"].transpose(1, 2)
+    missing, unexpected = model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
+    assert not unexpected and all(
+        ".b_" in k or "unembed.b_U" in k or k.endswith(("mask", "IGNORE")) for k in missing
+    )
+    return model.eval()
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated")
+@pytest.mark.parametrize("masked", [True, False])
+def test_demo_model_points_equal_transformer_lens(masked):
+    from circuits.models.demo_model import repeated_tokens
+
+    model = demo_transformer_lens(masked)
+    tokens = repeated_tokens(2, 10)
+    check_against_transformer_lens(
+        model, lambda: cm.load_demo_model(tokens), "attn_only", masked, tokens.to(torch.long)
+    )
+
+
+# --------------------------------------------------------------------- Llama in torch
+
+LLAMA = cm.LlamaConfig(n_layers=2, n_heads=4, n_kv_heads=2, d_model=12, d_mlp=10, vocab_size=13, d_head=4)
+
+
+def _rms(x, scale, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * scale, torch.rsqrt(
+        x.pow(2).mean(-1) + eps
+    )
+
+
+def _rotate(x, cos, sin):
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+def llama_reference(config, w, tokens, masked):
+    """Every activation of a Llama forward pass written in torch: ``{(kind, layer): value}``, our layouts."""
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    seq, eps, group = inputs.shape[1], config.rms_eps, config.n_heads // config.kv_heads
+    cos, sin = cm.rope_cos_sin(config, seq, dtype=w["t.w.tok_embeds"].dtype)
+    out = {}
+    resid = out["embed", None] = w["t.w.tok_embeds"][inputs]
+    for L in range(config.n_layers):
+        out["resid_pre", L] = resid
+        norm, out["ln1_scale", L] = _rms(resid, w[f"a{L}.rms.w.scale"], eps)
+        out["ln1", L] = norm
+        q = _rotate(torch.einsum("bsd,hcd->bhsc", norm, w[f"a{L}.w.q"]), cos, sin)
+        k = _rotate(torch.einsum("bsd,hcd->bhsc", norm, w[f"a{L}.w.k"]), cos, sin).repeat_interleave(group, 1)
+        v = torch.einsum("bsd,hcd->bhsc", norm, w[f"a{L}.w.v"]).repeat_interleave(group, 1)
+        scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+        if masked:
+            scores = scores.masked_fill(~torch.ones(seq, seq, dtype=torch.bool).tril(), cm.NEG_INF)
+        probs = torch.softmax(scores, dim=-1)
+        z = probs @ v
+        heads = torch.einsum("bhsc,hdc->bhsd", z, w[f"a{L}.w.o"])
+        out.update({("q", L): q, ("k", L): k, ("v", L): v, ("attn_scores", L): scores})
+        out.update({("attn_probs", L): probs, ("z", L): z, ("attn_out", L): heads.sum(1)})
+        out.update({("head_out", L, h): heads[:, h] for h in range(config.n_heads)})
+        resid = out["resid_mid", L] = resid + heads.sum(1)
+        norm, out["ln2_scale", L] = _rms(resid, w[f"m{L}.rms.w.scale"], eps)
+        out["ln2", L] = norm
+        gate = out["mlp_pre", L] = norm @ w[f"m{L}.w.gate"].T
+        gated = out["mlp_post", L] = torch.nn.functional.silu(gate) * (norm @ w[f"m{L}.w.up"].T)
+        out["mlp_out", L] = gated @ w[f"m{L}.w.down"].T
+        resid = out["resid_post", L] = resid + out["mlp_out", L]
+    out["resid_final", None] = resid
+    out["ln_final", None], out["ln_final_scale", None] = _rms(resid, w["final.rms.w.scale"], eps)
+    logits = out["logits", None] = out["ln_final", None] @ w["t.w.unembed"].T
+    log_probs = out["log_probs", None] = torch.log_softmax(logits, dim=-1)
+    out["loss", None] = -log_probs.gather(-1, targets[..., None])[..., 0]
+    return out
+
+
+def _llama_expected(reference, kind, layer, head):
+    if kind == "head_out":
+        return reference[kind, layer, head]
+    value = reference[kind, layer]
+    return value if head is None else value[:, head]
+
+
+@pytest.mark.parametrize("masked", [True, False])
+def test_every_llama_point_equals_torch(masked):
+    w = cm.llama_random_weights(LLAMA, seed=3)
+    tokens = torch.randint(0, LLAMA.vocab_size, (2, 8), generator=torch.Generator().manual_seed(4))
+    reference = llama_reference(LLAMA, w, tokens, masked)
+    circuit = cm.build_llama(LLAMA, w, tokens, causal=masked)
+    for variant, c in _variants(circuit, "llama", masked).items():
+        for kind in ex.POINT_KINDS:
+            entry = names.ACTIVATION_KINDS[kind]
+            if entry.names["llama"] is None:
+                continue
+            for layer in [None] if entry.scope == "model" else range(LLAMA.n_layers):
+                heads = list(range(LLAMA.n_heads)) if kind in ex.HEAD_KINDS and variant == "split" else [None]
+                if kind == "head_out" and variant == "unsplit":
+                    continue
+                for head in heads:
+                    ours = _value(c, kind, layer, head)
+                    expected = _llama_expected(reference, kind, layer, head)
+                    _close(ours, expected, kind, masked, f"{variant} {kind} {layer} {head}")
+
+
+# ------------------------------------------------------------------------ quick checks
+
+
+def _small(family, masked, n_layers=3):
+    tokens = torch.randint(0, 7, (2, 6), generator=torch.Generator().manual_seed(0))
+    if family == "attn_only":
+        config = cm.AttnOnlyConfig(n_layers=n_layers, n_heads=2, d_model=4, d_head=2, vocab_size=7, n_ctx=8)
+        return cm.build_attn_only(config, cm.attn_only_random_weights(config), tokens), config.n_heads
+    if family == "gpt2":
+        config = cm.GPT2Config(n_layers=n_layers, n_heads=2, d_model=4, vocab_size=7, n_ctx=8)
+        return cm.build_gpt2(config, cm.gpt2_random_weights(config), tokens, causal=masked), config.n_heads
+    config = cm.LlamaConfig(n_layers=n_layers, n_heads=4, n_kv_heads=2, d_model=8, d_mlp=6, vocab_size=7)
+    return cm.build_llama(config, cm.llama_random_weights(config), tokens, causal=masked), config.n_heads
+
+
+@pytest.mark.parametrize("masked", [True, False])
+@pytest.mark.parametrize("family", ["attn_only", "gpt2", "llama"])
+def test_every_point_finds_one_node_per_layer_and_head(family, masked):
+    """Exactly one node per (kind, layer, head), distinct across layers; a layer point of a
+    per-head kind on a split circuit finds one node per head."""
+    circuit, n_heads = _small(family, masked)
+    for variant, c in _variants(circuit, family, masked).items():
+        for kind in ex.POINT_KINDS:
+            entry = names.ACTIVATION_KINDS[kind]
+            if entry.names[family] is None:
+                continue
+            layers = [None] if entry.scope == "model" else range(3)
+            found = set()
+            for layer in layers:
+                if kind in ex.HEAD_KINDS and variant == "split":
+                    for head in range(n_heads):
+                        (node,) = _nodes(c, kind, layer, head)
+                        found.add(node)
+                    if kind != "head_out":
+                        assert len(_nodes(c, kind, layer)) == n_heads
+                elif kind != "head_out":
+                    (node,) = _nodes(c, kind, layer)
+                    found.add(node)
+            per_layer = len(layers) * (n_heads if kind in ex.HEAD_KINDS and variant == "split" else 1)
+            if kind != "head_out" or variant == "split":
+                assert len(found) == per_layer, (variant, kind)
+
+
+def test_points_in_rewrites_and_patching():
+    """Points in ``ex.patch`` and ``ex.zero_ablate``: a point rewrites exactly its node."""
+    circuit, _ = _small("gpt2", True, n_layers=2)
+    c = cc.split_heads(circuit)
+    other = torch.randint(0, 7, (2, 6), generator=torch.Generator().manual_seed(9))
+    patched = ex.patch(c, ex.point("resid_pre", 1), {names.TOKENS: other})
+    source, _ = ex.with_inputs(c, {names.TOKENS: other})
+    assert torch.allclose(
+        patched.get_unique(ex.point("resid_pre", 1)).evaluate(), _value(source, "resid_pre", 1)
+    )
+    # everything above layer 0 comes from the source run, but the targets are the clean ones
+    assert torch.allclose(_value(patched, "logits"), _value(source, "logits"))
+    targets = circuit.get_unique(names.TARGET_TOKENS).evaluate()
+    loss = -_value(source, "log_probs").gather(-1, targets[..., None])[..., 0]
+    assert torch.allclose(_value(patched, "loss"), loss, atol=1e-6)
+    zeroed = ex.zero_ablate(c, ex.point("attn_probs", 1, 0))
+    assert not _value(zeroed, "attn_probs", 1, 0).any()
+    assert torch.equal(_value(zeroed, "attn_probs", 1, 1), _value(c, "attn_probs", 1, 1))
+    assert torch.equal(_value(zeroed, "attn_probs", 0, 0), _value(c, "attn_probs", 0, 0))
+
+
+def test_the_stop_at_match_trick_is_needed():
+    """The issue's example: stop_at_match alone still finds layer 0 below layer 1's norm."""
+    circuit, _ = _small("attn_only", False, n_layers=2)
+    naive = cc.IterativeMatcher(names.attn_out(1)).then(names.PROBS, stop_at_match=True)
+    assert len(circuit.get(naive)) == 2
+    assert len(circuit.get(ex.point("attn_probs", 1))) == 1
+
+
+def test_argument_errors():
+    with pytest.raises(ex.ExperimentError, match="unknown activation kind 'pattern'.*attn_probs"):
+        ex.point("pattern", 1)
+    with pytest.raises(ex.ExperimentError, match="layer must be an int"):
+        ex.point("q", 1.0)
+    with pytest.raises(ex.ExperimentError, match="layer must be an int"):
+        ex.point("q")
+    with pytest.raises(ex.ExperimentError, match="layer must be an int"):
+        ex.point("q", True)
+    with pytest.raises(ex.ExperimentError, match="head must be an int"):
+        ex.point("q", 0, "1")
+    with pytest.raises(ex.ExperimentError, match="'resid_pre' has no heads"):
+        ex.point("resid_pre", 1, 0)
+    with pytest.raises(ex.ExperimentError, match="give no layer"):
+        ex.point("logits", 0)
+    with pytest.raises(ex.ExperimentError, match="give head="):
+        ex.point("head_out", 0)
+
+
+def test_head_point_on_unsplit_or_grouped_layers():
+    circuit, _ = _small("attn_only", True, n_layers=2)
+    with pytest.raises(ex.ExperimentError, match=r"layer 1's heads are not split.*split_heads"):
+        circuit.get(ex.point("attn_probs", 1, 0))
+    with pytest.raises(ex.ExperimentError, match="not split"):
+        cc.split_heads(circuit, layers=[0]).get(ex.point("head_out", 1, 0))
+    assert len(cc.split_heads(circuit, layers=[1]).get(ex.point("z", 1, 0))) == 1
+    grouped = cc.split_heads(circuit, heads=[[0, 1]])
+    with pytest.raises(ex.ExperimentError, match="inside the branch 'b1.a.head0-1'"):
+        grouped.get(ex.point("q", 1, 1))
+    with pytest.raises(ex.ExperimentError, match="no head 5; its branches are 'b1.a.head0', 'b1.a.head1'"):
+        cc.split_heads(circuit).get(ex.point("q", 1, 5))
+    assert len(grouped.get(ex.point("q", 1))) == 1  # the group's node
+
+
+def test_hooks_table_covers_every_kind():
+    assert set(ex.TRANSFORMER_LENS_HOOKS) == set(ex.POINT_KINDS)
+    assert set(ex.HEAD_KINDS) <= set(ex.POINT_KINDS)
