@@ -175,3 +175,27 @@ def test_a_plan_runs_once(parts):
     plan.run()
     with pytest.raises(cc.EvaluationError, match="runs once"):
         plan.run()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16])
+def test_empty_sums_take_the_calls_dtype(dtype):
+    # Add() is 0, a constant like a Scalar: of the call's dtype, not the default dtype
+    empty = cc.Add()
+    x = cc.Array(torch.tensor([2.0, 3.0], dtype=dtype), name="x")
+    got = cc.Add(x, empty, name="total").evaluate()
+    assert got.dtype == dtype
+    torch.testing.assert_close(got, torch.tensor([2.0, 3.0], dtype=dtype), rtol=0, atol=0)
+    assert empty.evaluate(dtype=dtype).dtype == dtype
+    roots = cc.evaluate_many([empty, cc.Scalar(0.0)])
+    roots[0].add_(5.0)  # a root has its own memory, not the shared constant
+    assert roots[1].item() == 0.0
+
+
+def test_the_cache_gives_empty_sums_the_calls_dtype():
+    top = cc.GeneralFunction.new_by_name(cc.Add(), spec_name="tanh", name="t")
+    ev = cc.Evaluator(2**20)
+    assert ev.evaluate(top).dtype == torch.get_default_dtype()
+    z64 = cc.Array(torch.zeros((), dtype=torch.float64), name="z")
+    # with a float64 Array in the call, Scalars (and the empty sum) are float64: the cached float32 value is not
+    assert [v.dtype for v in ev.evaluate_many([top, z64])] == [v.dtype for v in cc.evaluate_many([top, z64])]
+    assert ev.evaluate_many([top, z64])[0].dtype == torch.float64

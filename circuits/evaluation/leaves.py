@@ -26,10 +26,10 @@ from circuits.errors import (
 )
 from circuits.evaluation.kernels import KERNEL_MAKERS, kernel_maker
 from circuits.evaluation.plan import Steps, error_at
-from circuits.nodes import Array, Circuit, Scalar, Symbol
+from circuits.nodes import Add, Array, Circuit, Scalar, Symbol
 from circuits.shapes import format_shape
 
-__all__ = ["Call", "check_options", "finish_leaves", "leaf_handler", "same_device"]
+__all__ = ["Call", "check_options", "constant_value", "finish_leaves", "leaf_handler", "same_device"]
 
 
 def check_options(inputs: Any, device: Any, dtype: Any) -> torch.device | None:
@@ -155,8 +155,18 @@ def _symbol_leaf(node: Symbol, slot, call: Call, values, steps: Steps):
     values[slot] = value
 
 
+def constant_value(node: Circuit) -> float | None:
+    """The value of a node that is a constant of the call's dtype: a Scalar, or ``Add()`` (an empty sum, 0)."""
+    if isinstance(node, Scalar):
+        return node.value
+    return 0.0 if isinstance(node, Add) and not node.children else None
+
+
 def _other_leaf(node: Circuit, slot, call: Call, values, steps: Steps):
     """Add() with no operands, subclasses of the leaf classes, and unknown leaf types."""
+    if isinstance(node, Add):  # an empty sum: the constant 0, made like a Scalar
+        call.scalar_slots.append(slot)
+        return
     kind = type(node)
     for base in kind.__mro__[1:]:
         if base in _LEAF_HANDLERS:
@@ -265,14 +275,15 @@ def _check_bindings_used(call: Call, order) -> None:
 
 
 def _make_scalars(call: Call, dtype, device, order, values, steps: Steps) -> None:
-    """Scalars as expanded 0-d tensors (no memory per element), one per distinct value."""
+    """Scalars (and empty sums) as expanded 0-d tensors, one per distinct value."""
     made: dict[bytes, torch.Tensor] = {}  # by the value's bits: -0.0 and 0.0 are different Scalars
     for slot in call.scalar_slots:
         node = order[slot]
-        bits = struct.pack("<d", node.value)
+        value = constant_value(node)
+        bits = struct.pack("<d", value)
         base = made.get(bits)
         if base is None:
-            base = made[bits] = torch.tensor(node.value, dtype=dtype, device=device)
+            base = made[bits] = torch.tensor(value, dtype=dtype, device=device)
         try:
             values[slot] = base.expand(node.shape)
         except RuntimeError as error:

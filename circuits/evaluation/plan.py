@@ -7,7 +7,7 @@ from typing import Callable, Iterator
 import torch
 
 from circuits.errors import EvaluationError
-from circuits.nodes import Circuit, GeneralFunction, Scalar
+from circuits.nodes import Add, Circuit, GeneralFunction, Scalar
 from circuits.shapes import format_shape
 
 __all__ = ["Plan", "Steps", "error_at"]
@@ -138,10 +138,10 @@ class Plan:
 
     def _root_value(self, slot: int, value: torch.Tensor) -> torch.Tensor:
         node = self.nodes[slot]
-        if type(node) is not Scalar:
+        if node.children or not isinstance(node, (Scalar, Add)):
             return value
-        try:  # Scalars run as stride-0 views of one shared 0-d tensor; a root gets its own memory
-            return torch.full(node.shape, node.value, dtype=value.dtype, device=value.device)
+        try:  # constants run as stride-0 views of one shared 0-d tensor; a root gets its own memory
+            return value.clone(memory_format=torch.contiguous_format)
         except RuntimeError as error:  # too big to hold
             raise error_at(node, slot, self.nodes, self._steps, failure_text(node, error)) from error
 
