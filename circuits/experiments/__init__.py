@@ -15,6 +15,10 @@
 ``head_names(c)``                             every ``'b{L}.a.head{h}'``, of split layers
                                               and unsplit ones (``sweep`` splits those
                                               one layer at a time)
+``overview(c)``                               the model circuit at a glance, one line per
+                                              component (like torch's ``print(model)``)
+``plot_attention``, ``plot_grid``             attention patterns per head; grids (sweep
+                                              deltas by layer and head, patching results)
 ============================================  =============================================
 
 Inputs are mappings ``{matcher form: tensor or node}``, usually
@@ -29,7 +33,9 @@ from circuits.experiments.ablation import DEFAULT_CACHE_BYTES, mean_ablate, resa
 from circuits.errors import ExperimentError
 from circuits.experiments.inputs import with_inputs
 from circuits.experiments.metrics import Metric, kl_div, logit_diff, mean_loss
+from circuits.experiments.overview import overview
 from circuits.experiments.patching import patch
+from circuits.experiments.plots import plot_attention, plot_grid
 from circuits.experiments.points import HEAD_KINDS, POINT_KINDS, TRANSFORMER_LENS_HOOKS, point
 from circuits.experiments.sweep import SweepResult, head_names, sweep
 
@@ -47,7 +53,10 @@ __all__ = [
     "logit_diff",
     "mean_ablate",
     "mean_loss",
+    "overview",
     "patch",
+    "plot_attention",
+    "plot_grid",
     "point",
     "resample_ablate",
     "sweep",
