@@ -3,7 +3,7 @@
 Hypothesis profiles, chosen by the environment variable CIRCUITS_HYPOTHESIS_PROFILE:
 ``default`` (random exploration, so every local run tries new examples) and
 ``ci`` (derandomized: the same examples on every run, no example database, and
-the blob to reproduce any failure printed), which ``.ci/run`` selects.  Neither
+the blob to reproduce any failure printed, and any skipped test failing the run), which ``.ci/run`` selects.  Neither
 has a deadline or the timing health check, so a slow or loaded machine fails
 nothing.  Torch's global generator is seeded before every test, so tests that
 draw unseeded random tensors are reproducible too.
@@ -42,3 +42,23 @@ def golden_text() -> str:
     if not GOLDEN.exists():
         pytest.fail(f"the golden file is missing: expected it at {GOLDEN} (../shared beside the repo)")
     return GOLDEN.read_text()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """In CI a skipped test fails the run: a skip counted as a pass would hide a test that never ran."""
+    if os.environ.get("CIRCUITS_HYPOTHESIS_PROFILE") != "ci" or exitstatus != 0:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter is not None else []
+    if skipped:
+        reasons = sorted(
+            {
+                str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
+                for report in skipped
+            }
+        )
+        reporter.write_line(
+            f"CI: {len(skipped)} tests were skipped, which CI counts as a failure: " + "; ".join(reasons),
+            red=True,
+        )
+        session.exitstatus = 1
