@@ -79,3 +79,27 @@ def forward(w, toks, override=None, value_resid=None):
     log_probs = torch.log_softmax(logits, dim=-1)
     loss = -log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     return loss, logits, heads
+
+
+def attn_only_transformer_lens_state(config: models.AttnOnlyConfig, w: dict) -> dict:
+    """Our weights in TransformerLens's HookedTransformer layout (attn-only, shortformer)."""
+    state = {
+        "embed.W_E": w["t.w.tok_embeds"],
+        "pos_embed.W_pos": w["t.w.pos_embeds"],
+        "ln_final.w": w["final.ln.w.scale"],
+        "ln_final.b": w["final.ln.w.bias"],
+        "unembed.W_U": w["t.w.unembed"].T,
+        "unembed.b_U": torch.zeros(config.vocab_size),
+    }
+    for layer in range(config.n_layers):
+        p = f"blocks.{layer}."
+        state[p + "ln1.w"] = w[f"a{layer}.ln.w.scale"]
+        state[p + "ln1.b"] = w[f"a{layer}.ln.w.bias"]
+        for which in "qkv":
+            state[p + f"attn.W_{which.upper()}"] = w[f"a{layer}.w.{which}"].transpose(1, 2)
+            state[p + f"attn.b_{which.upper()}"] = torch.zeros(config.n_heads, config.d_head)
+        state[p + "attn.W_O"] = w[f"a{layer}.w.o"].transpose(1, 2)
+        state[p + "attn.b_O"] = torch.zeros(config.d_model)
+        state[p + "attn.mask"] = torch.ones(config.n_ctx, config.n_ctx, dtype=torch.bool).tril()
+        state[p + "attn.IGNORE"] = torch.tensor(-1e5)
+    return state

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 import circuits as cc
 import circuits.models as cm
+from experiments_reference import attn_only_transformer_lens_state
 
 GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "golden" / "attn_only_2l.circ"
 GOLDEN_DIMS = cm.AttnOnlyConfig(n_layers=2, n_heads=8, d_model=256, d_head=32, vocab_size=50259, n_ctx=2048)
@@ -263,45 +264,21 @@ def test_tokens_or_seq_len_needed():
 # --------------------------------------------------------- TransformerLens
 
 
-def _transformer_lens_state(config: cm.AttnOnlyConfig, w: dict) -> dict:
-    """Our weights in TransformerLens's HookedTransformer layout (attn-only, shortformer)."""
-    state = {
-        "embed.W_E": w["t.w.tok_embeds"],
-        "pos_embed.W_pos": w["t.w.pos_embeds"],
-        "ln_final.w": w["final.ln.w.scale"],
-        "ln_final.b": w["final.ln.w.bias"],
-        "unembed.W_U": w["t.w.unembed"].T,
-        "unembed.b_U": torch.zeros(config.vocab_size),
-    }
-    for layer in range(config.n_layers):
-        p = f"blocks.{layer}."
-        state[p + "ln1.w"] = w[f"a{layer}.ln.w.scale"]
-        state[p + "ln1.b"] = w[f"a{layer}.ln.w.bias"]
-        for which in "qkv":
-            state[p + f"attn.W_{which.upper()}"] = w[f"a{layer}.w.{which}"].transpose(1, 2)
-            state[p + f"attn.b_{which.upper()}"] = torch.zeros(config.n_heads, config.d_head)
-        state[p + "attn.W_O"] = w[f"a{layer}.w.o"].transpose(1, 2)
-        state[p + "attn.b_O"] = torch.zeros(config.d_model)
-        state[p + "attn.mask"] = torch.ones(config.n_ctx, config.n_ctx, dtype=torch.bool).tril()
-        state[p + "attn.IGNORE"] = torch.tensor(-1e5)
-    return state
-
-
 def test_transformer_lens_attn_only():
     w = cm.attn_only_random_weights(SMALL, seed=7)
     tokens = torch.randint(0, SMALL.vocab_size, (10,))
     direct = cm.build_attn_only(SMALL, w, tokens)
-    loaded = cm.from_transformer_lens(_transformer_lens_state(SMALL, w), tokens, family="attn_only")
+    loaded = cm.from_transformer_lens(attn_only_transformer_lens_state(SMALL, w), tokens, family="attn_only")
     assert loaded == direct  # same structure, names and tensors (so same hashes)
 
 
 def test_transformer_lens_errors():
     w = cm.attn_only_random_weights(SMALL, seed=7)
-    state = _transformer_lens_state(SMALL, w)
+    state = attn_only_transformer_lens_state(SMALL, w)
     state["blocks.0.attn.b_Q"] = torch.ones(SMALL.n_heads, SMALL.d_head)
     with pytest.raises(cm.ModelError, match="no attention biases"):
         cm.from_transformer_lens(state, seq_len=4, family="attn_only")
-    state = _transformer_lens_state(SMALL, w)
+    state = attn_only_transformer_lens_state(SMALL, w)
     del state["blocks.1.ln1.w"], state["ln_final.w"]
     with pytest.raises(cm.ModelError, match="folded layer norms"):
         cm.from_transformer_lens(state, seq_len=4, family="attn_only")

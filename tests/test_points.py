@@ -13,6 +13,7 @@ import circuits as cc
 import circuits.models as cm
 from circuits import experiments as ex
 from circuits import names
+from experiments_reference import attn_only_transformer_lens_state
 
 TOL = 1e-4
 
@@ -171,19 +172,12 @@ def demo_transformer_lens(masked: bool):
             device="cpu",
         )
     )
+    # the causal mask buffers are TransformerLens's own (attention_dir decides them)
     state = {
-        "embed.W_E": w["t.w.tok_embeds"],
-        "pos_embed.W_pos": w["t.w.pos_embeds"],
-        "ln_final.w": w["final.ln.w.scale"],
-        "ln_final.b": w["final.ln.w.bias"],
-        "unembed.W_U": w["t.w.unembed"].T,
+        k: v
+        for k, v in attn_only_transformer_lens_state(config, w).items()
+        if not k.endswith(("mask", "IGNORE"))
     }
-    for layer in range(config.n_layers):
-        p = f"blocks.{layer}."
-        state[p + "ln1.w"], state[p + "ln1.b"] = w[f"a{layer}.ln.w.scale"], w[f"a{layer}.ln.w.bias"]
-        for which in "qkv":
-            state[p + f"attn.W_{which.upper()}"] = w[f"a{layer}.w.{which}"].transpose(1, 2)
-        state[p + "attn.W_O"] = w[f"a{layer}.w.o"].transpose(1, 2)
     missing, unexpected = model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
     assert not unexpected and all(
         ".b_" in k or "unembed.b_U" in k or k.endswith(("mask", "IGNORE")) for k in missing
