@@ -15,6 +15,8 @@
 ``head_names(c)``                             every ``'b{L}.a.head{h}'``, of split layers
                                               and unsplit ones (``sweep`` splits those
                                               one layer at a time)
+``run_with_cache(c, points)``                 the value and the activations at points, one
+                                              evaluation; ``cache["attn_probs", 1]``
 ``overview(c)``                               the model circuit at a glance, one line per
                                               component (like torch's ``print(model)``)
 ``plot_attention``, ``plot_grid``             attention patterns per head; grids (sweep
@@ -29,6 +31,7 @@ makes evaluating many rewrites of one circuit cost only what changed.
 """
 
 from circuits.cache import Evaluator
+from circuits.experiments.activations import ActivationCache, run_with_cache
 from circuits.experiments.ablation import DEFAULT_CACHE_BYTES, mean_ablate, resample_ablate, zero_ablate
 from circuits.errors import ExperimentError
 from circuits.experiments.inputs import with_inputs
@@ -40,6 +43,7 @@ from circuits.experiments.points import HEAD_KINDS, POINT_KINDS, TRANSFORMER_LEN
 from circuits.experiments.sweep import SweepResult, head_names, sweep
 
 __all__ = [
+    "ActivationCache",
     "DEFAULT_CACHE_BYTES",
     "Evaluator",
     "ExperimentError",
@@ -59,6 +63,7 @@ __all__ = [
     "plot_grid",
     "point",
     "resample_ablate",
+    "run_with_cache",
     "sweep",
     "with_inputs",
     "zero_ablate",

@@ -1,0 +1,53 @@
+"""run_with_cache: every cached activation equals its node evaluated on its own; one evaluation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import circuits as cc
+from circuits import experiments as ex
+from circuits.experiments.activations import run_with_cache
+from circuits.models.gpt2 import GPT2Config, build_gpt2, gpt2_random_weights
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    config = GPT2Config(n_layers=2, n_heads=3, d_model=12, vocab_size=17, n_ctx=10)
+    tokens = torch.randint(0, 17, (2, 7), generator=torch.Generator().manual_seed(1))
+    return build_gpt2(config, gpt2_random_weights(config, seed=2), tokens)
+
+
+def test_every_default_point_equals_its_node_evaluated_alone(gpt2):
+    cache = run_with_cache(gpt2)
+    torch.testing.assert_close(cache.value, gpt2.evaluate(), rtol=0, atol=0)
+    kinds = {key[0] for key in cache}
+    assert {"resid_pre", "attn_probs", "z", "mlp_post", "resid_post", "logits", "loss"} <= kinds
+    assert {key[1] for key in cache if key[0] == "attn_probs"} == {0, 1}
+    for kind, layer, head in cache:
+        alone = gpt2.get_unique(ex.point(kind, layer, head)).evaluate()
+        torch.testing.assert_close(cache[kind, layer, head], alone, rtol=1e-6, atol=1e-6)
+    assert cache["attn_probs", 1].shape == (2, 3, 6, 6)  # 7 tokens: 6 inputs
+    assert cache["logits"].shape == (2, 6, 17)
+
+
+def test_head_points_on_a_split_circuit(gpt2):
+    split = cc.split_heads(gpt2)
+    cache = run_with_cache(split, [("z", 1, 2), ("head_out", 0, 1), "logits"])
+    assert list(cache) == [("z", 1, 2), ("head_out", 0, 1), ("logits", None, None)]
+    unsplit = run_with_cache(gpt2, [("z", 1)])
+    torch.testing.assert_close(cache["z", 1, 2], unsplit["z", 1][:, 2], rtol=1e-5, atol=1e-6)
+    with pytest.raises(cc.CircuitError, match="one per head branch: give a head"):
+        run_with_cache(split, [("z", 1)])
+
+
+def test_bad_points_and_keys():
+    config = GPT2Config(n_layers=1, n_heads=2, d_model=8, vocab_size=11, n_ctx=8)
+    c = build_gpt2(config, gpt2_random_weights(config), torch.randint(0, 11, (5,)))
+    with pytest.raises(cc.CircuitError, match="unknown activation kind"):
+        run_with_cache(c, ["nonsense"])
+    with pytest.raises(cc.CircuitError, match="finds no node"):
+        run_with_cache(c, [("resid_pre", 5)])
+    cache = run_with_cache(c, ["logits"])
+    with pytest.raises(KeyError, match="not in this cache"):
+        cache["loss"]
