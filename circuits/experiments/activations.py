@@ -14,13 +14,10 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from circuits import names
 from circuits.errors import ExperimentError
 from circuits.evaluation import compile_plan
-from circuits.experiments.points import POINT_KINDS, point
-from circuits.matching import get
+from circuits.experiments.points import resolve_points
 from circuits.nodes import Circuit, check_node
-from circuits.traversal import unique_nodes
 
 __all__ = ["ActivationCache", "run_with_cache"]
 
@@ -79,7 +76,7 @@ def run_with_cache(
     ``inputs``, ``device``, ``dtype``: as ``cc.evaluate``.
     """
     check_node(circuit, "run_with_cache: the circuit", ExperimentError)
-    wanted = _default_points(circuit) if points is None else _resolve(circuit, [_key(p) for p in points])
+    wanted = resolve_points(circuit, None if points is None else [_key(p) for p in points])
     by_hash: dict[bytes, list[Key]] = {}
     for key, node in wanted.items():
         by_hash.setdefault(node.hash, []).append(key)
@@ -95,41 +92,3 @@ def run_with_cache(
     value = plan.run(on_value=keep)[0]
     keep(circuit, value)
     return ActivationCache(value, {key: found[key] for key in wanted})
-
-
-def _resolve(circuit: Circuit, keys: list[Key]) -> dict[Key, Circuit]:
-    resolved = {}
-    for key in keys:
-        try:
-            nodes = get(circuit, point(*key))
-        except ExperimentError as error:
-            raise ExperimentError(f"run_with_cache: point {_show(key)}: {error}") from None
-        if len(nodes) != 1:
-            what = (
-                "finds no node"
-                if not nodes
-                else f"finds {len(nodes)} nodes (one per head branch: give a head)"
-            )
-            raise ExperimentError(f"run_with_cache: point {_show(key)} {what} in {circuit.describe()}")
-        resolved[key] = next(iter(nodes))
-    return resolved
-
-
-def _default_points(circuit: Circuit) -> dict[Key, Circuit]:
-    layers = sorted(
-        {p.layer for p in map(names.parse, _names(circuit)) if p is not None and p.kind == "block"}
-    )
-    resolved = {}
-    for kind in POINT_KINDS:
-        entry = names.ACTIVATION_KINDS[kind]
-        if entry.scope == "head":
-            continue
-        for layer in [None] if entry.scope == "model" else layers:
-            nodes = get(circuit, point(kind, layer))
-            if len(nodes) == 1:
-                resolved[(kind, layer, None)] = next(iter(nodes))
-    return resolved
-
-
-def _names(circuit: Circuit) -> set[str]:
-    return {node.name for node in unique_nodes([circuit]) if node.name is not None}

@@ -30,10 +30,11 @@ from typing import Union
 
 from circuits import names
 from circuits.errors import ExperimentError
-from circuits.matching import IterativeMatcher, Matcher
+from circuits.matching import IterativeMatcher, Matcher, get
 from circuits.nodes import Circuit
+from circuits.traversal import unique_nodes
 
-__all__ = ["HEAD_KINDS", "POINT_KINDS", "TRANSFORMER_LENS_HOOKS", "point"]
+__all__ = ["HEAD_KINDS", "POINT_KINDS", "TRANSFORMER_LENS_HOOKS", "point", "resolve_points"]
 
 #: Every kind ``point`` takes, in the order of a forward pass (``names.ACTIVATION_KINDS``).
 POINT_KINDS = tuple(names.ACTIVATION_KINDS)
@@ -228,3 +229,55 @@ def _check_split(node: Circuit, kind: str, layer: int, head: int) -> None:
         f"{where}: layer {layer} has no head {head}; its branches are "
         f"{', '.join(repr(names.head(*g)) for g in groups)}"
     )
+
+
+def resolve_points(circuit: Circuit, keys: list | None = None) -> dict:
+    """``{(kind, layer, head): node}``: the one node each key's ``point`` finds in ``circuit``.
+
+    ``keys`` of None: every kind of every layer the circuit has that names one node (per-head
+    kinds of a split layer are one node per head: ask for them with a head).  A key that finds
+    no node, or several, raises ``ExperimentError`` naming it.
+    """
+    return _default_points(circuit) if keys is None else _resolve(circuit, keys)
+
+
+def _show(key: tuple) -> str:
+    return repr(tuple(part for part in key if part is not None)) if key[1] is not None else repr(key[0])
+
+
+def _resolve(circuit: Circuit, keys: list) -> dict:
+    resolved = {}
+    for key in keys:
+        try:
+            nodes = get(circuit, point(*key))
+        except ExperimentError as error:
+            raise ExperimentError(f"point {_show(key)}: {error}") from None
+        if len(nodes) != 1:
+            what = (
+                "finds no node"
+                if not nodes
+                else f"finds {len(nodes)} nodes (one per head branch: give a head)"
+            )
+            raise ExperimentError(f"point {_show(key)} {what} in {circuit.describe()}")
+        resolved[key] = next(iter(nodes))
+    return resolved
+
+
+def _default_points(circuit: Circuit) -> dict:
+    layers = sorted(
+        {p.layer for p in map(names.parse, _names(circuit)) if p is not None and p.kind == "block"}
+    )
+    resolved = {}
+    for kind in POINT_KINDS:
+        entry = names.ACTIVATION_KINDS[kind]
+        if entry.scope == "head":
+            continue
+        for layer in [None] if entry.scope == "model" else layers:
+            nodes = get(circuit, point(kind, layer))
+            if len(nodes) == 1:
+                resolved[(kind, layer, None)] = next(iter(nodes))
+    return resolved
+
+
+def _names(circuit: Circuit) -> set[str]:
+    return {node.name for node in unique_nodes([circuit]) if node.name is not None}
