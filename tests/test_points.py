@@ -389,3 +389,45 @@ def test_head_point_on_unsplit_or_grouped_layers():
 def test_hooks_table_covers_every_kind():
     assert set(ex.TRANSFORMER_LENS_HOOKS) == set(ex.POINT_KINDS)
     assert set(ex.HEAD_KINDS) <= set(ex.POINT_KINDS)
+
+
+def _get_or_error(circuit, key):
+    try:
+        return circuit.get(ex.point(*key))
+    except ex.ExperimentError as error:
+        return str(error)
+
+
+@pytest.mark.parametrize("masked", [True, False])
+@pytest.mark.parametrize("family", ["attn_only", "gpt2", "llama"])
+def test_resolve_points_finds_what_the_matchers_find(family, masked):
+    """``resolve_points`` (stage 0 by name, then the tail) agrees with ``get(point)`` (one walk from
+    the root) on every key: the same node, no node, several nodes, or the same error."""
+    circuit, n_heads = _small(family, masked)
+    variants = dict(_variants(circuit, family, masked))
+    variants["grouped"] = cc.split_heads(circuit, heads=[list(range(n_heads - 1)), [n_heads - 1]])
+    for variant, c in variants.items():
+        keys = [
+            (kind, None, None) for kind in ex.POINT_KINDS if names.ACTIVATION_KINDS[kind].scope == "model"
+        ]
+        keys += [
+            (kind, layer, head)
+            for kind in ex.POINT_KINDS
+            if names.ACTIVATION_KINDS[kind].scope != "model"
+            for layer in range(4)
+            for head in ([None] if kind not in ex.HEAD_KINDS else [None, 0, n_heads - 1, n_heads])
+            if not (kind == "head_out" and head is None)
+        ]
+        for key in keys:
+            expected = _get_or_error(c, key)
+            try:
+                (node,) = ex.points.resolve_points(c, [key]).values()
+                assert expected == {node}, (variant, key)
+            except ex.ExperimentError as error:
+                if isinstance(expected, str):
+                    assert expected in str(error), (variant, key)
+                else:
+                    assert len(expected) != 1, (variant, key, expected)
+                    assert ("finds no node" if not expected else f"finds {len(expected)} nodes") in str(error)
+        default = ex.points.resolve_points(c)
+        assert default and all(_get_or_error(c, key) == {node} for key, node in default.items())

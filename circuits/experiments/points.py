@@ -26,7 +26,7 @@ in shape or meaning from those hooks: docs/models.md.
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Callable, NamedTuple, Union
 
 from circuits import names
 from circuits.errors import ExperimentError
@@ -120,19 +120,43 @@ def point(kind: str, layer: int | None = None, head: int | None = None) -> Point
     (``head_out`` needs it).  Use it wherever a matcher goes: ``c.get_unique(point('attn_probs',
     1, 2))``, ``ex.patch(c, point('resid_pre', 1), inputs)``.
     """
+    spec = _spec(kind, layer, head)
+    return spec.start if spec.tail is None else spec.tail(IterativeMatcher(spec.start))
+
+
+class _Spec(NamedTuple):
+    """A point as its stage 0 (a named node of the layer, found by name) and the stages below it.
+
+    ``point`` chains them into one matcher; ``resolve_points`` finds the stage-0 nodes by name
+    and runs only the tail from each, instead of a walk of the whole circuit per point."""
+
+    start: Matcher
+    start_names: frozenset
+    tail: Callable[[IterativeMatcher], IterativeMatcher] | None = None
+
+
+def _spec(kind: str, layer: int | None, head: int | None) -> _Spec:
     entry = _checked(kind, layer, head)
     if entry.scope == "model":
-        return _model_point(kind)
+        return _model_spec(kind)
     if kind == "head_out":
         return _branch(kind, layer, head)
     if entry.shared:
-        start = _FROM[kind](layer) if head is None else _branch(kind, layer, head)
-        return _below(start, _kind_names(kind))
+        start = _named(_FROM[kind](layer)) if head is None else _branch(kind, layer, head)
+        return start._replace(tail=_below(_kind_names(kind)))
     if kind == "resid_pre":
         if layer == 0:
-            return IterativeMatcher(names.attn_norm(0)).then(_EMBEDDINGS, stop_at_match=True)
-        return Matcher(names.block(layer - 1))
-    return Matcher(_kind_names(kind, layer))
+            return _named(names.attn_norm(0))._replace(tail=_stop_at(_EMBEDDINGS))
+        return _named(names.block(layer - 1))
+    return _named(_kind_names(kind, layer))
+
+
+def _named(form: str | frozenset) -> _Spec:
+    return _Spec(Matcher(form), frozenset([form]) if isinstance(form, str) else form)
+
+
+def _stop_at(form) -> Callable[[IterativeMatcher], IterativeMatcher]:
+    return lambda start: start.then(form, stop_at_match=True)
 
 
 def _checked(kind, layer, head) -> names.ActivationKind:
@@ -169,29 +193,26 @@ def _kind_names(kind: str, layer: int | None = None) -> frozenset:
     return frozenset(found - {None}) | frozenset(_ALSO.get(kind, ()))
 
 
-def _below(start, kind_names: frozenset) -> IterativeMatcher:
-    """The nodes named ``kind_names`` below ``start``, but not below the residual stream or a norm.
+def _below(kind_names: frozenset) -> Callable[[IterativeMatcher], IterativeMatcher]:
+    """The nodes named ``kind_names`` below the start, but not below the residual stream or a norm.
 
-    The second stage stops at the first kind node or stream node on each path (``stop_at_match``);
-    the third keeps only the kind nodes (depth 0: the node the second stage stopped at)."""
+    The first stage stops at the first kind node or stream node on each path (``stop_at_match``);
+    the second keeps only the kind nodes (depth 0: the node the first stage stopped at)."""
     shown = ", ".join(repr(n) for n in sorted(kind_names))
     kind = Matcher(kind_names)
-    return (
-        IterativeMatcher(start)
-        .then(Matcher.from_predicate(kind.predicate, "{" + shown + "}") | _STREAM, stop_at_match=True)
-        .then(kind, min_depth=0, max_depth=0)
-    )
+    first = Matcher.from_predicate(kind.predicate, "{" + shown + "}") | _STREAM
+    return lambda start: start.then(first, stop_at_match=True).then(kind, min_depth=0, max_depth=0)
 
 
-def _model_point(kind: str) -> PointMatcher:
+def _model_spec(kind: str) -> _Spec:
     if kind == "resid_final":  # the final norm's input: 'b{n-1}', or the embeddings
-        return IterativeMatcher(names.FINAL_NORM).then(_RESIDUAL, stop_at_match=True)
+        return _named(names.FINAL_NORM)._replace(tail=_stop_at(_RESIDUAL))
     if kind == "ln_final_scale":
-        return _below(names.FINAL_NORM, _kind_names(kind))
-    return Matcher(_kind_names(kind))
+        return _named(names.FINAL_NORM)._replace(tail=_below(_kind_names(kind)))
+    return _named(_kind_names(kind))
 
 
-def _branch(kind: str, layer: int, head: int) -> Matcher:
+def _branch(kind: str, layer: int, head: int) -> _Spec:
     """Head ``head``'s branch ``'b{L}.a.head{h}'``; meeting layer ``L``'s attention without that
     branch (unsplit, or the head inside a group) raises ``ExperimentError``."""
     branch, out = names.head(layer, head), names.attn_out(layer)
@@ -203,7 +224,7 @@ def _branch(kind: str, layer: int, head: int) -> Matcher:
             _check_split(node, kind, layer, head)
         return False
 
-    return Matcher.from_predicate(predicate, f"Matcher({branch!r})")
+    return _Spec(Matcher.from_predicate(predicate, f"Matcher({branch!r})"), frozenset([branch, out]))
 
 
 def _check_split(node: Circuit, kind: str, layer: int, head: int) -> None:
@@ -246,10 +267,11 @@ def _show(key: tuple) -> str:
 
 
 def _resolve(circuit: Circuit, keys: list) -> dict:
+    index = _by_name(circuit)
     resolved = {}
     for key in keys:
         try:
-            nodes = get(circuit, point(*key))
+            nodes = _find(index, _spec(*key))
         except ExperimentError as error:
             raise ExperimentError(f"point {_show(key)}: {error}") from None
         if len(nodes) != 1:
@@ -264,20 +286,35 @@ def _resolve(circuit: Circuit, keys: list) -> dict:
 
 
 def _default_points(circuit: Circuit) -> dict:
-    layers = sorted(
-        {p.layer for p in map(names.parse, _names(circuit)) if p is not None and p.kind == "block"}
-    )
+    index = _by_name(circuit)
+    layers = sorted({p.layer for p in map(names.parse, index) if p is not None and p.kind == "block"})
     resolved = {}
     for kind in POINT_KINDS:
         entry = names.ACTIVATION_KINDS[kind]
         if entry.scope == "head":
             continue
         for layer in [None] if entry.scope == "model" else layers:
-            nodes = get(circuit, point(kind, layer))
+            nodes = _find(index, _spec(kind, layer, None))
             if len(nodes) == 1:
                 resolved[(kind, layer, None)] = next(iter(nodes))
     return resolved
 
 
-def _names(circuit: Circuit) -> set[str]:
-    return {node.name for node in unique_nodes([circuit]) if node.name is not None}
+def _by_name(circuit: Circuit) -> dict[str, list[Circuit]]:
+    index: dict[str, list[Circuit]] = {}
+    for node in unique_nodes([circuit]):
+        if node.name is not None:
+            index.setdefault(node.name, []).append(node)
+    return index
+
+
+def _find(index: dict[str, list[Circuit]], spec: _Spec) -> set[Circuit]:
+    """What ``get(circuit, point)`` finds: the stage-0 nodes by name, then the tail from each."""
+    predicate = spec.start.predicate
+    starts = [node for name in spec.start_names for node in index.get(name, ()) if predicate(node)]
+    if spec.tail is None:
+        return set(starts)
+    found: set[Circuit] = set()
+    for start in starts:
+        found |= get(start, spec.tail(IterativeMatcher(spec.start, max_depth=0)))
+    return found
