@@ -1,0 +1,175 @@
+"""Direct logit attribution and the logit lens, each one call on a model circuit (or its cache).
+
+``direct_logit_attribution`` splits the logit of the answer (or the logit difference between the
+answer and a wrong token) at one position into the direct contribution of every path to the final
+residual stream: embeddings, each head, each attention bias, each MLP, and ``'bias'`` (the final
+norm's bias and the unembedding bias).  The final norm's scale is the clean run's, so the parts
+sum to the logit the circuit computes.  ``logit_lens`` recomputes the final norm on the residual
+stream entering each layer and unembeds it.  Both return small result objects with ``records()``
+(tidy rows) for a notebook.  Semantics and shapes: docs/analyses.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from circuits.errors import ExperimentError
+from circuits.experiments import residual
+from circuits.experiments.activations import ActivationCache, run_with_cache
+from circuits.nodes import Circuit
+
+__all__ = ["LogitAttribution", "LogitLens", "direct_logit_attribution", "logit_lens"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LogitAttribution:
+    """Direct contributions ``values[component, batch]`` labelled ``labels``; ``total[batch]`` is the
+    logit (difference) the circuit computes, which they sum to."""
+
+    values: torch.Tensor
+    labels: list[str]
+    total: torch.Tensor
+
+    def records(self) -> list[dict]:
+        """One row per (component, batch row): ``{'component', 'batch', 'value'}``."""
+        return [
+            {"component": label, "batch": row, "value": float(value)}
+            for label, values in zip(self.labels, self.values.tolist())
+            for row, value in enumerate(values)
+        ]
+
+    def to_pandas(self):
+        """``records()`` as a pandas DataFrame (pandas is not a dependency: import it yourself)."""
+        import pandas
+
+        return pandas.DataFrame(self.records())
+
+
+@dataclasses.dataclass(frozen=True)
+class LogitLens:
+    """Per layer (``labels``: ``'0_pre'``, ..., ``'final_post'``) the residual stream through the
+    final norm and unembedding: ``logits`` and ``log_probs`` ``[layer, batch, vocab]`` (with a pos axis
+    before vocab when ``pos`` is None), and the ``top_k`` tokens and their log-probs."""
+
+    labels: list[str]
+    logits: torch.Tensor
+    log_probs: torch.Tensor
+    top_tokens: torch.Tensor
+    top_log_probs: torch.Tensor
+
+    def records(self) -> list[dict]:
+        """One row per (layer, batch row, rank) of the top tokens (for an int ``pos``)."""
+        if self.top_tokens.ndim != 3:
+            raise ExperimentError("records(): the lens was taken at every position; take it at one pos")
+        return [
+            {"layer": label, "batch": row, "rank": rank, "token": token, "log_prob": log_prob}
+            for label, tokens, log_probs in zip(
+                self.labels, self.top_tokens.tolist(), self.top_log_probs.tolist()
+            )
+            for row, (row_tokens, row_log_probs) in enumerate(zip(tokens, log_probs))
+            for rank, (token, log_prob) in enumerate(zip(row_tokens, row_log_probs))
+        ]
+
+    def to_pandas(self):
+        """``records()`` as a pandas DataFrame."""
+        import pandas
+
+        return pandas.DataFrame(self.records())
+
+
+def _cache(
+    source: Circuit | ActivationCache,
+    inputs: Mapping[Circuit | str, Any] | None,
+    device: Any,
+    dtype: Any,
+) -> ActivationCache:
+    if isinstance(source, ActivationCache):
+        return source
+    return run_with_cache(source, inputs=inputs, device=device, dtype=dtype)
+
+
+def _position(pos: Any, seq: int) -> int:
+    if isinstance(pos, bool) or not isinstance(pos, int) or not -seq <= pos < seq:
+        raise ExperimentError(f"pos={pos!r}: give one position, an int in [{-seq}, {seq})")
+    return pos
+
+
+def direct_logit_attribution(
+    circuit: Circuit | ActivationCache,
+    answer_tokens: Any,
+    wrong_tokens: Any = None,
+    *,
+    pos: int = -1,
+    inputs: Mapping[Circuit | str, Any] | None = None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+) -> LogitAttribution:
+    """Every direct path's share of the logit of ``answer_tokens`` at ``pos`` (minus ``wrong_tokens``'s).
+
+    ``circuit``: a batched model circuit, or the ``ActivationCache`` of one.  ``answer_tokens`` and
+    ``wrong_tokens``: one id, or one per batch row (``[batch]``).  Components: ``'embed'``,
+    ``'pos_embed'`` (GPT-2), ``'L{l}H{h}'``, ``'{l}_attn_bias'`` (GPT-2), ``'{l}_mlp_out'``, ``'bias'``.
+    """
+    cache = _cache(circuit, inputs, device, dtype)
+    logits = cache.values_at([("logits",)])[0]
+    if logits.ndim != 3:
+        raise ExperimentError("direct_logit_attribution needs a batched circuit (tokens [batch, positions])")
+    pos = _position(pos, logits.shape[1])
+    batch = torch.Size([logits.shape[0]])
+    stack, labels = residual.direct_components(cache, pos)
+    values = residual.logit_attrs(
+        cache, stack, _per_row(answer_tokens, batch), _per_row(wrong_tokens, batch), pos, None, True
+    )
+    bias = residual.output_bias_logits(
+        cache, _per_row(answer_tokens, batch), _per_row(wrong_tokens, batch), batch
+    )
+    rows = torch.arange(batch[0])
+    answers = _per_row(answer_tokens, batch).expand(batch)
+    total = logits[rows, pos, answers]
+    if wrong_tokens is not None:
+        total = total - logits[rows, pos, _per_row(wrong_tokens, batch).expand(batch)]
+    return LogitAttribution(torch.cat([values, bias[None]]), [*labels, "bias"], total)
+
+
+def _per_row(tokens: Any, batch: torch.Size) -> Any:
+    """An id or ``[batch]`` ids as a tensor; others are left for ``residual`` to refuse by shape."""
+    if tokens is None or isinstance(tokens, str):
+        return tokens
+    try:
+        ids = torch.as_tensor(tokens)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise ExperimentError(f"tokens: not token ids ({error})") from None
+    if ids.shape not in (torch.Size(), batch):
+        raise ExperimentError(
+            f"tokens of shape {list(ids.shape)}: give one id or one per batch row ([{batch[0]}])"
+        )
+    return ids
+
+
+def logit_lens(
+    circuit: Circuit | ActivationCache,
+    *,
+    pos: int | None = -1,
+    top_k: int = 5,
+    inputs: Mapping[Circuit | str, Any] | None = None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+) -> LogitLens:
+    """The logits each layer's residual stream would give: the final norm recomputed on the stream
+    entering each layer (and on the final stream) and unembedded, at ``pos`` (None: every position).
+    The last layer's logits are the model's."""
+    cache = _cache(circuit, inputs, device, dtype)
+    seq = cache.values_at([("logits",)])[0].shape[-2]
+    if pos is not None:
+        pos = _position(pos, seq)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise ExperimentError(f"top_k={top_k!r}: give an int >= 1")
+    stack, labels = residual.accumulated_resid(cache, None, False, False, pos, False)
+    logits = residual.unembed(cache, residual.final_norm(cache, stack))
+    log_probs = torch.log_softmax(logits, dim=-1)
+    top = log_probs.topk(min(top_k, log_probs.shape[-1]), dim=-1)
+    return LogitLens(labels, logits, log_probs, top.indices, top.values)

@@ -1,0 +1,486 @@
+"""TransformerLens's residual-stream analyses on an ``ActivationCache``, and the folded unembedding.
+
+``ActivationCache``'s methods of the same names call these.  Layouts, labels and argument meanings
+are TransformerLens 3.x's (``[component, batch, pos, d_model]``, ``'0_pre'``, ``'L1H2'``, ``layer``
+in ``[0, n_layers]`` with None or -1 the unembedding).  One difference, so that every number is
+exact on our unfolded layer norms: ``apply_ln_to_stack`` centres and scales by the clean run's norm
+scale (as TransformerLens does) and ``logit_attrs`` then reads the logit through the final norm's
+weight folded into the unembedding, so each component's value is its true share of the logit; the
+final norm's bias and the unembedding bias are no component's (``direct_logit_attribution`` shows
+them as ``'bias'``).  TransformerLens gives these numbers on a model whose norms are folded
+(``fold_ln=True``).  docs/analyses.md has the details.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from circuits import names
+from circuits.errors import ExperimentError
+from circuits.nodes import Circuit
+from circuits.traversal import unique_nodes
+
+if TYPE_CHECKING:
+    from circuits.experiments.activations import ActivationCache
+
+__all__ = [
+    "ModelFacts",
+    "accumulated_resid",
+    "apply_ln_to_stack",
+    "decompose_resid",
+    "direct_components",
+    "final_norm",
+    "head_results",
+    "logit_attrs",
+    "model_facts",
+    "output_bias_logits",
+    "stack_head_results",
+    "unembed",
+]
+
+
+# ------------------------------------------------------------------ the model's shape
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFacts:
+    """What the analyses need to know of a model circuit, read off its names."""
+
+    n_layers: int
+    norm: str  #: ``names.LN`` or ``names.RMS``
+    pos_in_resid: bool  #: the position embeddings are added to the residual stream (GPT-2)
+    has_mlp: bool
+    split_heads: dict  #: layer -> the number of single-head branches (split layers only)
+
+
+def model_facts(circuit: Circuit) -> ModelFacts:
+    """The facts of ``circuit``; a circuit that is no model the builders make raises ``ExperimentError``."""
+    found = {node.name for node in unique_nodes([circuit]) if node.name is not None}
+    if names.FINAL_NORM not in found:
+        raise ExperimentError(
+            f"the analyses need a model circuit with a final norm {names.FINAL_NORM!r}; "
+            f"{circuit.describe()} has none"
+        )
+    parsed = [p for p in map(names.parse, found) if p is not None]
+    layers = {p.layer for p in parsed if p.kind == "block"}
+    heads: dict[int, int] = {}
+    for p in parsed:
+        if p.kind == "head" and p.heads[0] != p.heads[1]:
+            raise ExperimentError(
+                f"head branch {p.text!r} holds several heads; the analyses need one branch per head "
+                f"(cc.split_heads(c) without groups) or none"
+            )
+        if p.kind == "head":
+            heads[p.layer] = heads.get(p.layer, 0) + 1
+    return ModelFacts(
+        n_layers=len(layers),
+        norm=names.RMS if names.norm_weight(names.FINAL, "scale", names.RMS) in found else names.LN,
+        pos_in_resid=names.EMBEDS in found,
+        has_mlp=names.mlp_out(0) in found,
+        split_heads=heads,
+    )
+
+
+def _weight(cache: ActivationCache, name: str, like: torch.Tensor) -> torch.Tensor | None:
+    """The model weight ``name`` (None if the circuit has none), on ``like``'s device and dtype."""
+    nodes = cache.circuit.get(name)
+    if len(nodes) > 1:
+        raise ExperimentError(f"weight {name!r}: {len(nodes)} different nodes have this name")
+    return next(iter(nodes)).evaluate().to(like) if nodes else None
+
+
+def _final_eps(circuit: Circuit, norm: str) -> float:
+    """The final norm's epsilon: the Scalar at a fixed path of names below ``'final.call'``."""
+    path = (
+        ("y_scaled", "y", "rsqrt", "var_p_eps", "c.eps")
+        if norm == names.LN
+        else ("y", "rsqrt", "var_p_eps", "c.eps")
+    )
+    node = circuit.get_unique(names.FINAL_NORM)
+    for part in path:
+        wanted = names.norm_node(norm, part)
+        below = [child for child in node.children if child.name == wanted]
+        if len(below) != 1:
+            raise ExperimentError(
+                f"the final norm {names.FINAL_NORM!r} has no {wanted!r} where the builders put it"
+            )
+        node = below[0]
+    return float(node.value)
+
+
+# ------------------------------------------------------------------ arguments
+
+
+def _layer(layer: Any, n_layers: int, what: str = "layer") -> int:
+    """TransformerLens's layer argument: ``[0, n_layers]``, None or -1 for ``n_layers`` (the unembedding)."""
+    if layer is None or layer == -1:
+        return n_layers
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer <= n_layers:
+        raise ExperimentError(
+            f"{what}={layer!r}: the model has {n_layers} layers; give an int in [0, {n_layers}] "
+            f"({n_layers}, -1 or None: the input of the unembedding)"
+        )
+    return layer
+
+
+def _index(value: Any, size: int, what: str) -> Any:
+    """TransformerLens's ``Slice`` input as an index: None all, an int one (the axis dropped),
+    a slice or ``(start, stop[, step])``, or a list / tensor of ints."""
+    if value is None:
+        return slice(None)
+    if isinstance(value, tuple):
+        return slice(*value)
+    if isinstance(value, slice):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not -size <= value < size:
+            raise ExperimentError(f"{what}={value}: out of range for {size} entries")
+        return value
+    index = torch.as_tensor(value)
+    if index.dtype.is_floating_point or index.dtype == torch.bool or index.ndim != 1:
+        raise ExperimentError(
+            f"{what}={value!r}: give None, an int, a slice, (start, stop) or a list of ints"
+        )
+    if index.numel() and not (-size <= int(index.min()) and int(index.max()) < size):
+        raise ExperimentError(f"{what}={value!r}: out of range for {size} entries")
+    return index
+
+
+def _at_pos(cache: ActivationCache, value: torch.Tensor, pos_slice: Any) -> torch.Tensor:
+    """``value`` (``[batch, pos, d]``, or ``[pos, d]`` broadcast to the batch) at ``pos_slice``."""
+    batch, seq = cache.value.shape[0], value.shape[-2]
+    if value.ndim == 2:
+        value = value.expand(batch, *value.shape)
+    return value[:, _index(pos_slice, seq, "pos_slice")]
+
+
+def _stack(parts: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    """``parts`` stacked on a new first axis; none: an empty stack of ``like``'s shape."""
+    return torch.stack(parts) if parts else like.new_zeros((0, *like.shape))
+
+
+def _check_batched(cache: ActivationCache) -> None:
+    if cache.value.ndim < 2 or cache.circuit.get_unique(names.TOKENS).rank != 2:
+        raise ExperimentError(
+            "the analyses need a batched circuit (tokens [batch, positions]); build it with tokens[None]"
+        )
+
+
+# ------------------------------------------------------------------ stacks
+
+
+def accumulated_resid(
+    cache: ActivationCache, layer: Any, incl_mid: bool, apply_ln: bool, pos_slice: Any, mlp_input: bool
+) -> tuple[torch.Tensor, list[str]]:
+    """The residual stream entering each layer ``<= layer`` (``'{l}_pre'``, ``'{l}_mid'``, ``'final_post'``).
+
+    ``apply_ln`` at the unembedding normalizes each component on its own statistics (the logit
+    lens; no weights, as TransformerLens's on a folded model); at a layer it uses that layer's
+    cached scale (``apply_ln_to_stack``)."""
+    _check_batched(cache)
+    facts = model_facts(cache.circuit)
+    layer = _layer(layer, facts.n_layers)
+    if (incl_mid or mlp_input) and not facts.has_mlp:
+        raise ExperimentError("incl_mid / mlp_input: this model has no MLPs, so no resid_mid")
+    if mlp_input and layer == facts.n_layers:
+        raise ExperimentError(
+            f"mlp_input=True needs a layer below {facts.n_layers} (the unembedding has no MLP)"
+        )
+    keys, labels = [], []
+    for at in range(layer + 1):
+        if at == facts.n_layers:
+            keys.append(("resid_final",))
+            labels.append("final_post")
+            continue
+        keys.append(("resid_pre", at))
+        labels.append(f"{at}_pre")
+        if (incl_mid and at < layer) or (mlp_input and at == layer):
+            keys.append(("resid_mid", at))
+            labels.append(f"{at}_mid")
+    stack = torch.stack([_at_pos(cache, v, pos_slice) for v in cache.values_at(keys)])
+    if apply_ln and layer == facts.n_layers:
+        stack = _normalized(stack, facts.norm, _final_eps(cache.circuit, facts.norm))
+    elif apply_ln:
+        stack = apply_ln_to_stack(cache, stack, layer, mlp_input, pos_slice, None, True)
+    return stack, labels
+
+
+def _attn_out(cache: ActivationCache, layer: int) -> torch.Tensor:
+    """Layer ``layer``'s attention output as TransformerLens's ``hook_attn_out``: with the output bias."""
+    (out,) = cache.values_at([("attn_out", layer)])
+    bias = _weight(cache, names.attn_weight(layer, "o_bias"), out)
+    return out if bias is None else out + bias
+
+
+def decompose_resid(
+    cache: ActivationCache,
+    layer: Any,
+    mlp_input: bool,
+    mode: str,
+    apply_ln: bool,
+    pos_slice: Any,
+    incl_embeds: bool,
+) -> tuple[torch.Tensor, list[str]]:
+    """The outputs that sum to the residual stream entering ``layer``: ``'embed'``, ``'pos_embed'``
+    (only where it is added to the stream), ``'{l}_attn_out'`` (with its bias), ``'{l}_mlp_out'``."""
+    _check_batched(cache)
+    facts = model_facts(cache.circuit)
+    layer = _layer(layer, facts.n_layers)
+    if mode not in ("all", "mlp", "attn"):
+        raise ExperimentError(f"mode={mode!r}: give 'all', 'mlp' or 'attn'")
+    if mlp_input and (layer == facts.n_layers or not facts.has_mlp):
+        raise ExperimentError(f"mlp_input=True needs a model with MLPs and a layer below {facts.n_layers}")
+    parts: list[tuple[str, torch.Tensor]] = []
+    if incl_embeds:
+        parts.append(("embed", cache.values_at([("embed",)])[0]))
+        if facts.pos_in_resid:
+            parts.append(("pos_embed", cache.values_at([("pos_embed",)])[0]))
+    for at in range(layer):
+        if mode != "mlp":
+            parts.append((f"{at}_attn_out", _attn_out(cache, at)))
+        if mode != "attn" and facts.has_mlp:
+            parts.append((f"{at}_mlp_out", cache.values_at([("mlp_out", at)])[0]))
+    if mlp_input and mode != "mlp":
+        parts.append((f"{layer}_attn_out", _attn_out(cache, layer)))
+    like = _at_pos(cache, cache.values_at([("embed",)])[0], pos_slice)
+    stack = _stack([_at_pos(cache, value, pos_slice) for _, value in parts], like)
+    if apply_ln:
+        stack = apply_ln_to_stack(cache, stack, layer, mlp_input, pos_slice, None, True)
+    return stack, [label for label, _ in parts]
+
+
+def head_results(cache: ActivationCache, layer: int) -> torch.Tensor:
+    """Each head's output of ``layer``, ``[batch, head, pos, d_model]`` (without the output bias):
+    the head branches' values on a split layer, else ``z`` times ``W_O`` (TransformerLens's
+    ``compute_head_results``)."""
+    n_heads = model_facts(cache.circuit).split_heads.get(layer)
+    if n_heads is not None:
+        return torch.stack(cache.values_at([("head_out", layer, h) for h in range(n_heads)]), dim=1)
+    (z,) = cache.values_at([("z", layer)])
+    w_o = _weight(cache, names.attn_weight(layer, "o"), z)
+    if w_o is None:
+        raise ExperimentError(f"layer {layer} has no output weight {names.attn_weight(layer, 'o')!r}")
+    return torch.einsum("bhsc,hdc->bhsd", z, w_o)
+
+
+def _resid_entering(cache: ActivationCache, layer: int, n_layers: int) -> torch.Tensor:
+    return cache.values_at([("resid_final",) if layer == n_layers else ("resid_pre", layer)])[0]
+
+
+def stack_head_results(
+    cache: ActivationCache, layer: Any, incl_remainder: bool, pos_slice: Any, apply_ln: bool
+) -> tuple[torch.Tensor, list[str]]:
+    """Every head's output in the layers below ``layer`` (``'L{l}H{h}'``), and with
+    ``incl_remainder`` the rest of the stream entering ``layer`` (``'remainder'``)."""
+    _check_batched(cache)
+    n_layers = model_facts(cache.circuit).n_layers
+    layer = _layer(layer, n_layers)
+    parts, labels = [], []
+    for at in range(layer):
+        results = head_results(cache, at)
+        seq = results.shape[-2]
+        parts.extend(results[:, :, _index(pos_slice, seq, "pos_slice")].unbind(1))
+        labels.extend(f"L{at}H{h}" for h in range(results.shape[1]))
+    entering = _at_pos(cache, _resid_entering(cache, layer, n_layers), pos_slice)
+    stack = _stack(parts, entering)
+    if incl_remainder:
+        stack = torch.cat([stack, (entering - stack.sum(0))[None]])
+        labels.append("remainder")
+    if apply_ln:
+        stack = apply_ln_to_stack(cache, stack, layer, False, pos_slice, None, True)
+    return stack, labels
+
+
+def direct_components(cache: ActivationCache, pos_slice: Any) -> tuple[torch.Tensor, list[str]]:
+    """Every direct path to the final residual, summing to it: ``'embed'``, ``'pos_embed'``, each
+    head ``'L{l}H{h}'``, each attention bias ``'{l}_attn_bias'``, each ``'{l}_mlp_out'``."""
+    _check_batched(cache)
+    facts = model_facts(cache.circuit)
+    parts, labels = [], []
+    for label, value in _embeddings(cache, facts):
+        parts.append(_at_pos(cache, value, pos_slice))
+        labels.append(label)
+    for at in range(facts.n_layers):
+        results = head_results(cache, at)
+        parts.extend(results[:, :, _index(pos_slice, results.shape[-2], "pos_slice")].unbind(1))
+        labels.extend(f"L{at}H{h}" for h in range(results.shape[1]))
+        bias = _weight(cache, names.attn_weight(at, "o_bias"), results)
+        if bias is not None:
+            parts.append(bias.expand_as(parts[-1]))
+            labels.append(f"{at}_attn_bias")
+        if facts.has_mlp:
+            parts.append(_at_pos(cache, cache.values_at([("mlp_out", at)])[0], pos_slice))
+            labels.append(f"{at}_mlp_out")
+    return torch.stack(parts), labels
+
+
+def _embeddings(cache: ActivationCache, facts: ModelFacts) -> list[tuple[str, torch.Tensor]]:
+    embeds = [("embed", cache.values_at([("embed",)])[0])]
+    if facts.pos_in_resid:
+        embeds.append(("pos_embed", cache.values_at([("pos_embed",)])[0]))
+    return embeds
+
+
+# ------------------------------------------------------------------ norms and logits
+
+
+def _normalized(stack: torch.Tensor, norm: str, eps: float) -> torch.Tensor:
+    """Each vector normalized on its own statistics, without the norm's weights."""
+    if norm == names.LN:
+        stack = stack - stack.mean(-1, keepdim=True)
+    return stack * torch.rsqrt(stack.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def _scale_key(layer: int, mlp_input: bool, n_layers: int) -> tuple:
+    if layer == n_layers:
+        return ("ln_final_scale",)
+    return ("ln2_scale" if mlp_input else "ln1_scale", layer)
+
+
+def apply_ln_to_stack(
+    cache: ActivationCache,
+    residual_stack: torch.Tensor,
+    layer: Any,
+    mlp_input: bool,
+    pos_slice: Any,
+    batch_slice: Any,
+    has_batch_dim: bool,
+) -> torch.Tensor:
+    """``residual_stack`` as the input of ``layer``'s norm (the final norm for None, -1 or n_layers):
+    centred (layer norm; RMSNorm does not centre) and times the clean run's ``1/sqrt(var + eps)``.
+    The norm's weight and bias are not applied (TransformerLens's ``apply_ln_to_stack``)."""
+    _check_batched(cache)
+    facts = model_facts(cache.circuit)
+    layer = _layer(layer, facts.n_layers)
+    if mlp_input and (layer == facts.n_layers or not facts.has_mlp):
+        raise ExperimentError(f"mlp_input=True needs a model with MLPs and a layer below {facts.n_layers}")
+    (scale,) = cache.values_at([_scale_key(layer, mlp_input, facts.n_layers)])
+    scale = scale[:, _index(pos_slice, scale.shape[-1], "pos_slice")]
+    batch_index = _index(batch_slice, scale.shape[0], "batch_slice")
+    stack = _checked_stack(residual_stack, cache.circuit.get_unique(names.UNEMBED_WEIGHT).shape[-1])
+    if has_batch_dim:
+        stack = stack[:, batch_index]
+    elif batch_slice is None and scale.shape[0] != 1:
+        raise ExperimentError(
+            f"has_batch_dim=False but the cache has {scale.shape[0]} batch rows: give batch_slice= one row (an int)"
+        )
+    scale = scale[batch_index] if batch_slice is not None or has_batch_dim else scale[0]
+    if stack.shape[1:-1] != scale.shape:
+        raise ExperimentError(
+            f"residual_stack of shape {list(residual_stack.shape)}: after pos_slice={pos_slice!r} and "
+            f"batch_slice={batch_slice!r} the norm scale is {list(scale.shape)}, so the stack must be "
+            f"[component, {', '.join(map(str, scale.shape))}, d_model]"
+        )
+    if facts.norm == names.LN:
+        stack = stack - stack.mean(-1, keepdim=True)
+    return stack * scale[..., None]
+
+
+def _checked_stack(stack: Any, d_model: int) -> torch.Tensor:
+    if not isinstance(stack, torch.Tensor) or stack.ndim < 2 or stack.shape[-1] != d_model:
+        shape = list(stack.shape) if isinstance(stack, torch.Tensor) else type(stack).__name__
+        raise ExperimentError(f"residual_stack {shape}: give a tensor [component, ..., d_model={d_model}]")
+    return stack
+
+
+def _tokens(tokens: Any, fits: torch.Size, vocab: int, what: str) -> torch.Tensor:
+    """``tokens`` as an int tensor of shape ``()`` or ``fits`` (the stack's batch and pos axes)."""
+    if isinstance(tokens, str):
+        raise ExperimentError(f"{what}={tokens!r}: give token ids (this model has no tokenizer here)")
+    try:
+        ids = torch.as_tensor(tokens)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise ExperimentError(f"{what}: not token ids ({error})") from None
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise ExperimentError(f"{what} have dtype {ids.dtype}: give integer token ids")
+    if ids.shape not in (torch.Size(), fits):
+        raise ExperimentError(
+            f"{what} of shape {list(ids.shape)}: give one id, or one per entry of the stack's batch "
+            f"(and pos) axes, {list(fits)}"
+        )
+    if ids.numel() and not (0 <= int(ids.min()) and int(ids.max()) < vocab):
+        raise ExperimentError(
+            f"{what}: ids range over [{int(ids.min())}, {int(ids.max())}], the vocabulary has {vocab}"
+        )
+    return ids.to(torch.long)
+
+
+def _final_weights(cache: ActivationCache, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The final norm's scale and bias (None for RMSNorm)."""
+    norm = model_facts(cache.circuit).norm
+    scale = _weight(cache, names.norm_weight(names.FINAL, "scale", norm), like)
+    return scale, _weight(cache, names.norm_weight(names.FINAL, "bias", norm), like)
+
+
+def _directions(
+    cache: ActivationCache, tokens: Any, incorrect_tokens: Any, fits: torch.Size, like: torch.Tensor
+):
+    """The folded unembedding rows ``scale * W_U[token]`` (minus the incorrect tokens'): ``[*fits, d_model]``."""
+    unembedding = _weight(cache, names.UNEMBED_WEIGHT, like)
+    scale, _ = _final_weights(cache, like)
+    ids = _tokens(tokens, fits, unembedding.shape[0], "tokens")
+    directions = unembedding[ids] * scale
+    if incorrect_tokens is not None:
+        wrong = _tokens(incorrect_tokens, fits, unembedding.shape[0], "incorrect_tokens")
+        if wrong.shape != ids.shape:
+            raise ExperimentError(
+                f"incorrect_tokens of shape {list(wrong.shape)} differ from tokens' {list(ids.shape)}"
+            )
+        directions = directions - unembedding[wrong] * scale
+    return directions
+
+
+def logit_attrs(
+    cache: ActivationCache,
+    residual_stack: torch.Tensor,
+    tokens: Any,
+    incorrect_tokens: Any,
+    pos_slice: Any,
+    batch_slice: Any,
+    has_batch_dim: bool,
+) -> torch.Tensor:
+    """Each component's direct contribution to the logit of ``tokens`` (minus ``incorrect_tokens``),
+    ``[component, *batch_and_pos]``: the component through the final norm (clean scale) and the
+    unembedding with the norm's weight folded in.  The norm's and unembedding's biases are left out."""
+    scaled = apply_ln_to_stack(cache, residual_stack, None, False, pos_slice, batch_slice, has_batch_dim)
+    directions = _directions(cache, tokens, incorrect_tokens, scaled.shape[1:-1], scaled)
+    return (scaled * directions).sum(-1)
+
+
+def output_bias_logits(
+    cache: ActivationCache, tokens: Any, incorrect_tokens: Any, fits: torch.Size
+) -> torch.Tensor:
+    """The part of the logit (difference) no component writes: the final norm's bias through the
+    unembedding, plus the unembedding's bias; ``fits``-shaped."""
+    unembedding = _weight(cache, names.UNEMBED_WEIGHT, cache.value)
+    _, norm_bias = _final_weights(cache, unembedding)
+    out_bias = _weight(cache, names.UNEMBED_BIAS_WEIGHT, unembedding)
+    per_token = unembedding.new_zeros(unembedding.shape[0])
+    if norm_bias is not None:
+        per_token = per_token + unembedding @ norm_bias
+    if out_bias is not None:
+        per_token = per_token + out_bias
+    ids = _tokens(tokens, fits, unembedding.shape[0], "tokens")
+    value = per_token[ids]
+    if incorrect_tokens is not None:
+        value = value - per_token[_tokens(incorrect_tokens, fits, unembedding.shape[0], "incorrect_tokens")]
+    return value.expand(fits)
+
+
+def final_norm(cache: ActivationCache, stack: torch.Tensor) -> torch.Tensor:
+    """The final norm recomputed on each vector of ``stack`` (its own statistics), with its weights."""
+    facts = model_facts(cache.circuit)
+    scale, bias = _final_weights(cache, stack)
+    normed = _normalized(stack, facts.norm, _final_eps(cache.circuit, facts.norm)) * scale
+    return normed if bias is None else normed + bias
+
+
+def unembed(cache: ActivationCache, normed: torch.Tensor) -> torch.Tensor:
+    """Logits of final-norm outputs ``normed``: ``normed @ W_U`` plus the unembedding bias if any."""
+    unembedding = _weight(cache, names.UNEMBED_WEIGHT, normed)
+    logits = normed @ unembedding.T
+    out_bias = _weight(cache, names.UNEMBED_BIAS_WEIGHT, normed)
+    return logits if out_bias is None else logits + out_bias
