@@ -13,6 +13,7 @@ The cache keeps its circuit (``cache.circuit``) and has TransformerLens's analys
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any, Iterable, Iterator
 
@@ -65,6 +66,11 @@ class ActivationCache(Mapping):
 
     def __repr__(self) -> str:
         return f"ActivationCache({len(self)} activations: {', '.join(_show(k) for k in list(self)[:6])}, ...)"
+
+    @functools.cached_property
+    def facts(self) -> residual.ModelFacts:
+        """What the analyses read off the circuit's names: layers, norm, heads split, batched."""
+        return residual.model_facts(self.circuit)
 
     def values_at(self, keys: Iterable[Any]) -> list[torch.Tensor]:
         """The activations at ``keys``: cached ones, and the rest from one more evaluation."""

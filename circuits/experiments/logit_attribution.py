@@ -120,34 +120,17 @@ def direct_logit_attribution(
         raise ExperimentError("direct_logit_attribution needs a batched circuit (tokens [batch, positions])")
     pos = _position(pos, logits.shape[1])
     batch = torch.Size([logits.shape[0]])
+    vocab = logits.shape[-1]
+    answers = residual.token_ids(answer_tokens, batch, vocab, "answer_tokens")
+    wrong = None if wrong_tokens is None else residual.token_ids(wrong_tokens, batch, vocab, "wrong_tokens")
     stack, labels = residual.direct_components(cache, pos)
-    values = residual.logit_attrs(
-        cache, stack, _per_row(answer_tokens, batch), _per_row(wrong_tokens, batch), pos, None, True
-    )
-    bias = residual.output_bias_logits(
-        cache, _per_row(answer_tokens, batch), _per_row(wrong_tokens, batch), batch
-    )
+    values = residual.logit_attrs(cache, stack, answers, wrong, pos, None, True)
+    bias = residual.output_bias_logits(cache, answers, wrong, batch)
     rows = torch.arange(batch[0])
-    answers = _per_row(answer_tokens, batch).expand(batch)
-    total = logits[rows, pos, answers]
-    if wrong_tokens is not None:
-        total = total - logits[rows, pos, _per_row(wrong_tokens, batch).expand(batch)]
+    total = logits[rows, pos, answers.expand(batch)]
+    if wrong is not None:
+        total = total - logits[rows, pos, wrong.expand(batch)]
     return LogitAttribution(torch.cat([values, bias[None]]), [*labels, "bias"], total)
-
-
-def _per_row(tokens: Any, batch: torch.Size) -> Any:
-    """An id or ``[batch]`` ids as a tensor; others are left for ``residual`` to refuse by shape."""
-    if tokens is None or isinstance(tokens, str):
-        return tokens
-    try:
-        ids = torch.as_tensor(tokens)
-    except (TypeError, ValueError, RuntimeError) as error:
-        raise ExperimentError(f"tokens: not token ids ({error})") from None
-    if ids.shape not in (torch.Size(), batch):
-        raise ExperimentError(
-            f"tokens of shape {list(ids.shape)}: give one id or one per batch row ([{batch[0]}])"
-        )
-    return ids
 
 
 def logit_lens(

@@ -38,6 +38,7 @@ __all__ = [
     "model_facts",
     "output_bias_logits",
     "stack_head_results",
+    "token_ids",
     "unembed",
 ]
 
@@ -54,11 +55,13 @@ class ModelFacts:
     pos_in_resid: bool  #: the position embeddings are added to the residual stream (GPT-2)
     has_mlp: bool
     split_heads: dict  #: layer -> the number of single-head branches (split layers only)
+    batched: bool  #: the tokens are ``[batch, positions]``
 
 
 def model_facts(circuit: Circuit) -> ModelFacts:
     """The facts of ``circuit``; a circuit that is no model the builders make raises ``ExperimentError``."""
-    found = {node.name for node in unique_nodes([circuit]) if node.name is not None}
+    named = {node.name: node for node in unique_nodes([circuit]) if node.name is not None}
+    found = set(named)
     if names.FINAL_NORM not in found:
         raise ExperimentError(
             f"the analyses need a model circuit with a final norm {names.FINAL_NORM!r}; "
@@ -81,6 +84,7 @@ def model_facts(circuit: Circuit) -> ModelFacts:
         pos_in_resid=names.EMBEDS in found,
         has_mlp=names.mlp_out(0) in found,
         split_heads=heads,
+        batched=names.TOKENS in named and named[names.TOKENS].rank == 2,
     )
 
 
@@ -162,11 +166,13 @@ def _stack(parts: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
     return torch.stack(parts) if parts else like.new_zeros((0, *like.shape))
 
 
-def _check_batched(cache: ActivationCache) -> None:
-    if cache.value.ndim < 2 or cache.circuit.get_unique(names.TOKENS).rank != 2:
+def _facts(cache: ActivationCache) -> ModelFacts:
+    """``cache.facts``, refused unless batched: the analyses' layouts have a batch axis."""
+    if not cache.facts.batched:
         raise ExperimentError(
             "the analyses need a batched circuit (tokens [batch, positions]); build it with tokens[None]"
         )
+    return cache.facts
 
 
 # ------------------------------------------------------------------ stacks
@@ -180,8 +186,7 @@ def accumulated_resid(
     ``apply_ln`` at the unembedding normalizes each component on its own statistics (the logit
     lens; no weights, as TransformerLens's on a folded model); at a layer it uses that layer's
     cached scale (``apply_ln_to_stack``)."""
-    _check_batched(cache)
-    facts = model_facts(cache.circuit)
+    facts = _facts(cache)
     layer = _layer(layer, facts.n_layers)
     if (incl_mid or mlp_input) and not facts.has_mlp:
         raise ExperimentError("incl_mid / mlp_input: this model has no MLPs, so no resid_mid")
@@ -226,8 +231,7 @@ def decompose_resid(
 ) -> tuple[torch.Tensor, list[str]]:
     """The outputs that sum to the residual stream entering ``layer``: ``'embed'``, ``'pos_embed'``
     (only where it is added to the stream), ``'{l}_attn_out'`` (with its bias), ``'{l}_mlp_out'``."""
-    _check_batched(cache)
-    facts = model_facts(cache.circuit)
+    facts = _facts(cache)
     layer = _layer(layer, facts.n_layers)
     if mode not in ("all", "mlp", "attn"):
         raise ExperimentError(f"mode={mode!r}: give 'all', 'mlp' or 'attn'")
@@ -256,7 +260,7 @@ def head_results(cache: ActivationCache, layer: int) -> torch.Tensor:
     """Each head's output of ``layer``, ``[batch, head, pos, d_model]`` (without the output bias):
     the head branches' values on a split layer, else ``z`` times ``W_O`` (TransformerLens's
     ``compute_head_results``)."""
-    n_heads = model_facts(cache.circuit).split_heads.get(layer)
+    n_heads = cache.facts.split_heads.get(layer)
     if n_heads is not None:
         return torch.stack(cache.values_at([("head_out", layer, h) for h in range(n_heads)]), dim=1)
     (z,) = cache.values_at([("z", layer)])
@@ -275,8 +279,7 @@ def stack_head_results(
 ) -> tuple[torch.Tensor, list[str]]:
     """Every head's output in the layers below ``layer`` (``'L{l}H{h}'``), and with
     ``incl_remainder`` the rest of the stream entering ``layer`` (``'remainder'``)."""
-    _check_batched(cache)
-    n_layers = model_facts(cache.circuit).n_layers
+    n_layers = _facts(cache).n_layers
     layer = _layer(layer, n_layers)
     parts, labels = [], []
     for at in range(layer):
@@ -297,8 +300,7 @@ def stack_head_results(
 def direct_components(cache: ActivationCache, pos_slice: Any) -> tuple[torch.Tensor, list[str]]:
     """Every direct path to the final residual, summing to it: ``'embed'``, ``'pos_embed'``, each
     head ``'L{l}H{h}'``, each attention bias ``'{l}_attn_bias'``, each ``'{l}_mlp_out'``."""
-    _check_batched(cache)
-    facts = model_facts(cache.circuit)
+    facts = _facts(cache)
     parts, labels = [], []
     for label, value in _embeddings(cache, facts):
         parts.append(_at_pos(cache, value, pos_slice))
@@ -352,22 +354,24 @@ def apply_ln_to_stack(
     """``residual_stack`` as the input of ``layer``'s norm (the final norm for None, -1 or n_layers):
     centred (layer norm; RMSNorm does not centre) and times the clean run's ``1/sqrt(var + eps)``.
     The norm's weight and bias are not applied (TransformerLens's ``apply_ln_to_stack``)."""
-    _check_batched(cache)
-    facts = model_facts(cache.circuit)
+    facts = _facts(cache)
     layer = _layer(layer, facts.n_layers)
     if mlp_input and (layer == facts.n_layers or not facts.has_mlp):
         raise ExperimentError(f"mlp_input=True needs a model with MLPs and a layer below {facts.n_layers}")
     (scale,) = cache.values_at([_scale_key(layer, mlp_input, facts.n_layers)])
     scale = scale[:, _index(pos_slice, scale.shape[-1], "pos_slice")]
-    batch_index = _index(batch_slice, scale.shape[0], "batch_slice")
     stack = _checked_stack(residual_stack, cache.circuit.get_unique(names.UNEMBED_WEIGHT).shape[-1])
+    if batch_slice is None and not has_batch_dim:
+        if scale.shape[0] != 1:
+            raise ExperimentError(
+                f"has_batch_dim=False but the cache has {scale.shape[0]} batch rows: "
+                "give batch_slice= one row (an int)"
+            )
+        batch_slice = 0
+    batch_index = _index(batch_slice, scale.shape[0], "batch_slice")
+    scale = scale[batch_index]
     if has_batch_dim:
         stack = stack[:, batch_index]
-    elif batch_slice is None and scale.shape[0] != 1:
-        raise ExperimentError(
-            f"has_batch_dim=False but the cache has {scale.shape[0]} batch rows: give batch_slice= one row (an int)"
-        )
-    scale = scale[batch_index] if batch_slice is not None or has_batch_dim else scale[0]
     if stack.shape[1:-1] != scale.shape:
         raise ExperimentError(
             f"residual_stack of shape {list(residual_stack.shape)}: after pos_slice={pos_slice!r} and "
@@ -386,8 +390,8 @@ def _checked_stack(stack: Any, d_model: int) -> torch.Tensor:
     return stack
 
 
-def _tokens(tokens: Any, fits: torch.Size, vocab: int, what: str) -> torch.Tensor:
-    """``tokens`` as an int tensor of shape ``()`` or ``fits`` (the stack's batch and pos axes)."""
+def token_ids(tokens: Any, fits: torch.Size, vocab: int, what: str) -> torch.Tensor:
+    """``tokens`` as an int tensor of shape ``()`` or ``fits`` (the batch, or batch and pos, axes)."""
     if isinstance(tokens, str):
         raise ExperimentError(f"{what}={tokens!r}: give token ids (this model has no tokenizer here)")
     try:
@@ -398,8 +402,8 @@ def _tokens(tokens: Any, fits: torch.Size, vocab: int, what: str) -> torch.Tenso
         raise ExperimentError(f"{what} have dtype {ids.dtype}: give integer token ids")
     if ids.shape not in (torch.Size(), fits):
         raise ExperimentError(
-            f"{what} of shape {list(ids.shape)}: give one id, or one per entry of the stack's batch "
-            f"(and pos) axes, {list(fits)}"
+            f"{what} of shape {list(ids.shape)}: give one id, or ids of shape {list(fits)} "
+            "(one per batch row, and per position if the stack has them)"
         )
     if ids.numel() and not (0 <= int(ids.min()) and int(ids.max()) < vocab):
         raise ExperimentError(
@@ -410,7 +414,7 @@ def _tokens(tokens: Any, fits: torch.Size, vocab: int, what: str) -> torch.Tenso
 
 def _final_weights(cache: ActivationCache, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The final norm's scale and bias (None for RMSNorm)."""
-    norm = model_facts(cache.circuit).norm
+    norm = cache.facts.norm
     scale = _weight(cache, names.norm_weight(names.FINAL, "scale", norm), like)
     return scale, _weight(cache, names.norm_weight(names.FINAL, "bias", norm), like)
 
@@ -421,10 +425,10 @@ def _directions(
     """The folded unembedding rows ``scale * W_U[token]`` (minus the incorrect tokens'): ``[*fits, d_model]``."""
     unembedding = _weight(cache, names.UNEMBED_WEIGHT, like)
     scale, _ = _final_weights(cache, like)
-    ids = _tokens(tokens, fits, unembedding.shape[0], "tokens")
+    ids = token_ids(tokens, fits, unembedding.shape[0], "tokens")
     directions = unembedding[ids] * scale
     if incorrect_tokens is not None:
-        wrong = _tokens(incorrect_tokens, fits, unembedding.shape[0], "incorrect_tokens")
+        wrong = token_ids(incorrect_tokens, fits, unembedding.shape[0], "incorrect_tokens")
         if wrong.shape != ids.shape:
             raise ExperimentError(
                 f"incorrect_tokens of shape {list(wrong.shape)} differ from tokens' {list(ids.shape)}"
@@ -463,16 +467,16 @@ def output_bias_logits(
         per_token = per_token + unembedding @ norm_bias
     if out_bias is not None:
         per_token = per_token + out_bias
-    ids = _tokens(tokens, fits, unembedding.shape[0], "tokens")
+    ids = token_ids(tokens, fits, unembedding.shape[0], "tokens")
     value = per_token[ids]
     if incorrect_tokens is not None:
-        value = value - per_token[_tokens(incorrect_tokens, fits, unembedding.shape[0], "incorrect_tokens")]
+        value = value - per_token[token_ids(incorrect_tokens, fits, unembedding.shape[0], "incorrect_tokens")]
     return value.expand(fits)
 
 
 def final_norm(cache: ActivationCache, stack: torch.Tensor) -> torch.Tensor:
     """The final norm recomputed on each vector of ``stack`` (its own statistics), with its weights."""
-    facts = model_facts(cache.circuit)
+    facts = cache.facts
     scale, bias = _final_weights(cache, stack)
     normed = _normalized(stack, facts.norm, _final_eps(cache.circuit, facts.norm)) * scale
     return normed if bias is None else normed + bias
