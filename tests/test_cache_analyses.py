@@ -236,7 +236,12 @@ def test_logit_lens_equals_transformer_lens_with_the_final_norm_recomputed(gpt2)
 
 
 @_lens
-def test_split_heads_and_partial_caches_give_the_same_analyses(gpt2):
+def test_split_heads_and_partial_caches_give_the_same_analyses(gpt2, monkeypatch):
+    from circuits.experiments import activations
+
+    runs = []
+    compile_plan = activations.compile_plan
+    monkeypatch.setattr(activations, "compile_plan", lambda *a: runs.append(a) or compile_plan(*a))
     cache = gpt2["cache"]
     split = run_with_cache(cc.split_heads(gpt2["circuit"]), ["logits"])
     _close(split.stack_head_results(pos_slice=-1), cache.stack_head_results(pos_slice=-1), 1e-5)
@@ -244,7 +249,9 @@ def test_split_heads_and_partial_caches_give_the_same_analyses(gpt2):
     _close(
         direct_logit_attribution(split, answers).values, direct_logit_attribution(cache, answers).values, 1e-5
     )
-    assert list(split) == [("logits", None, None)]  # the points the analyses ran are kept aside
+    _close(logit_lens(split).logits, logit_lens(cache).logits, 1e-5)
+    assert len(runs) == 2  # the cache's own run, and one for every point the analyses read
+    assert list(split) == [("logits", None, None)]  # those points are kept aside
 
 
 # ------------------------------------------------------------------ attention-only against torch
@@ -371,6 +378,7 @@ def small():
         (lambda c: direct_logit_attribution(c, 1, [[2]]), r"wrong_tokens of shape \[1, 1\]"),
         (lambda c: direct_logit_attribution(c, 1, pos=6), r"pos=6"),
         (lambda c: logit_lens(c, top_k=0), r"top_k=0"),
+        (lambda c: logit_lens("b0"), r"the circuit \(or its ActivationCache\)"),
     ],
 )
 def test_bad_input_raises_naming_it(small, call, message):

@@ -20,7 +20,7 @@ import torch
 from circuits.errors import ExperimentError
 from circuits.experiments import residual
 from circuits.experiments.activations import ActivationCache, run_with_cache
-from circuits.nodes import Circuit
+from circuits.nodes import Circuit, check_node
 
 __all__ = ["LogitAttribution", "LogitLens", "direct_logit_attribution", "logit_lens"]
 
@@ -89,7 +89,9 @@ def _cache(
 ) -> ActivationCache:
     if isinstance(source, ActivationCache):
         return source
-    return run_with_cache(source, inputs=inputs, device=device, dtype=dtype)
+    check_node(source, "the circuit (or its ActivationCache)", ExperimentError)
+    points = residual.analysis_points(residual.model_facts(source))
+    return run_with_cache(source, points, inputs=inputs, device=device, dtype=dtype)
 
 
 def _position(pos: Any, seq: int) -> int:

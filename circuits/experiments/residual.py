@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ModelFacts",
     "accumulated_resid",
+    "analysis_points",
     "apply_ln_to_stack",
     "decompose_resid",
     "direct_components",
@@ -167,12 +168,28 @@ def _stack(parts: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
 
 
 def _facts(cache: ActivationCache) -> ModelFacts:
-    """``cache.facts``, refused unless batched: the analyses' layouts have a batch axis."""
+    """``cache.facts``, refused unless batched (the analyses' layouts have a batch axis); every
+    point an analysis reads is fetched now, so a cache that lacks them is completed in one run."""
     if not cache.facts.batched:
         raise ExperimentError(
             "the analyses need a batched circuit (tokens [batch, positions]); build it with tokens[None]"
         )
+    cache.values_at(analysis_points(cache.facts))
     return cache.facts
+
+
+def analysis_points(facts: ModelFacts) -> list[tuple]:
+    """Every point the analyses read on a model of ``facts``: ``run_with_cache``'s points for them."""
+    points: list[tuple] = [("embed",), ("resid_final",), ("ln_final_scale",), ("logits",)]
+    if facts.pos_in_resid:
+        points.append(("pos_embed",))
+    for layer in range(facts.n_layers):
+        points += [("resid_pre", layer), ("attn_out", layer), ("ln1_scale", layer)]
+        if facts.has_mlp:
+            points += [("resid_mid", layer), ("mlp_out", layer), ("ln2_scale", layer)]
+        n_heads = facts.split_heads.get(layer)
+        points += [("z", layer)] if n_heads is None else [("head_out", layer, h) for h in range(n_heads)]
+    return points
 
 
 # ------------------------------------------------------------------ stacks
