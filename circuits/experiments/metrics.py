@@ -114,11 +114,22 @@ def logit_diff(
     gathers the two ids per row (``gen_index``) and averages the difference;
     with ``push_down`` (the default) the Index is pushed toward the leaves
     (``circuits.passes.push_index``), so the unembedding runs for that one
-    position only.
+    position only.  The metric pickles, so an executor can send it to its workers.
     """
+    build = _LogitDiff(position, good, bad, logits, push_down)
+    return Metric(build, f"logit_diff(position={position}, good={good}, bad={bad})")
 
-    def build(circuit: Circuit) -> Circuit:
-        node = find(circuit, logits, "logit_diff")
+
+class _LogitDiff:
+    """``logit_diff``'s builder: an object, not a closure, so that the metric pickles."""
+
+    def __init__(self, position: int, good: Any, bad: Any, logits: str, push_down: bool):
+        self.position, self.good, self.bad = position, good, bad
+        self.logits, self.push_down = logits, push_down
+
+    def __call__(self, circuit: Circuit) -> Circuit:
+        position, good, bad, push_down = self.position, self.good, self.bad, self.push_down
+        node = find(circuit, self.logits, "logit_diff")
         if node.rank not in (2, 3):
             raise ExperimentError(
                 f"logit_diff: {node.describe()} has shape {list(node.shape)}; expected [S, V] or [B, S, V]"
@@ -154,8 +165,6 @@ def logit_diff(
             f"{letters},->{letters}", picked[1], Scalar(-1.0, name="metric.neg"), name="metric.neg_bad_logits"
         )
         return _mean(Add(picked[0], negated, name="metric.logit_diffs"), "metric.logit_diff")
-
-    return Metric(build, f"logit_diff(position={position}, good={good}, bad={bad})")
 
 
 def kl_div(clean: Circuit, *, log_probs: str = "log_probs") -> Metric:

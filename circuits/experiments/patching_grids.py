@@ -1,0 +1,268 @@
+"""Patching grids: TransformerLens's ``patching`` module as calls on a circuit.
+
+Each grid patches the CLEAN value of one activation into the CORRUPTED run, for every layer and
+every position / head / (head, position), and measures the metric, as TransformerLens's
+``get_act_patch_*`` functions do; the tensor has TransformerLens's layout and the records are one
+dict per patch (``layer``, ``pos``, ``head``, ``value``; ``None`` where the grid has no such axis).
+
+================================  ========================================  ====================
+ours                              TransformerLens                           layout
+================================  ========================================  ====================
+``act_patch_resid_pre``           ``get_act_patch_resid_pre``               [layer, pos]
+``act_patch_resid_mid``           ``get_act_patch_resid_mid``               [layer, pos]
+``act_patch_attn_out``            ``get_act_patch_attn_out``                [layer, pos]
+``act_patch_mlp_out``             ``get_act_patch_mlp_out``                 [layer, pos]
+``act_patch_attn_head_{x}_by_pos``  ``get_act_patch_attn_head_{x}_by_pos``  [layer, pos, head]
+``act_patch_attn_head_pattern_by_pos``  ``..._pattern_by_pos``              [layer, head, dest]
+``act_patch_attn_head_{x}_all_pos``  ``get_act_patch_attn_head_{x}_all_pos``  [layer, head]
+``act_patch_block_every``         ``get_act_patch_block_every``             [3, layer, pos]
+``act_patch_attn_head_all_pos_every``  ``..._all_pos_every``                [5, layer, head]
+``act_patch_attn_head_by_pos_every``   ``..._by_pos_every``                 [5, layer, pos, head]
+================================  ========================================  ====================
+
+``{x}`` is ``out`` (the head's output before W_O, TransformerLens's ``z``), ``q``, ``k``, ``v``
+or ``pattern``.  How the patches are evaluated (many at once, only above the patched node, one
+unembedded position): ``circuits.experiments.patch_batches`` and docs/patching.md.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from typing import Any, Callable, Mapping
+
+import attrs
+import torch
+
+from circuits import names
+from circuits.cache import Evaluator, check_cache_bytes
+from circuits.errors import ExperimentError
+from circuits.experiments.inputs import SAME, check_keys_found, shape_changes, with_inputs
+from circuits.experiments.metrics import Metric
+from circuits.experiments.patch_batches import PatchRun, measure_all
+from circuits.nodes import Circuit, check_node
+from circuits.traversal import unique_nodes
+
+DEFAULT_CACHE_BYTES = 2 * 2**30
+
+
+@attrs.frozen
+class Grid:
+    """One grid: the point kind patched and the axes iterated over (TransformerLens's names)."""
+
+    kind: str
+    axes: tuple[str, ...]
+
+
+_HEAD_KINDS = {"out": "z", "q": "q", "k": "k", "v": "v", "pattern": "attn_probs"}
+
+#: Every grid, by the name its function carries (``act_patch_<name>``).
+GRIDS: dict[str, Grid] = {
+    **{kind: Grid(kind, ("layer", "pos")) for kind in ("resid_pre", "resid_mid", "attn_out", "mlp_out")},
+    **{
+        f"attn_head_{x}_by_pos": Grid(
+            kind, ("layer", "head", "dest_pos") if x == "pattern" else ("layer", "pos", "head")
+        )
+        for x, kind in _HEAD_KINDS.items()
+    },
+    **{f"attn_head_{x}_all_pos": Grid(kind, ("layer", "head")) for x, kind in _HEAD_KINDS.items()},
+}
+
+#: The grids each ``*_every`` function stacks, in TransformerLens's order.
+EVERY = {
+    "block_every": ("resid_pre", "attn_out", "mlp_out"),
+    "attn_head_all_pos_every": tuple(f"attn_head_{x}_all_pos" for x in _HEAD_KINDS),
+    "attn_head_by_pos_every": tuple(f"attn_head_{x}_by_pos" for x in _HEAD_KINDS),
+}
+
+# Where each axis sits in our node's value, from the end: resid [B, S, D], q/k/v/z [B, H, S, d],
+# attn_probs [B, H, dest, src].
+_AXIS_FROM_END = {"pos": -2, "dest_pos": -2, "head": -3}
+
+
+@attrs.frozen
+class PatchGrid:
+    """A grid's values (TransformerLens's layout) and one record per patch."""
+
+    values: torch.Tensor
+    records: list[dict]
+    grid: str
+
+    def to_pandas(self):
+        try:
+            import pandas
+        except ImportError:
+            raise ImportError("PatchGrid.to_pandas needs pandas (pip install pandas)") from None
+        return pandas.DataFrame.from_records(self.records)
+
+
+def patch_grid(
+    circuit: Circuit,
+    corrupted_inputs: Mapping[Any, Any],
+    metric: Metric | Callable[[torch.Tensor], Any],
+    grid: str,
+    *,
+    patches_per_run: int = 32,
+    executor: concurrent.futures.Executor | None = None,
+    cache_bytes: int = DEFAULT_CACHE_BYTES,
+) -> PatchGrid:
+    """The grid ``grid`` (a name of ``GRIDS`` or ``EVERY``); see the module docstring.
+
+    ``circuit``: the model circuit on the clean inputs.  ``corrupted_inputs``: e.g.
+    ``{"toks_int_var": corrupted_tokens}``, the shape of what they replace.  ``metric``: a
+    ``Metric`` (``logit_diff(-1, good, bad)`` unembeds one position) or a function of the logits
+    tensor ``[B, S, V]`` (every position unembedded).  ``patches_per_run``: patches evaluated as
+    one batch.  ``executor``: a ``concurrent.futures.Executor`` to run the layers on (one job per
+    layer, each with its own cache of ``cache_bytes``); the result equals the local run's.
+    """
+    if grid in EVERY:
+        parts = [
+            patch_grid(
+                circuit,
+                corrupted_inputs,
+                metric,
+                part,
+                patches_per_run=patches_per_run,
+                executor=executor,
+                cache_bytes=cache_bytes,
+            )
+            for part in EVERY[grid]
+        ]
+        return _stacked(grid, parts)
+    spec = _checked_grid(grid)
+    _check_options(metric, patches_per_run, executor, cache_bytes)
+    check_node(circuit, f"act_patch_{grid}: the circuit", ExperimentError)
+    corrupted = _corrupted(circuit, corrupted_inputs, grid)
+    layers = range(_layer_count(circuit))
+    jobs = [(circuit, corrupted, spec, layer, metric, patches_per_run, cache_bytes) for layer in layers]
+    if executor is None:
+        evaluator = Evaluator(cache_bytes)
+        results = [_layer_values(*job, evaluator=evaluator) for job in jobs]
+    else:
+        results = [future.result() for future in [executor.submit(_layer_values, *job) for job in jobs]]
+    return _assembled(grid, spec, results)
+
+
+def _layer_values(circuit, corrupted, spec, layer, metric, chunk, cache_bytes, evaluator=None):
+    """``(sizes, cells, values, dtype)`` of one layer's patches (module-level: it travels by pickle)."""
+    run = PatchRun(circuit, corrupted, (spec.kind, layer, None), metric, evaluator or Evaluator(cache_bytes))
+    sizes = {axis: run.clean_value.shape[_AXIS_FROM_END[axis]] for axis in spec.axes[1:]}
+    cells = [()]
+    for axis in spec.axes[1:]:
+        cells = [cell + (i,) for cell in cells for i in range(sizes[axis])]
+    values = measure_all(run, [_index(spec.axes[1:], cell) for cell in cells], chunk)
+    return sizes, cells, values, run.clean_value.dtype
+
+
+def _index(axes: tuple[str, ...], cell: tuple[int, ...]) -> tuple:
+    """The index of one patch into our node's value: ``(..., head, pos, :)`` and the like."""
+    items = [slice(None)] * -min(_AXIS_FROM_END[axis] for axis in axes)
+    for axis, i in zip(axes, cell):
+        items[_AXIS_FROM_END[axis]] = i
+    return (Ellipsis, *items)
+
+
+def _assembled(grid: str, spec: Grid, results: list) -> PatchGrid:
+    sizes, dtype = results[0][0], results[0][3]
+    values = torch.zeros((len(results), *(sizes[axis] for axis in spec.axes[1:])), dtype=dtype)
+    records = []
+    for layer, (_, cells, found, _) in enumerate(results):
+        for cell, value in zip(cells, found):
+            values[(layer, *cell)] = value
+            where = dict(zip(spec.axes[1:], cell))
+            pos = where.get("pos", where.get("dest_pos"))
+            records.append({"layer": layer, "pos": pos, "head": where.get("head"), "value": value})
+    return PatchGrid(values, records, grid)
+
+
+def _stacked(grid: str, parts: list[PatchGrid]) -> PatchGrid:
+    """An ``*_every`` grid: the parts stacked on a new first axis (pattern by position as [layer, pos, head])."""
+    values = [
+        part.values.transpose(1, 2)
+        if GRIDS[part.grid].axes[1] == "head" and len(GRIDS[part.grid].axes) == 3
+        else part.values
+        for part in parts
+    ]
+    records = [{"grid": part.grid, **record} for part in parts for record in part.records]
+    return PatchGrid(torch.stack(values), records, grid)
+
+
+def _checked_grid(grid: Any) -> Grid:
+    if not isinstance(grid, str) or grid not in GRIDS:
+        known = ", ".join([*GRIDS, *EVERY])
+        raise ExperimentError(f"patch_grid: unknown grid {grid!r}; the grids are {known}")
+    return GRIDS[grid]
+
+
+def _check_options(metric, patches_per_run, executor, cache_bytes) -> None:
+    if not isinstance(metric, Metric) and not callable(metric):
+        raise ExperimentError(
+            f"patch_grid: metric must be a Metric or a function of the logits tensor, got {metric!r}"
+        )
+    if isinstance(patches_per_run, bool) or not isinstance(patches_per_run, int) or patches_per_run < 1:
+        raise ExperimentError(f"patch_grid: patches_per_run must be a positive int, got {patches_per_run!r}")
+    if executor is not None and not callable(getattr(executor, "submit", None)):
+        raise ExperimentError(
+            f"patch_grid: executor must be a concurrent.futures.Executor, got {type(executor).__name__}"
+        )
+    check_cache_bytes(cache_bytes, "patch_grid")
+
+
+def _corrupted(circuit: Circuit, corrupted_inputs: Mapping[Any, Any], grid: str) -> Circuit:
+    """The circuit on the corrupted inputs, which must have the shape of what they replace."""
+    what = f"act_patch_{grid}: corrupted_inputs"
+    check_keys_found(circuit, corrupted_inputs, what)
+    changes = shape_changes(circuit, corrupted_inputs, what)
+    if changes:
+        raise ExperimentError(
+            f"{what} must have the shape of the clean inputs (the runs are patched row for row, position "
+            f"for position): {'; '.join(changes)}"
+        )
+    corrupted, kind = with_inputs(circuit, corrupted_inputs, what=what)
+    assert kind == SAME
+    return corrupted
+
+
+def _layer_count(circuit: Circuit) -> int:
+    layers = set()
+    for node in unique_nodes([circuit]):
+        parsed = names.parse(node.name) if node.name is not None else None
+        if parsed is not None and parsed.kind == "block":
+            layers.add(parsed.layer)
+    if not layers:
+        raise ExperimentError(
+            f"patch_grid: {circuit.describe()} has no layers ('b0', 'b1', ...): is it a model circuit?"
+        )
+    return max(layers) + 1
+
+
+def _grid_function(grid: str) -> Callable[..., PatchGrid]:
+    def grid_function(circuit, corrupted_inputs, metric, **options) -> PatchGrid:
+        return patch_grid(circuit, corrupted_inputs, metric, grid, **options)
+
+    tl = f"transformer_lens.patching.get_act_patch_{grid}"
+    grid_function.__name__ = grid_function.__qualname__ = f"act_patch_{grid}"
+    grid_function.__doc__ = (
+        f"``patch_grid(circuit, corrupted_inputs, metric, {grid!r}, **options)``: as ``{tl}``."
+    )
+    return grid_function
+
+
+act_patch_resid_pre = _grid_function("resid_pre")
+act_patch_resid_mid = _grid_function("resid_mid")
+act_patch_attn_out = _grid_function("attn_out")
+act_patch_mlp_out = _grid_function("mlp_out")
+act_patch_attn_head_out_by_pos = _grid_function("attn_head_out_by_pos")
+act_patch_attn_head_q_by_pos = _grid_function("attn_head_q_by_pos")
+act_patch_attn_head_k_by_pos = _grid_function("attn_head_k_by_pos")
+act_patch_attn_head_v_by_pos = _grid_function("attn_head_v_by_pos")
+act_patch_attn_head_pattern_by_pos = _grid_function("attn_head_pattern_by_pos")
+act_patch_attn_head_out_all_pos = _grid_function("attn_head_out_all_pos")
+act_patch_attn_head_q_all_pos = _grid_function("attn_head_q_all_pos")
+act_patch_attn_head_k_all_pos = _grid_function("attn_head_k_all_pos")
+act_patch_attn_head_v_all_pos = _grid_function("attn_head_v_all_pos")
+act_patch_attn_head_pattern_all_pos = _grid_function("attn_head_pattern_all_pos")
+act_patch_block_every = _grid_function("block_every")
+act_patch_attn_head_all_pos_every = _grid_function("attn_head_all_pos_every")
+act_patch_attn_head_by_pos_every = _grid_function("attn_head_by_pos_every")
+
+__all__ = ["EVERY", "GRIDS", "PatchGrid", "patch_grid"] + [f"act_patch_{g}" for g in [*GRIDS, *EVERY]]
