@@ -47,7 +47,9 @@ def main() -> None:
         vocab_size=args.vocab,
         n_ctx=max(1024, args.seq + 1),
     )
-    tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=torch.Generator().manual_seed(1))
+    tokens = torch.randint(
+        0, args.vocab, (args.batch, args.seq + 1), generator=torch.Generator().manual_seed(1)
+    )
     circuit = build_gpt2(config, gpt2_random_weights(config, seed=0), tokens)
     print(
         f"GPT-2 {args.layers} layers, {args.heads} heads, d_model {args.d_model}, vocab {args.vocab}; "

@@ -34,7 +34,15 @@ from circuits.matching import IterativeMatcher, Matcher, get
 from circuits.nodes import Circuit
 from circuits.traversal import unique_nodes
 
-__all__ = ["HEAD_KINDS", "POINT_KINDS", "TRANSFORMER_LENS_HOOKS", "point", "resolve_points"]
+__all__ = [
+    "HEAD_KINDS",
+    "POINT_KINDS",
+    "TRANSFORMER_LENS_HOOKS",
+    "as_key",
+    "point",
+    "resolve_points",
+    "show_key",
+]
 
 #: Every kind ``point`` takes, in the order of a forward pass (``names.ACTIVATION_KINDS``).
 POINT_KINDS = tuple(names.ACTIVATION_KINDS)
@@ -262,7 +270,16 @@ def resolve_points(circuit: Circuit, keys: list | None = None) -> dict:
     return _default_points(circuit) if keys is None else _resolve(circuit, keys)
 
 
-def _show(key: tuple) -> str:
+def as_key(key) -> tuple:
+    """``'logits'``, ``('attn_probs', 1)`` or ``('z', 1, 2)`` as the full ``(kind, layer, head)``."""
+    parts = (key,) if isinstance(key, str) else tuple(key) if isinstance(key, tuple) else None
+    if not parts or len(parts) > 3 or not isinstance(parts[0], str):
+        raise ExperimentError(f"{key!r}: a point is a kind, (kind, layer) or (kind, layer, head)")
+    return (parts[0], *parts[1:], *(None,) * (3 - len(parts)))
+
+
+def show_key(key: tuple) -> str:
+    """A ``(kind, layer, head)`` as written: ``('z', 1, 2)``, ``('attn_probs', 1)``, ``'logits'``."""
     return repr(tuple(part for part in key if part is not None)) if key[1] is not None else repr(key[0])
 
 
@@ -273,14 +290,14 @@ def _resolve(circuit: Circuit, keys: list) -> dict:
         try:
             nodes = _find(index, _spec(*key))
         except ExperimentError as error:
-            raise ExperimentError(f"point {_show(key)}: {error}") from None
+            raise ExperimentError(f"point {show_key(key)}: {error}") from None
         if len(nodes) != 1:
             what = (
                 "finds no node"
                 if not nodes
                 else f"finds {len(nodes)} nodes (one per head branch: give a head)"
             )
-            raise ExperimentError(f"point {_show(key)} {what} in {circuit.describe()}")
+            raise ExperimentError(f"point {show_key(key)} {what} in {circuit.describe()}")
         resolved[key] = next(iter(nodes))
     return resolved
 

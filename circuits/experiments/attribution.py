@@ -1,0 +1,212 @@
+"""``attribution_patching``: the gradient approximation of activation patching, every point at once.
+
+Patching one activation from a source run into a target run changes the metric by about
+``(source - target) · ∂metric/∂activation`` (the gradient on the target run): one tracked forward
+and one backward on the target (``gradients.tracked_run``), one plain forward on the source, and
+every point of every layer (and head, and position) is estimated at once.  The default,
+``into="corrupted"``, estimates what TransformerLens's patching grids (and ours) measure exactly:
+the clean activation patched into the corrupted run, minus the corrupted run's metric;
+``into="clean"`` estimates the corrupted activation patched into the clean run
+(``(corrupted - clean) · ∂metric/∂activation`` at the clean run).  The exact grid is the check
+(docs/patching.md compares them on the shipped model).
+
+Layouts (sums over the batch and the activation's own axis, as patching a position of every
+row at once changes the metric by that sum): residual and layer kinds ``[layer, pos]``; per-head
+kinds ``[layer, head, pos]`` (``attn_probs``, ``attn_scores``: the destination position, as
+TransformerLens's pattern grids).  Heads come from a head axis on an unsplit layer or from the
+head branches of a split one; ``z`` is the head output's attribution on either (a head's output is
+``z`` times its W_O, so both give the same number).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Mapping
+
+import torch
+
+from circuits.errors import ExperimentError
+from circuits.experiments.gradients import tracked_run
+from circuits.experiments.inputs import shape_changes, with_inputs
+from circuits.experiments.metrics import Metric
+from circuits.experiments.points import HEAD_KINDS, point, resolve_points
+from circuits.matching import get
+from circuits.nodes import Circuit, check_node
+
+__all__ = ["ATTRIBUTION_KINDS", "AttributionResult", "attribution_patching"]
+
+#: The kinds ``attribution_patching`` takes: those with a position axis and a feature axis.
+ATTRIBUTION_KINDS = (
+    "resid_pre",
+    "resid_mid",
+    "resid_post",
+    "attn_out",
+    "mlp_pre",
+    "mlp_post",
+    "mlp_out",
+    "ln1",
+    "ln2",
+    "q",
+    "k",
+    "v",
+    "attn_scores",
+    "attn_probs",
+    "z",
+    "head_out",
+)
+
+
+class AttributionResult(dict):
+    """``{kind: tensor}`` in the layouts of the module docstring, with tidy ``records``.
+
+    ``target_metric`` and ``source_metric``: the metric of the run patched into and of the run
+    patched from; ``records``: one dict per estimate (``kind``, ``layer``, ``head`` or None,
+    ``pos``, ``attribution``).
+    """
+
+    def __init__(self, grids: dict[str, torch.Tensor], target_metric: float, source_metric: float, into: str):
+        super().__init__(grids)
+        self.target_metric = target_metric
+        self.source_metric = source_metric
+        self.into = into
+
+    @property
+    def records(self) -> list[dict]:
+        rows = []
+        for kind, grid in self.items():
+            for index in torch.cartesian_prod(*[torch.arange(n) for n in grid.shape]).reshape(-1, grid.ndim):
+                at = [int(i) for i in index]
+                head = at[1] if grid.ndim == 3 else None
+                rows.append(
+                    {
+                        "kind": kind,
+                        "layer": at[0],
+                        "head": head,
+                        "pos": at[-1],
+                        "attribution": float(grid[tuple(at)]),
+                    }
+                )
+        return rows
+
+    def to_pandas(self):
+        try:
+            import pandas
+        except ImportError:
+            raise ImportError("AttributionResult.to_pandas needs pandas (pip install pandas)") from None
+        return pandas.DataFrame.from_records(self.records)
+
+
+def attribution_patching(
+    circuit: Circuit,
+    corrupted_inputs: Mapping[Any, Any],
+    metric: Metric | Callable[[torch.Tensor], torch.Tensor],
+    kinds: Iterable[str] = ("resid_pre", "attn_out", "mlp_out", "z"),
+    *,
+    into: str = "corrupted",
+) -> AttributionResult:
+    """Attribution patching of every layer (and head) of each of ``kinds``; see the module docstring.
+
+    ``circuit`` is built on the clean inputs; ``corrupted_inputs`` maps its input (usually
+    ``'toks_int_var'``) to values of the same shape.  ``metric``: as ``ex.gradients`` takes it
+    (a function of the circuit's value returning one number as a tensor, or a Metric that keeps
+    the points, e.g. ``logit_diff(-1, good, bad, push_down=False)``).
+
+    >>> result = ex.attribution_patching(c, {"toks_int_var": corrupted}, metric, ["resid_pre", "z"])
+    >>> result["z"].sum(-1)              # [layer, head]: each head's output over every position
+    """
+    check_node(circuit, "attribution_patching: the circuit", ExperimentError)
+    kinds = _checked_kinds(kinds)
+    if into not in ("corrupted", "clean"):
+        raise ExperimentError(f"attribution_patching: into must be 'corrupted' or 'clean', got {into!r}")
+    corrupted = _corrupted(circuit, corrupted_inputs)
+    target, source = (corrupted, circuit) if into == "corrupted" else (circuit, corrupted)
+    layout = _layout(circuit, kinds)
+    keys = [key for entries in layout.values() for _, key in entries]
+    tracked = tracked_run(target, metric, keys, track=True)
+    grads = torch.autograd.grad(tracked.metric, [tracked.values[key] for key in keys], allow_unused=True)
+    with torch.no_grad():
+        plain = tracked_run(source, metric, keys, track=False)
+        per_key = {}
+        for key, grad in zip(keys, grads):
+            if grad is not None:
+                per_key[key] = _reduced(key, grad * (plain.values[key] - tracked.values[key].detach()))
+        grids = {kind: _grid(entries, per_key) for kind, entries in layout.items()}
+    return AttributionResult(grids, float(tracked.metric.detach()), float(plain.metric), into)
+
+
+def _checked_kinds(kinds: Iterable[str]) -> list[str]:
+    if isinstance(kinds, str):
+        kinds = [kinds]
+    kinds = list(kinds)
+    unknown = [kind for kind in kinds if kind not in ATTRIBUTION_KINDS]
+    if unknown or not kinds:
+        raise ExperimentError(
+            f"attribution_patching: kinds {unknown or kinds!r} are not among {', '.join(ATTRIBUTION_KINDS)}"
+        )
+    return kinds
+
+
+def _corrupted(circuit: Circuit, corrupted_inputs: Mapping[Any, Any]) -> Circuit:
+    what = "attribution_patching"
+    if isinstance(corrupted_inputs, Mapping):
+        changes = shape_changes(circuit, corrupted_inputs, what)
+        if changes:
+            raise ExperimentError(
+                f"{what}: corrupted inputs must have the clean inputs' shapes: {'; '.join(changes)}"
+            )
+    corrupted, _ = with_inputs(circuit, corrupted_inputs, what=what)
+    if corrupted is circuit or corrupted.hash == circuit.hash:
+        raise ExperimentError(
+            f"{what}: the corrupted inputs {list(corrupted_inputs)!r} change nothing in {circuit.describe()} "
+            "(no such input, or the same values): every attribution would be zero"
+        )
+    return corrupted
+
+
+def _layout(circuit: Circuit, kinds: list[str]) -> dict[str, list[tuple[tuple, tuple]]]:
+    """Per kind, ``[(grid index, point key)]``: ``(layer,)`` or ``(layer, head)`` (None: a head axis)."""
+    layers = sorted({layer for _, layer, _ in resolve_points(circuit) if layer is not None})
+    layout = {}
+    for kind in kinds:
+        entries = []
+        for layer in layers:
+            if kind not in HEAD_KINDS:
+                entries.append(((layer,), (kind, layer, None)))
+                continue
+            count = len(get(circuit, point("z" if kind == "head_out" else kind, layer)))
+            if count == 1 and kind != "head_out":
+                entries.append(((layer, None), (kind, layer, None)))  # unsplit: the head axis
+            else:
+                entries += [((layer, head), (kind, layer, head)) for head in range(count)]
+        if not entries:
+            raise ExperimentError(f"attribution_patching: {circuit.describe()} has no layer with {kind!r}")
+        layout[kind] = entries
+    return layout
+
+
+def _reduced(key: tuple, product: torch.Tensor) -> torch.Tensor:
+    """Sum over the batch and the feature axis: ``[pos]``, or ``[head, pos]`` on a head axis."""
+    kind, _, head = key
+    kept = 3 if kind in HEAD_KINDS and kind != "head_out" and head is None else 2
+    summed = product.sum(-1)
+    return summed.reshape(-1, *summed.shape[summed.ndim - kept + 1 :]).sum(0)
+
+
+def _grid(entries: list[tuple[tuple, tuple]], per_key: dict[tuple, torch.Tensor]) -> torch.Tensor:
+    """The per-point estimates placed at their ``(layer, head)``; zeros where the metric does not depend."""
+    first = next((per_key[key] for _, key in entries if key in per_key), None)
+    if first is None:
+        raise ExperimentError("attribution_patching: the metric depends on none of these points")
+    layers = max(index[0] for index, _ in entries) + 1
+    if len(entries[0][0]) == 1:
+        grid = torch.zeros((layers, first.shape[-1]), dtype=first.dtype)
+    else:
+        axis = max(
+            (per_key[key].shape[0] for (_, head), key in entries if head is None and key in per_key),
+            default=0,
+        )
+        heads = max([axis] + [head + 1 for (_, head), _ in entries if head is not None])
+        grid = torch.zeros((layers, heads, first.shape[-1]), dtype=first.dtype)
+    for index, key in entries:
+        if key in per_key:
+            grid[index if index[-1] is not None else index[:1]] = per_key[key]
+    return grid

@@ -1,0 +1,178 @@
+"""``gradients``: the derivative of a metric with respect to activation points, by autograd.
+
+One evaluation computes the metric with every requested point tracked (``compile_plan``'s
+``kernel=`` seam wraps each point's step so that its value requires grad, as a leaf of the
+autograd graph when nothing below it does); one backward pass (``torch.autograd.grad`` on the
+points alone) gives each point's gradient.  No weight gets a gradient, so the backward costs
+about one forward.  ``attribution_patching`` is built on ``tracked_run``.
+
+The metric is a function of the circuit's value (its root tensor: the logits of a prompt
+circuit, the per-token loss of a model circuit) returning one number as a tensor, or a
+``Metric``, which is built over the circuit and evaluated in the same pass.  A Metric that
+rewrites the nodes a point names (``logit_diff(..., push_down=True)`` pushes its Index below
+the logits) leaves that point outside the metric's circuit: the point is refused with a message
+saying so (make the Metric with ``push_down=False``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
+
+import torch
+
+from circuits.errors import ExperimentError
+from circuits.evaluation import compile_plan
+from circuits.experiments.metrics import Metric
+from circuits.experiments.points import as_key, resolve_points, show_key
+from circuits.nodes import Circuit, check_node
+from circuits.traversal import unique_nodes
+
+__all__ = ["Gradients", "TrackedRun", "gradients", "tracked_run"]
+
+Key = tuple
+
+
+class Gradients(Mapping):
+    """``∂metric/∂activation`` by ``(kind, layer, head)``; ``metric`` (a float) and ``activations``."""
+
+    def __init__(self, metric: float, grads: dict[Key, torch.Tensor], activations: dict[Key, torch.Tensor]):
+        self.metric = metric
+        self.activations = activations
+        self._grads = grads
+
+    def __getitem__(self, key: Any) -> torch.Tensor:
+        normalized = as_key(key)
+        if normalized not in self._grads:
+            raise KeyError(f"{key!r}: no gradient for it here; there are {', '.join(map(show_key, self))}")
+        return self._grads[normalized]
+
+    def __iter__(self) -> Iterator[Key]:
+        return iter(self._grads)
+
+    def __len__(self) -> int:
+        return len(self._grads)
+
+    def __repr__(self) -> str:
+        shown = ", ".join(map(show_key, list(self)[:6]))
+        return f"Gradients(metric {self.metric:.6g}; {len(self)} points: {shown}{', ...' if len(self) > 6 else ''})"
+
+
+class TrackedRun(NamedTuple):
+    """One evaluation: the metric as a tensor, and each point's value (tracked when asked)."""
+
+    metric: torch.Tensor
+    values: dict[Key, torch.Tensor]
+
+
+def gradients(
+    circuit: Circuit,
+    metric: Metric | Callable[[torch.Tensor], torch.Tensor],
+    points: Iterable[Any],
+    *,
+    inputs: Mapping[Circuit | str, Any] | None = None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+) -> Gradients:
+    """``∂metric/∂activation`` at each point, from one evaluation and one backward pass.
+
+    ``points``: as ``run_with_cache`` takes them (``'logits'``, ``('resid_pre', 1)``,
+    ``('z', 1, 2)``).  ``metric``: see the module docstring.  A point the metric does not
+    depend on gets a gradient of zeros.  ``inputs``, ``device``, ``dtype``: as ``cc.evaluate``.
+
+    >>> grads = ex.gradients(c, lambda logits: logits[:, -1, 7].sum(), [("resid_pre", 1)])
+    >>> grads["resid_pre", 1].shape                  # the node's shape, [batch, pos, d_model]
+    """
+    keys = [as_key(point) for point in points]
+    if not keys:
+        raise ExperimentError("gradients: no points given; name at least one, e.g. [('resid_pre', 0)]")
+    run = tracked_run(circuit, metric, keys, track=True, inputs=inputs, device=device, dtype=dtype)
+    tensors = [run.values[key] for key in keys]
+    found = torch.autograd.grad(run.metric, tensors, allow_unused=True)
+    grads = {key: torch.zeros_like(t) if g is None else g for key, t, g in zip(keys, tensors, found)}
+    values = {key: value.detach() for key, value in run.values.items()}
+    return Gradients(float(run.metric.detach()), grads, values)
+
+
+def tracked_run(
+    circuit: Circuit,
+    metric: Metric | Callable[[torch.Tensor], torch.Tensor],
+    keys: list[Key],
+    *,
+    track: bool,
+    inputs: Mapping[Circuit | str, Any] | None = None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+) -> TrackedRun:
+    """The metric of ``circuit`` and the values at ``keys`` (full ``(kind, layer, head)``) from one
+    evaluation; with ``track``, under autograd, each point's value requiring grad."""
+    check_node(circuit, "gradients: the circuit", ExperimentError)
+    wanted = resolve_points(circuit, keys)
+    root = _metric_root(circuit, metric, wanted)
+    by_hash: dict[bytes, list[Key]] = {}
+    for key, node in wanted.items():
+        by_hash.setdefault(node.hash, []).append(key)
+    values: dict[Key, torch.Tensor] = {}
+
+    def keep(node: Circuit, value: torch.Tensor) -> None:
+        for key in by_hash.get(node.hash, ()):
+            values[key] = value
+
+    def kernel(node: Circuit, default: Callable) -> Callable:
+        return _tracked(default) if node.hash in by_hash else default
+
+    with torch.set_grad_enabled(track):
+        plan = compile_plan([root], inputs, device, dtype, kernel=kernel if track else None)
+        _refuse_leaf_points(plan, by_hash)
+        value = plan.run(on_value=keep)[0]
+        number = value if isinstance(metric, Metric) else _number(metric(value), track)
+    return TrackedRun(number, {key: values[key] for key in keys})
+
+
+def _tracked(default: Callable) -> Callable:
+    def tracked(*arguments: torch.Tensor) -> torch.Tensor:
+        value = default(*arguments)
+        return value if value.requires_grad else value.detach().requires_grad_()
+
+    return tracked
+
+
+def _metric_root(circuit: Circuit, metric: Any, wanted: dict[Key, Circuit]) -> Circuit:
+    if not isinstance(metric, Metric):
+        if not callable(metric):
+            raise ExperimentError(
+                f"gradients: metric must be a Metric or a function of the circuit's value, got {metric!r}"
+            )
+        return circuit
+    root = metric.circuit(circuit)
+    present = {node.hash for node in unique_nodes([root])}
+    outside = [key for key, node in wanted.items() if node.hash not in present]
+    if outside:
+        raise ExperimentError(
+            f"gradients: the metric {metric.name}'s circuit does not contain the point(s) "
+            f"{', '.join(map(show_key, outside))}: the metric rewrote them (a Metric that pushes an Index "
+            "down, such as logit_diff, needs push_down=False here), or the metric does not read them"
+        )
+    return root
+
+
+def _refuse_leaf_points(plan, by_hash: dict[bytes, list[Key]]) -> None:
+    """A leaf's value is the tensor itself, with no step to track: refused, not silently untracked."""
+    for node, _ in plan.initial_values():
+        if node.hash in by_hash:
+            keys = ", ".join(map(show_key, by_hash[node.hash]))
+            raise ExperimentError(f"gradients: point {keys} is a leaf ({node.describe()}), not an activation")
+
+
+def _number(value: Any, track: bool) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor) or value.numel() != 1:
+        shape = f" of shape {list(value.shape)}" if isinstance(value, torch.Tensor) else ""
+        raise ExperimentError(
+            f"gradients: the metric must return one number as a torch tensor, got a {type(value).__name__}{shape}"
+        )
+    if track and not value.requires_grad:
+        raise ExperimentError(
+            "gradients: the metric's value does not depend on any point (it is not part of the autograd graph); "
+            "compute it from the tensor the metric is given, with torch operations"
+        )
+    return value.reshape(())
