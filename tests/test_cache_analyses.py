@@ -208,6 +208,9 @@ def test_direct_logit_attribution_sums_to_the_logit_difference_and_equals_transf
     single = direct_logit_attribution(gpt2["cache"], 7)
     _close(single.total, gpt2["cache"]["logits"][:, -1, 7])
     _close(single.values.sum(0), single.total, SUM_TOL)
+    mixed = direct_logit_attribution(gpt2["cache"], answers, 7)  # one wrong token for every row
+    _close(mixed.total, gpt2["cache"]["logits"][:, -1].gather(-1, answers[:, None])[:, 0] - single.total)
+    _close(mixed.values.sum(0), mixed.total, SUM_TOL)
     rows = single.records()
     assert len(rows) == len(single.labels) * 3 and rows[0] == {
         "component": "embed",

@@ -123,15 +123,19 @@ def direct_logit_attribution(
     pos = _position(pos, logits.shape[1])
     batch = torch.Size([logits.shape[0]])
     vocab = logits.shape[-1]
-    answers = residual.token_ids(answer_tokens, batch, vocab, "answer_tokens")
-    wrong = None if wrong_tokens is None else residual.token_ids(wrong_tokens, batch, vocab, "wrong_tokens")
+    answers = residual.token_ids(answer_tokens, batch, vocab, "answer_tokens").expand(batch)
+    wrong = (
+        None
+        if wrong_tokens is None
+        else residual.token_ids(wrong_tokens, batch, vocab, "wrong_tokens").expand(batch)
+    )
     stack, labels = residual.direct_components(cache, pos)
     values = residual.logit_attrs(cache, stack, answers, wrong, pos, None, True)
     bias = residual.output_bias_logits(cache, answers, wrong, batch)
     rows = torch.arange(batch[0])
-    total = logits[rows, pos, answers.expand(batch)]
+    total = logits[rows, pos, answers]
     if wrong is not None:
-        total = total - logits[rows, pos, wrong.expand(batch)]
+        total = total - logits[rows, pos, wrong]
     return LogitAttribution(torch.cat([values, bias[None]]), [*labels, "bias"], total)
 
 

@@ -20,7 +20,7 @@ import torch
 
 from circuits import names
 from circuits.errors import ExperimentError
-from circuits.nodes import Circuit
+from circuits.nodes import Array, Circuit
 from circuits.traversal import unique_nodes
 
 if TYPE_CHECKING:
@@ -57,11 +57,15 @@ class ModelFacts:
     has_mlp: bool
     split_heads: dict  #: layer -> the number of single-head branches (split layers only)
     batched: bool  #: the tokens are ``[batch, positions]``
+    arrays: dict  #: name -> the one Array of that name (None where several nodes share it)
 
 
 def model_facts(circuit: Circuit) -> ModelFacts:
     """The facts of ``circuit``; a circuit that is no model the builders make raises ``ExperimentError``."""
-    named = {node.name: node for node in unique_nodes([circuit]) if node.name is not None}
+    named: dict[str, Circuit | None] = {}
+    for node in unique_nodes([circuit]):
+        if node.name is not None:
+            named[node.name] = node if node.name not in named else None
     found = set(named)
     if names.FINAL_NORM not in found:
         raise ExperimentError(
@@ -85,16 +89,17 @@ def model_facts(circuit: Circuit) -> ModelFacts:
         pos_in_resid=names.EMBEDS in found,
         has_mlp=names.mlp_out(0) in found,
         split_heads=heads,
-        batched=names.TOKENS in named and named[names.TOKENS].rank == 2,
+        batched=named.get(names.TOKENS) is not None and named[names.TOKENS].rank == 2,
+        arrays={name: node for name, node in named.items() if node is None or isinstance(node, Array)},
     )
 
 
 def _weight(cache: ActivationCache, name: str, like: torch.Tensor) -> torch.Tensor | None:
     """The model weight ``name`` (None if the circuit has none), on ``like``'s device and dtype."""
-    nodes = cache.circuit.get(name)
-    if len(nodes) > 1:
-        raise ExperimentError(f"weight {name!r}: {len(nodes)} different nodes have this name")
-    return next(iter(nodes)).evaluate().to(like) if nodes else None
+    arrays = cache.facts.arrays
+    if name in arrays and arrays[name] is None:
+        raise ExperimentError(f"weight {name!r}: several different nodes have this name")
+    return arrays[name].evaluate().to(like) if name in arrays else None
 
 
 def _final_eps(circuit: Circuit, norm: str) -> float:
