@@ -211,6 +211,10 @@ def test_direct_logit_attribution_sums_to_the_logit_difference_and_equals_transf
     mixed = direct_logit_attribution(gpt2["cache"], answers, 7)  # one wrong token for every row
     _close(mixed.total, gpt2["cache"]["logits"][:, -1].gather(-1, answers[:, None])[:, 0] - single.total)
     _close(mixed.values.sum(0), mixed.total, SUM_TOL)
+    pandas = pytest.importorskip("pandas")
+    assert isinstance(single.to_pandas(), pandas.DataFrame) and len(single.to_pandas()) == len(
+        single.records()
+    )
     rows = single.records()
     assert len(rows) == len(single.labels) * 3 and rows[0] == {
         "component": "embed",

@@ -259,11 +259,7 @@ def decompose_resid(
         raise ExperimentError(f"mode={mode!r}: give 'all', 'mlp' or 'attn'")
     if mlp_input and (layer == facts.n_layers or not facts.has_mlp):
         raise ExperimentError(f"mlp_input=True needs a model with MLPs and a layer below {facts.n_layers}")
-    parts: list[tuple[str, torch.Tensor]] = []
-    if incl_embeds:
-        parts.append(("embed", cache.values_at([("embed",)])[0]))
-        if facts.pos_in_resid:
-            parts.append(("pos_embed", cache.values_at([("pos_embed",)])[0]))
+    parts = _embeddings(cache, facts) if incl_embeds else []
     for at in range(layer):
         if mode != "mlp":
             parts.append((f"{at}_attn_out", _attn_out(cache, at)))
@@ -293,6 +289,7 @@ def head_results(cache: ActivationCache, layer: int) -> torch.Tensor:
 
 
 def _resid_entering(cache: ActivationCache, layer: int, n_layers: int) -> torch.Tensor:
+    """The residual stream entering ``layer`` (the final one at ``n_layers``)."""
     return cache.values_at([("resid_final",) if layer == n_layers else ("resid_pre", layer)])[0]
 
 
