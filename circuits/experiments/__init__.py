@@ -17,6 +17,17 @@
                                               one layer at a time)
 ``run_with_cache(c, points)``                 the value and the activations at points, one
                                               evaluation; ``cache["attn_probs", 1]``
+``cache.accumulated_resid``, ``decompose_resid``, TransformerLens's cache analyses on an
+``stack_head_results``, ``apply_ln_to_stack``, ``ActivationCache`` (docs/analyses.md)
+``logit_attrs``
+``direct_logit_attribution(c, answers, wrong)`` each head's, MLP's and embedding's direct share of
+                                              a logit (difference); they sum to it
+``logit_lens(c, pos)``                        each layer's residual through the final norm and
+                                              the unembedding; top tokens per layer
+``gradients(c, metric, points)``              dmetric/dactivation at points: one forward, one
+                                              backward, no weight gradients
+``attribution_patching(c, corrupted, metric)`` the gradient estimate of patching every layer,
+                                              head and position at once
 ``overview(c)``                               the model circuit at a glance, one line per
                                               component (like torch's ``print(model)``)
 ``plot_attention``, ``plot_grid``             attention patterns per head; grids (sweep
@@ -32,9 +43,17 @@ makes evaluating many rewrites of one circuit cost only what changed.
 
 from circuits.cache import Evaluator
 from circuits.experiments.activations import ActivationCache, run_with_cache
+from circuits.experiments.attribution import ATTRIBUTION_KINDS, AttributionResult, attribution_patching
 from circuits.experiments.ablation import DEFAULT_CACHE_BYTES, mean_ablate, resample_ablate, zero_ablate
 from circuits.errors import ExperimentError
+from circuits.experiments.gradients import Gradients, gradients
 from circuits.experiments.inputs import with_inputs
+from circuits.experiments.logit_attribution import (
+    LogitAttribution,
+    LogitLens,
+    direct_logit_attribution,
+    logit_lens,
+)
 from circuits.experiments.metrics import Metric, kl_div, logit_diff, mean_loss
 from circuits.experiments.overview import overview
 from circuits.experiments.patching import patch
@@ -43,18 +62,27 @@ from circuits.experiments.points import HEAD_KINDS, POINT_KINDS, TRANSFORMER_LEN
 from circuits.experiments.sweep import SweepResult, head_names, sweep
 
 __all__ = [
+    "ATTRIBUTION_KINDS",
     "ActivationCache",
+    "AttributionResult",
     "DEFAULT_CACHE_BYTES",
     "Evaluator",
     "ExperimentError",
+    "Gradients",
     "HEAD_KINDS",
+    "LogitAttribution",
+    "LogitLens",
     "Metric",
     "POINT_KINDS",
     "SweepResult",
     "TRANSFORMER_LENS_HOOKS",
+    "attribution_patching",
+    "direct_logit_attribution",
+    "gradients",
     "head_names",
     "kl_div",
     "logit_diff",
+    "logit_lens",
     "mean_ablate",
     "mean_loss",
     "overview",
