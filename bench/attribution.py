@@ -77,7 +77,9 @@ def repeated_half_loss(loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (loss * mask).sum() / mask.sum()
 
 
-def agreement(batch: int, block: int) -> float:
+def agreement(batch: int, block: int, corruption: str) -> float:
+    """Pearson of attribution and exact patching per head; ``corruption``: ``"first block"`` (another
+    first block, so the repeat misleads) or ``"three tokens"`` (three tokens of the first block changed)."""
     import circuits as cc
     from circuits import experiments as ex
     from circuits.models.demo_model import load_demo_model, repeat_mask, repeated_tokens
@@ -85,7 +87,8 @@ def agreement(batch: int, block: int) -> float:
     clean = repeated_tokens(batch, block, seed=0)
     other = repeated_tokens(batch, block, seed=1)
     corrupted = clean.clone()
-    corrupted[:, 1 : block + 1] = other[:, 1 : block + 1]  # another first block: the repeat misleads
+    changed = slice(1, block + 1) if corruption == "first block" else [2, block // 2, block - 1]
+    corrupted[:, changed] = other[:, changed]
     mask = repeat_mask(block, batch, 2 * block).float()
     metric = functools.partial(repeated_half_loss, mask=mask)
     circuit = cc.split_heads(cc.causal_mask(load_demo_model(clean)))
@@ -98,7 +101,7 @@ def agreement(batch: int, block: int) -> float:
     exact = torch.tensor([table[head] - table.baseline for head in heads])
     pearson = float(torch.corrcoef(torch.stack([attributed, exact]))[0, 1])
     print(
-        f"shipped model, {batch} rows, block {block}: clean loss {result.source_metric:.4f}, corrupted {result.target_metric:.4f}"
+        f"shipped model, {batch} rows, block {block}, {corruption} corrupted: clean loss {result.source_metric:.4f}, corrupted {result.target_metric:.4f}"
     )
     for head, a, e in zip(heads, attributed.tolist(), exact.tolist()):
         print(f"  {head:12s} attribution {a:+.4f}   exact patching {e:+.4f}")
@@ -115,7 +118,8 @@ def main() -> None:
     parser.add_argument("--demo-block", type=int, default=16, help="repeated block length there (default 16)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    agreement(args.demo_batch, args.demo_block)
+    for corruption in ("first block", "three tokens"):
+        agreement(args.demo_batch, args.demo_block, corruption)
     forward, attribution = timing(args)
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     print(
