@@ -431,3 +431,17 @@ def test_resolve_points_finds_what_the_matchers_find(family, masked):
                     assert ("finds no node" if not expected else f"finds {len(expected)} nodes") in str(error)
         default = ex.points.resolve_points(c)
         assert default and all(_get_or_error(c, key) == {node} for key, node in default.items())
+
+
+@pytest.mark.parametrize("family", ["attn_only", "gpt2", "llama"])
+def test_patching_a_point_patches_every_use_of_its_node(family):
+    """``ex.patch(c, point, other)`` is activation patching: it replaces the node at every use, as
+    patching the node itself does (a point searched along a path must not patch that path only)."""
+    circuit, n_heads = _small(family, True, n_layers=2)
+    other = {"toks_int_var": torch.randint(0, 7, (2, 6), generator=torch.Generator().manual_seed(5))}
+    for c in _variants(circuit, family, True).values():
+        for key in ex.points.resolve_points(c):
+            node = ex.points.resolve_points(c, [key])[key]
+            by_point = ex.patch(c, ex.point(*key), other).evaluate()
+            by_node = ex.patch(c, node, other).evaluate()
+            assert torch.equal(by_point, by_node), key

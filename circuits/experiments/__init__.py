@@ -28,6 +28,9 @@
                                               backward, no weight gradients
 ``attribution_patching(c, corrupted, metric)`` the gradient estimate of patching every layer,
                                               head and position at once
+``act_patch_resid_pre(c, corrupted, metric)`` TransformerLens's patching grids, one per
+and every ``act_patch_*`` (``patch_grid``)    function of its ``patching`` module
+                                              (docs/patching.md)
 ``overview(c)``                               the model circuit at a glance, one line per
                                               component (like torch's ``print(model)``)
 ``plot_attention``, ``plot_grid``             attention patterns per head; grids (sweep
@@ -57,6 +60,29 @@ from circuits.experiments.logit_attribution import (
 from circuits.experiments.metrics import Metric, kl_div, logit_diff, mean_loss
 from circuits.experiments.overview import overview
 from circuits.experiments.patching import patch
+from circuits.experiments.patching_grids import (
+    EVERY,
+    GRIDS,
+    PatchGrid,
+    act_patch_attn_head_all_pos_every,
+    act_patch_attn_head_by_pos_every,
+    act_patch_attn_head_k_all_pos,
+    act_patch_attn_head_k_by_pos,
+    act_patch_attn_head_out_all_pos,
+    act_patch_attn_head_out_by_pos,
+    act_patch_attn_head_pattern_all_pos,
+    act_patch_attn_head_pattern_by_pos,
+    act_patch_attn_head_q_all_pos,
+    act_patch_attn_head_q_by_pos,
+    act_patch_attn_head_v_all_pos,
+    act_patch_attn_head_v_by_pos,
+    act_patch_attn_out,
+    act_patch_block_every,
+    act_patch_mlp_out,
+    act_patch_resid_mid,
+    act_patch_resid_pre,
+    patch_grid,
+)
 from circuits.experiments.plots import plot_attention, plot_grid
 from circuits.experiments.points import HEAD_KINDS, POINT_KINDS, TRANSFORMER_LENS_HOOKS, point
 from circuits.experiments.sweep import SweepResult, head_names, sweep
@@ -66,16 +92,36 @@ __all__ = [
     "ActivationCache",
     "AttributionResult",
     "DEFAULT_CACHE_BYTES",
+    "EVERY",
     "Evaluator",
     "ExperimentError",
+    "GRIDS",
     "Gradients",
     "HEAD_KINDS",
     "LogitAttribution",
     "LogitLens",
     "Metric",
     "POINT_KINDS",
+    "PatchGrid",
     "SweepResult",
     "TRANSFORMER_LENS_HOOKS",
+    "act_patch_attn_head_all_pos_every",
+    "act_patch_attn_head_by_pos_every",
+    "act_patch_attn_head_k_all_pos",
+    "act_patch_attn_head_k_by_pos",
+    "act_patch_attn_head_out_all_pos",
+    "act_patch_attn_head_out_by_pos",
+    "act_patch_attn_head_pattern_all_pos",
+    "act_patch_attn_head_pattern_by_pos",
+    "act_patch_attn_head_q_all_pos",
+    "act_patch_attn_head_q_by_pos",
+    "act_patch_attn_head_v_all_pos",
+    "act_patch_attn_head_v_by_pos",
+    "act_patch_attn_out",
+    "act_patch_block_every",
+    "act_patch_mlp_out",
+    "act_patch_resid_mid",
+    "act_patch_resid_pre",
     "attribution_patching",
     "direct_logit_attribution",
     "gradients",
@@ -87,6 +133,7 @@ __all__ = [
     "mean_loss",
     "overview",
     "patch",
+    "patch_grid",
     "plot_attention",
     "plot_grid",
     "point",

@@ -20,6 +20,11 @@ not, masked or not.
 - A point of a kind the circuit's family lacks (``mlp_out`` of an attention-only model) finds
   nothing.
 
+- Used in ``ex.patch`` or an ablation, a point replaces its node at every use (activation
+  patching, as a TransformerLens hook does): each point's search path covers every use of its
+  node (``resid_pre`` of layer 0 is the topmost embeddings node, found from the root), and
+  tests/test_points.py checks it against patching the node itself.
+
 ``TRANSFORMER_LENS_HOOKS`` gives TransformerLens's hook name for each kind; how our nodes differ
 in shape or meaning from those hooks: docs/models.md.
 """
@@ -129,6 +134,8 @@ def point(kind: str, layer: int | None = None, head: int | None = None) -> Point
     1, 2))``, ``ex.patch(c, point('resid_pre', 1), inputs)``.
     """
     spec = _spec(kind, layer, head)
+    if spec.whole is not None:
+        return spec.whole
     return spec.start if spec.tail is None else spec.tail(IterativeMatcher(spec.start))
 
 
@@ -141,6 +148,7 @@ class _Spec(NamedTuple):
     start: Matcher
     start_names: frozenset
     tail: Callable[[IterativeMatcher], IterativeMatcher] | None = None
+    whole: IterativeMatcher | None = None  # a matcher searched from the root, used as it is
 
 
 def _spec(kind: str, layer: int | None, head: int | None) -> _Spec:
@@ -153,8 +161,10 @@ def _spec(kind: str, layer: int | None, head: int | None) -> _Spec:
         start = _named(_FROM[kind](layer)) if head is None else _branch(kind, layer, head)
         return start._replace(tail=_below(_kind_names(kind)))
     if kind == "resid_pre":
-        if layer == 0:
-            return _named(names.attn_norm(0))._replace(tail=_stop_at(_EMBEDDINGS))
+        if layer == 0:  # the topmost embeddings node ('embeds' over 'idxed_embeds'), every use of it
+            return _Spec(
+                Matcher(_EMBEDDINGS), _EMBEDDINGS, whole=IterativeMatcher(_EMBEDDINGS, stop_at_match=True)
+            )
         return _named(names.block(layer - 1))
     return _named(_kind_names(kind, layer))
 
@@ -288,7 +298,7 @@ def _resolve(circuit: Circuit, keys: list) -> dict:
     resolved = {}
     for key in keys:
         try:
-            nodes = _find(index, _spec(*key))
+            nodes = _find(circuit, index, _spec(*key))
         except ExperimentError as error:
             raise ExperimentError(f"point {show_key(key)}: {error}") from None
         if len(nodes) != 1:
@@ -311,7 +321,7 @@ def _default_points(circuit: Circuit) -> dict:
         if entry.scope == "head":
             continue
         for layer in [None] if entry.scope == "model" else layers:
-            nodes = _find(index, _spec(kind, layer, None))
+            nodes = _find(circuit, index, _spec(kind, layer, None))
             if len(nodes) == 1:
                 resolved[(kind, layer, None)] = next(iter(nodes))
     return resolved
@@ -325,8 +335,10 @@ def _by_name(circuit: Circuit) -> dict[str, list[Circuit]]:
     return index
 
 
-def _find(index: dict[str, list[Circuit]], spec: _Spec) -> set[Circuit]:
+def _find(circuit: Circuit, index: dict[str, list[Circuit]], spec: _Spec) -> set[Circuit]:
     """What ``get(circuit, point)`` finds: the stage-0 nodes by name, then the tail from each."""
+    if spec.whole is not None:
+        return set(get(circuit, spec.whole))
     predicate = spec.start.predicate
     starts = [node for name in spec.start_names for node in index.get(name, ()) if predicate(node)]
     if spec.tail is None:
