@@ -77,6 +77,28 @@ def timed(action):
     return time.perf_counter() - start, result
 
 
+def head_grid(args, circuit, corrupted, metric, options, tl_grid) -> None:
+    """Time the (head, position) head-output grid (and TransformerLens's, with ``--tl-heads``)."""
+    from transformer_lens import patching
+
+    with torch.no_grad():
+        seconds, ours = timed(
+            lambda: (
+                patching_grids.act_patch_attn_head_out_by_pos(
+                    circuit, {"toks_int_var": corrupted}, metric, **options
+                ).values
+            )
+        )
+        print(f"circuits (head, position) head-output grid {tuple(ours.shape)}: {seconds:.2f} s")
+        if args.tl_heads:
+            tl_seconds, theirs = timed(lambda: tl_grid(patching.get_act_patch_attn_head_out_by_pos))
+            worst = (ours - theirs).abs().max().item()
+            print(
+                f"TransformerLens head grid {tl_seconds:.2f} s; ratio {seconds / tl_seconds:.3f}; "
+                f"largest difference {worst:.2e}"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -92,6 +114,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of both; medians count")
     parser.add_argument("--patches-per-run", type=int, default=32)
+    parser.add_argument("--positions-per-run", type=int, default=8, help="positions one batched run spans")
+    parser.add_argument("--skip-heads", action="store_true", help="leave out the (head, position) grid")
     parser.add_argument("--tl-heads", action="store_true", help="time TransformerLens's head grid too (slow)")
     parser.add_argument("--tolerance", type=float, default=1e-4)
     parser.add_argument("--seed", type=int, default=0)
@@ -103,7 +127,7 @@ def main() -> None:
     clean, corrupted, good, bad = inputs(args)
     circuit = models.from_transformer_lens(model.state_dict(), clean, family="gpt2")
     metric = ex.metrics.logit_diff(-1, good, bad)
-    options = {"patches_per_run": args.patches_per_run}
+    options = {"patches_per_run": args.patches_per_run, "positions_per_run": args.positions_per_run}
 
     def tl_metric(logits):
         last = logits[:, -1]
@@ -116,7 +140,7 @@ def main() -> None:
     print(
         f"GPT-2 {args.layers} layers x {args.heads} heads, d_model {args.d_model}, vocab {args.vocab}, "
         f"batch {args.batch} x {args.seq}, float32, {args.threads} threads, "
-        f"{args.patches_per_run} patches per run; load {os.getloadavg()[0]:.2f}"
+        f"runs of {args.patches_per_run} patches over {args.positions_per_run} positions; load {os.getloadavg()[0]:.2f}"
     )
     ours_times, tl_times = [], []
     for round_ in range(args.rounds):
@@ -145,22 +169,8 @@ def main() -> None:
         if worst > args.tolerance:
             raise SystemExit(f"the grids disagree: {worst:.3e} > tolerance {args.tolerance:g}")
 
-    with torch.no_grad():
-        head_seconds, heads = timed(
-            lambda: (
-                patching_grids.act_patch_attn_head_out_by_pos(
-                    circuit, {"toks_int_var": corrupted}, metric, **options
-                ).values
-            )
-        )
-        print(f"circuits (head, position) head-output grid {tuple(heads.shape)}: {head_seconds:.2f} s")
-        if args.tl_heads:
-            tl_seconds, theirs = timed(lambda: tl_grid(patching.get_act_patch_attn_head_out_by_pos))
-            worst = (heads - theirs).abs().max().item()
-            print(
-                f"TransformerLens head grid {tl_seconds:.2f} s; ratio {head_seconds / tl_seconds:.3f}; "
-                f"largest difference {worst:.2e}"
-            )
+    if not args.skip_heads:
+        head_grid(args, circuit, corrupted, metric, options, tl_grid)
     ours, theirs = statistics.median(ours_times), statistics.median(tl_times)
     print(
         f"circuits {ours:.2f} s, TransformerLens {theirs:.2f} s (medians of {args.rounds}); "

@@ -4,6 +4,7 @@ weights, the attention-only model against a torch forward, executors, and bad in
 from __future__ import annotations
 
 import concurrent.futures
+import multiprocessing
 import pickle
 
 import pytest
@@ -12,6 +13,7 @@ import torch
 import circuits as cc
 import circuits.models as cm
 from circuits import experiments as ex
+from circuits.experiments import causal_suffix
 from circuits.experiments import patching_grids as grids
 from experiments_reference import CONFIG, forward, tokens, weights
 
@@ -157,7 +159,8 @@ def test_an_executor_gives_the_local_grid():
     inline = grids.act_patch_attn_head_q_by_pos(
         circuit, {"toks_int_var": corrupted}, metric, executor=_InlineExecutor()
     )
-    with concurrent.futures.ProcessPoolExecutor(max_workers=2) as pool:
+    spawn = multiprocessing.get_context("spawn")  # forking a process with torch's threads running can hang
+    with concurrent.futures.ProcessPoolExecutor(max_workers=2, mp_context=spawn) as pool:
         pooled = grids.act_patch_resid_pre(circuit, {"toks_int_var": corrupted}, metric, executor=pool)
     assert torch.equal(inline.values, local.values) and inline.records == local.records
     assert torch.equal(
@@ -178,3 +181,53 @@ def test_bad_input_is_named():
         grids.act_patch_resid_pre(circuit, {"toks_int_var": corrupted}, metric, patches_per_run=0)
     with pytest.raises(ex.ExperimentError, match="metric"):
         grids.act_patch_resid_pre(circuit, {"toks_int_var": corrupted}, "logit_diff")
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated")
+@pytest.mark.parametrize("grid", ["resid_pre", "attn_head_k_by_pos"])
+def test_bidirectional_attention_patches_every_position(grid):
+    """Without a causal mask a patch reaches earlier positions too: no suffix shortcut."""
+    patching = pytest.importorskip("transformer_lens.patching")
+    from test_points import tl_model
+
+    model = tl_model("gpt2", False)
+    clean, corrupted = _inputs(17)
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+    circuit = cm.from_transformer_lens(state, clean, family="gpt2", causal=False)
+    assert not causal_suffix.is_causal(circuit)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(clean[:, :-1])
+        expected = getattr(patching, f"get_act_patch_{grid}")(
+            model, corrupted[:, :-1], cache, _reference_metric
+        )
+    metric = ex.metrics.logit_diff(-1, GOOD, BAD)
+    ours = grids.patch_grid(circuit, {"toks_int_var": corrupted}, metric, grid, positions_per_run=1)
+    assert (ours.values - expected).abs().max().item() < TOL
+
+
+def test_mean_loss_grid_equals_torch():
+    """A Metric other than logit_diff: the corrupted run's mean loss, per patch, against torch."""
+    w = weights()
+    clean = tokens(4)
+    corrupted = clean.clone()
+    corrupted[:, [1, 3]] = (clean[:, [1, 3]] + 2) % CONFIG.vocab_size
+    circuit = cc.causal_mask(cm.build_attn_only(CONFIG, w, clean))
+    _, _, clean_heads = forward(w, clean)
+    _, _, corrupted_heads = forward(w, corrupted)
+    ours = grids.act_patch_attn_head_out_all_pos(circuit, {"toks_int_var": corrupted}, ex.mean_loss)
+    for layer in range(CONFIG.n_layers):
+        for head in range(CONFIG.n_heads):
+            loss, _, _ = forward(w, corrupted, override={(layer, head): clean_heads[(layer, head)]})
+            assert abs(ours.values[layer, head].item() - loss.mean().item()) < 1e-9
+    assert ours.values.std() > 1e-6
+
+
+def test_the_causal_suffix_changes_no_value():
+    circuit, _ = _small_gpt2()
+    assert causal_suffix.is_causal(circuit)
+    prefixes = {name: circuit.get_unique(name).evaluate() for name in ("b0", "b1")}
+    for position in (1, 5, 7):
+        suffixed = causal_suffix.from_position(circuit, position, prefixes)
+        assert torch.equal(suffixed.evaluate(), circuit.evaluate())
+        assert circuit.get_unique("b1").shape == suffixed.get_unique("b1").shape

@@ -24,6 +24,8 @@ import torch
 from circuits import names
 from circuits.batching import expand
 from circuits.cache import Evaluator
+from circuits.experiments import causal_suffix
+from circuits.experiments.causal_suffix import is_causal
 from circuits.experiments.metrics import Metric, find
 from circuits.experiments.points import resolve_points
 from circuits.nodes import Array, Circuit
@@ -38,48 +40,88 @@ class PatchRun:
 
     ``clean`` and ``corrupted`` are the model circuit on the clean and on the corrupted inputs;
     ``metric`` a ``Metric`` or a function of the logits tensor ``[B, S, V]``; ``evaluator`` keeps
-    what every chunk reads (the corrupted layers below the node, for instance).
+    what every chunk reads (the corrupted layers below the node, for instance).  On a causal
+    circuit, a chunk whose patches all sit at positions ``>= p`` recomputes positions ``>= p``
+    only (``causal_suffix``).
     """
 
     def __init__(self, clean: Circuit, corrupted: Circuit, key: tuple, metric: Any, evaluator: Evaluator):
-        self.evaluator = evaluator
+        self.evaluator, self.metric = evaluator, metric
         node = resolve_points(corrupted, [key])[key]
         self.clean_value = evaluator.evaluate(resolve_points(clean, [key])[key])
         self.corrupted_value = evaluator.evaluate(node)
         self.leaf = Array(self.corrupted_value, name=f"patch.{key[0]}")
-        leafed = replace(corrupted, {node: self.leaf})
-        if isinstance(metric, Metric):
-            self.measured, self.reduce = metric.circuit(leafed), None
-        else:
-            self.measured, self.reduce = find(leafed, names.LOGITS, "patching grid"), metric
+        self.leafed = replace(corrupted, {node: self.leaf})
+        self.measured = self._measured(self.leafed)
         self.shared = {n.hash for n in unique_nodes([self.measured])}
+        self.prefixes = _block_values(corrupted, key[1], evaluator) if is_causal(corrupted) else None
 
-    def values(self, indices: Sequence[tuple]) -> list[float]:
-        """The metric with ``patched[index] = clean[index]`` for each index, evaluated as one batch."""
+    def _measured(self, circuit: Circuit) -> Circuit:
+        if isinstance(self.metric, Metric):
+            return self.metric.circuit(circuit)
+        return find(circuit, names.LOGITS, "patching grid")
+
+    def values(self, indices: Sequence[tuple], first_position: int = 0) -> list[float]:
+        """The metric with ``patched[index] = clean[index]`` for each index, evaluated as one batch.
+
+        ``first_position``: no index patches a position before it (0: not known)."""
         if not indices:
             return []
         patched = self.corrupted_value.expand(len(indices), *self.corrupted_value.shape).clone()
         for row, index in zip(patched, indices):
             row[index] = self.clean_value[index]
-        batched = expand(self.measured, {self.leaf: Array(patched, name=self.leaf.name)})
+        measured = self.measured
+        if first_position > 0 and self.prefixes:
+            measured = self._measured(causal_suffix.from_position(self.leafed, first_position, self.prefixes))
+        batched = expand(measured, {self.leaf: Array(patched, name=self.leaf.name)})
         with torch.no_grad():
             value = self.evaluator.evaluate(batched, store=self._reused)
-        if self.reduce is None:
+        if isinstance(self.metric, Metric):
             return [float(v) for v in value]
-        return [_number(self.reduce(logits)) for logits in value]
+        return [_number(self.metric(logits)) for logits in value]
 
     def _reused(self, node: Circuit) -> bool:
         """Keep only values every chunk reads (the unpatched part), not one chunk's batched ones."""
         return node.hash in self.shared
 
 
+def _block_values(corrupted: Circuit, layer: int, evaluator: Evaluator) -> dict[str, torch.Tensor]:
+    """The corrupted run's residual stream ``'b{l}'`` for every ``l >= layer`` (the stored prefixes)."""
+    blocks = {}
+    for node in unique_nodes([corrupted]):
+        parsed = names.parse(node.name) if node.name is not None else None
+        if parsed is not None and parsed.kind == "block" and parsed.layer >= layer:
+            blocks[node.name] = node
+    values = evaluator.evaluate_many(list(blocks.values()))
+    return dict(zip(blocks, values))
+
+
 def _number(value: Any) -> float:
     return float(value.item() if isinstance(value, torch.Tensor) else value)
 
 
-def measure_all(run: PatchRun, indices: list[tuple], chunk: int) -> list[float]:
-    """Every index's metric, ``chunk`` patches per evaluation."""
-    found: list[float] = []
-    for start in range(0, len(indices), chunk):
-        found.extend(run.values(indices[start : start + chunk]))
+def runs(positions: Sequence[int], size: int, window: int) -> list[list[int]]:
+    """Patch numbers grouped into runs of at most ``size`` patches spanning fewer than ``window`` positions.
+
+    Sorted by position, so a run's patches share a high first position (a short causal suffix)."""
+    grouped: list[list[int]] = []
+    for number in sorted(range(len(positions)), key=positions.__getitem__):
+        current = grouped[-1] if grouped else None
+        if current is None or len(current) == size or positions[number] - positions[current[0]] >= window:
+            grouped.append([number])
+        else:
+            current.append(number)
+    return grouped
+
+
+def measure_all(
+    run: PatchRun, indices: list[tuple], positions: list[int], size: int, window: int
+) -> list[float]:
+    """Every index's metric (in the order given), ``size`` patches per evaluation; ``positions``:
+    the first position each index patches, ``window``: how many positions one evaluation spans."""
+    found: list[float] = [0.0] * len(indices)
+    for numbers in runs(positions, size, window):
+        first = positions[numbers[0]]
+        for number, value in zip(numbers, run.values([indices[n] for n in numbers], first)):
+            found[number] = value
     return found

@@ -102,38 +102,33 @@ def patch_grid(
     grid: str,
     *,
     patches_per_run: int = 32,
+    positions_per_run: int = 8,
     executor: concurrent.futures.Executor | None = None,
     cache_bytes: int = DEFAULT_CACHE_BYTES,
 ) -> PatchGrid:
     """The grid ``grid`` (a name of ``GRIDS`` or ``EVERY``); see the module docstring.
 
-    ``circuit``: the model circuit on the clean inputs.  ``corrupted_inputs``: e.g.
-    ``{"toks_int_var": corrupted_tokens}``, the shape of what they replace.  ``metric``: a
+    ``circuit``: the model circuit on the clean inputs, heads not split.  ``corrupted_inputs``:
+    e.g. ``{"toks_int_var": corrupted_tokens}``, the shape of what they replace.  ``metric``: a
     ``Metric`` (``logit_diff(-1, good, bad)`` unembeds one position) or a function of the logits
     tensor ``[B, S, V]`` (every position unembedded).  ``patches_per_run``: patches evaluated as
-    one batch.  ``executor``: a ``concurrent.futures.Executor`` to run the layers on (one job per
-    layer, each with its own cache of ``cache_bytes``); the result equals the local run's.
+    one batch; ``positions_per_run``: how many positions one batch spans (on a causal model a
+    batch recomputes only from its first patched position on).  ``executor``: a
+    ``concurrent.futures.Executor`` to run the layers on (one job per layer, each with its own
+    cache of ``cache_bytes``); the result equals the local run's.
     """
+    options = RunOptions(patches_per_run, positions_per_run, cache_bytes)
     if grid in EVERY:
         parts = [
-            patch_grid(
-                circuit,
-                corrupted_inputs,
-                metric,
-                part,
-                patches_per_run=patches_per_run,
-                executor=executor,
-                cache_bytes=cache_bytes,
-            )
+            patch_grid(circuit, corrupted_inputs, metric, part, executor=executor, **attrs.asdict(options))
             for part in EVERY[grid]
         ]
         return _stacked(grid, parts)
     spec = _checked_grid(grid)
-    _check_options(metric, patches_per_run, executor, cache_bytes)
+    _check_options(metric, options, executor)
     check_node(circuit, f"act_patch_{grid}: the circuit", ExperimentError)
     corrupted = _corrupted(circuit, corrupted_inputs, grid)
-    layers = range(_layer_count(circuit))
-    jobs = [(circuit, corrupted, spec, layer, metric, patches_per_run, cache_bytes) for layer in layers]
+    jobs = [(circuit, corrupted, spec, layer, metric, options) for layer in range(_layer_count(circuit))]
     if executor is None:
         evaluator = Evaluator(cache_bytes)
         results = [_layer_values(*job, evaluator=evaluator) for job in jobs]
@@ -142,14 +137,27 @@ def patch_grid(
     return _assembled(grid, spec, results)
 
 
-def _layer_values(circuit, corrupted, spec, layer, metric, chunk, cache_bytes, evaluator=None):
+@attrs.frozen
+class RunOptions:
+    """How a grid's patches are batched, and the cache each layer's job uses."""
+
+    patches_per_run: int
+    positions_per_run: int
+    cache_bytes: int
+
+
+def _layer_values(circuit, corrupted, spec: Grid, layer: int, metric, options: RunOptions, evaluator=None):
     """``(sizes, cells, values, dtype)`` of one layer's patches (module-level: it travels by pickle)."""
-    run = PatchRun(circuit, corrupted, (spec.kind, layer, None), metric, evaluator or Evaluator(cache_bytes))
-    sizes = {axis: run.clean_value.shape[_AXIS_FROM_END[axis]] for axis in spec.axes[1:]}
+    evaluator = evaluator or Evaluator(options.cache_bytes)
+    run = PatchRun(circuit, corrupted, (spec.kind, layer, None), metric, evaluator)
+    axes = spec.axes[1:]
+    sizes = {axis: run.clean_value.shape[_AXIS_FROM_END[axis]] for axis in axes}
     cells = [()]
-    for axis in spec.axes[1:]:
+    for axis in axes:
         cells = [cell + (i,) for cell in cells for i in range(sizes[axis])]
-    values = measure_all(run, [_index(spec.axes[1:], cell) for cell in cells], chunk)
+    positions = [dict(zip(axes, cell)).get("pos", dict(zip(axes, cell)).get("dest_pos", 0)) for cell in cells]
+    indices = [_index(axes, cell) for cell in cells]
+    values = measure_all(run, indices, positions, options.patches_per_run, options.positions_per_run)
     return sizes, cells, values, run.clean_value.dtype
 
 
@@ -193,18 +201,20 @@ def _checked_grid(grid: Any) -> Grid:
     return GRIDS[grid]
 
 
-def _check_options(metric, patches_per_run, executor, cache_bytes) -> None:
+def _check_options(metric, options: RunOptions, executor) -> None:
     if not isinstance(metric, Metric) and not callable(metric):
         raise ExperimentError(
             f"patch_grid: metric must be a Metric or a function of the logits tensor, got {metric!r}"
         )
-    if isinstance(patches_per_run, bool) or not isinstance(patches_per_run, int) or patches_per_run < 1:
-        raise ExperimentError(f"patch_grid: patches_per_run must be a positive int, got {patches_per_run!r}")
+    for field in ("patches_per_run", "positions_per_run"):
+        value = getattr(options, field)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ExperimentError(f"patch_grid: {field} must be a positive int, got {value!r}")
     if executor is not None and not callable(getattr(executor, "submit", None)):
         raise ExperimentError(
             f"patch_grid: executor must be a concurrent.futures.Executor, got {type(executor).__name__}"
         )
-    check_cache_bytes(cache_bytes, "patch_grid")
+    check_cache_bytes(options.cache_bytes, "patch_grid")
 
 
 def _corrupted(circuit: Circuit, corrupted_inputs: Mapping[Any, Any], grid: str) -> Circuit:

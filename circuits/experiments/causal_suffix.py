@@ -1,0 +1,65 @@
+"""Recomputing only the positions a patch can change: the causal suffix.
+
+Under a causal mask, position ``i`` of every layer reads positions ``<= i`` only, so a patch at
+positions ``>= p`` leaves positions ``< p`` of every layer as they were on the unpatched run.
+``from_position(circuit, p, blocks, values)`` rewrites each residual-stream node ``'b{l}'`` of
+``blocks`` into ``Concat(Array(its unpatched value[..., :p, :]), b{l}[..., p:, :])`` with the
+index pushed down (``circuits.passes.push_index``): the MLP, the queries, the attention output and
+the norms run for positions ``>= p`` only, while keys and values still see every position (the
+earlier ones from the stored prefix).  The value is unchanged, exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+
+from circuits import names
+from circuits.nodes import Add, Array, Circuit, Concat, Index
+from circuits.passes import push_index
+from circuits.rewrite import update
+from circuits.traversal import unique_nodes
+
+__all__ = ["from_position", "is_causal"]
+
+
+def is_causal(circuit: Circuit) -> bool:
+    """Whether every attention of ``circuit`` is masked with a mask that hides later positions.
+
+    Reads the masked form ``causal_mask`` and the builders make: each ``'a.attn_scores'`` an Add
+    over ``'a.attn_scores_raw'``, whose Array operands of rank >= 2 are the masks."""
+    scores = [node for node in unique_nodes([circuit]) if node.name == names.SCORES]
+    if not scores:
+        return False
+    for node in scores:
+        raw = (
+            [child for child in node.children if child.name == names.RAW_SCORES]
+            if isinstance(node, Add)
+            else []
+        )
+        masks = (
+            [child for child in raw[0].children if isinstance(child, Array) and child.rank >= 2]
+            if raw
+            else []
+        )
+        if not masks or any(bool(torch.triu(mask.value, diagonal=1).any()) for mask in masks):
+            return False
+    return True
+
+
+def from_position(circuit: Circuit, position: int, prefixes: Mapping[str, torch.Tensor]) -> Circuit:
+    """``circuit`` with each block named in ``prefixes`` computed for positions ``>= position`` only.
+
+    ``prefixes`` maps a block's name (``'b3'``) to its value on the unpatched run (``[..., S, D]``);
+    the rewritten block reads positions ``< position`` from it.
+    """
+
+    def suffixed(block: Circuit) -> Circuit:
+        rank = block.rank
+        head = Array(prefixes[block.name][..., :position, :].contiguous(), name=f"{block.name}.prefix")
+        items = (slice(None),) * (rank - 2) + (slice(position, None), slice(None))
+        tail = push_index(Index(block, items, name=f"{block.name}.suffix"))
+        return Concat(head, tail, axis=rank - 2, name=block.name)
+
+    return update(circuit, set(prefixes), suffixed)
