@@ -177,6 +177,8 @@ def test_bad_input_is_named():
         grids.patch_grid(circuit, {"toks_int_var": corrupted}, metric, "resid_post_by_head")
     with pytest.raises(ex.ExperimentError, match="'tokens'"):
         grids.act_patch_resid_pre(circuit, {"tokens": corrupted}, metric)
+    with pytest.raises(ex.ExperimentError, match=r"point \('q', 0\) finds 3 nodes.*before split_heads"):
+        grids.act_patch_attn_head_q_by_pos(cc.split_heads(circuit), {"toks_int_var": corrupted}, metric)
     with pytest.raises(ex.ExperimentError, match="patches_per_run"):
         grids.act_patch_resid_pre(circuit, {"toks_int_var": corrupted}, metric, patches_per_run=0)
     with pytest.raises(ex.ExperimentError, match="metric"):

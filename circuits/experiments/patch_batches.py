@@ -24,8 +24,8 @@ import torch
 from circuits import names
 from circuits.batching import expand
 from circuits.cache import Evaluator
+from circuits.errors import ExperimentError
 from circuits.experiments import causal_suffix
-from circuits.experiments.causal_suffix import is_causal
 from circuits.experiments.metrics import Metric, find
 from circuits.experiments.points import resolve_points
 from circuits.nodes import Array, Circuit
@@ -47,14 +47,16 @@ class PatchRun:
 
     def __init__(self, clean: Circuit, corrupted: Circuit, key: tuple, metric: Any, evaluator: Evaluator):
         self.evaluator, self.metric = evaluator, metric
-        node = resolve_points(corrupted, [key])[key]
+        node = _layer_node(corrupted, key)
         self.clean_value = evaluator.evaluate(resolve_points(clean, [key])[key])
         self.corrupted_value = evaluator.evaluate(node)
         self.leaf = Array(self.corrupted_value, name=f"patch.{key[0]}")
         self.leafed = replace(corrupted, {node: self.leaf})
         self.measured = self._measured(self.leafed)
         self.shared = {n.hash for n in unique_nodes([self.measured])}
-        self.prefixes = _block_values(corrupted, key[1], evaluator) if is_causal(corrupted) else None
+        self.prefixes = (
+            _block_values(corrupted, key[1], evaluator) if causal_suffix.is_causal(corrupted) else None
+        )
 
     def _measured(self, circuit: Circuit) -> Circuit:
         if isinstance(self.metric, Metric):
@@ -83,6 +85,16 @@ class PatchRun:
     def _reused(self, node: Circuit) -> bool:
         """Keep only values every chunk reads (the unpatched part), not one chunk's batched ones."""
         return node.hash in self.shared
+
+
+def _layer_node(circuit: Circuit, key: tuple) -> Circuit:
+    try:
+        return resolve_points(circuit, [key])[key]
+    except ExperimentError as error:
+        raise ExperimentError(
+            f"{error}; a patching grid patches one node per layer (a head by its index on the head axis): "
+            "give it the circuit before split_heads"
+        ) from None
 
 
 def _block_values(corrupted: Circuit, layer: int, evaluator: Evaluator) -> dict[str, torch.Tensor]:
