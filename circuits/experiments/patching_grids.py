@@ -43,6 +43,8 @@ from circuits.nodes import Circuit, check_node
 from circuits.traversal import unique_nodes
 
 DEFAULT_CACHE_BYTES = 2 * 2**30
+PATCHES_PER_RUN = 32  #: patches evaluated as one batch
+POSITIONS_PER_RUN = 8  #: positions one batch spans (bench/patching_grid.py: 8 beat 2, 4 and 24)
 
 
 @attrs.frozen
@@ -101,8 +103,8 @@ def patch_grid(
     metric: Metric | Callable[[torch.Tensor], Any],
     grid: str,
     *,
-    patches_per_run: int = 32,
-    positions_per_run: int = 8,
+    patches_per_run: int = PATCHES_PER_RUN,
+    positions_per_run: int = POSITIONS_PER_RUN,
     executor: concurrent.futures.Executor | None = None,
     cache_bytes: int = DEFAULT_CACHE_BYTES,
 ) -> PatchGrid:
@@ -246,13 +248,31 @@ def _layer_count(circuit: Circuit) -> int:
 
 
 def _grid_function(grid: str) -> Callable[..., PatchGrid]:
-    def grid_function(circuit, corrupted_inputs, metric, **options) -> PatchGrid:
-        return patch_grid(circuit, corrupted_inputs, metric, grid, **options)
+    def grid_function(
+        circuit: Circuit,
+        corrupted_inputs: Mapping[Any, Any],
+        metric: Metric | Callable[[torch.Tensor], Any],
+        *,
+        patches_per_run: int = PATCHES_PER_RUN,
+        positions_per_run: int = POSITIONS_PER_RUN,
+        executor: concurrent.futures.Executor | None = None,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+    ) -> PatchGrid:
+        return patch_grid(
+            circuit,
+            corrupted_inputs,
+            metric,
+            grid,
+            patches_per_run=patches_per_run,
+            positions_per_run=positions_per_run,
+            executor=executor,
+            cache_bytes=cache_bytes,
+        )
 
     tl = f"transformer_lens.patching.get_act_patch_{grid}"
     grid_function.__name__ = grid_function.__qualname__ = f"act_patch_{grid}"
     grid_function.__doc__ = (
-        f"``patch_grid(circuit, corrupted_inputs, metric, {grid!r}, **options)``: as ``{tl}``."
+        f"``patch_grid(circuit, corrupted_inputs, metric, {grid!r}, ...)`` (the same options): as ``{tl}``."
     )
     return grid_function
 
