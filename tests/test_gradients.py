@@ -134,7 +134,7 @@ def test_gradients_of_head_outputs_equal_torch():
     ours = gradients(split, lambda loss: loss.mean(), keys)
     for layer in range(2):
         loss, heads, expected = _torch_head_grads(w, toks, layer)
-        assert abs(ours.metric - float(loss)) < 1e-9
+        assert abs(ours.metric - float(loss.detach())) < 1e-9
         for (_, head), grad in expected.items():
             assert (ours["head_out", layer, head] - grad).abs().max() < 1e-9
             torch.testing.assert_close(ours.activations["head_out", layer, head], heads[(layer, head)])
