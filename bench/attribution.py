@@ -72,9 +72,17 @@ def _rounded(times: list[float]) -> list[float]:
     return [round(t, 3) for t in times]
 
 
-def repeated_half_loss(loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """The mean loss where the repeat makes the next token predictable."""
-    return (loss * mask).sum() / mask.sum()
+def repeated_half_loss(mask: torch.Tensor):
+    """A Metric: the mean loss where the repeat makes the next token predictable."""
+    import circuits as cc
+    from circuits import experiments as ex
+
+    def build(circuit):
+        loss = circuit if circuit.name == "t.loss" else circuit.get_unique("t.loss")
+        weights = cc.Array(mask / mask.sum(), name="metric.repeat_weights")
+        return cc.Einsum.from_einsum_string("bs,bs->", loss, weights, name="metric.repeated_half_loss")
+
+    return ex.Metric(build, "repeated_half_loss")
 
 
 def agreement(batch: int, block: int, corruption: str) -> float:
@@ -90,7 +98,7 @@ def agreement(batch: int, block: int, corruption: str) -> float:
     changed = slice(1, block + 1) if corruption == "first block" else [2, block // 2, block - 1]
     corrupted[:, changed] = other[:, changed]
     mask = repeat_mask(block, batch, 2 * block).float()
-    metric = functools.partial(repeated_half_loss, mask=mask)
+    metric = repeated_half_loss(mask)
     circuit = cc.split_heads(cc.causal_mask(load_demo_model(clean)))
     result = ex.attribution_patching(circuit, {"toks_int_var": corrupted}, metric, ["head_out"])
     attributed = result["head_out"].sum(-1).flatten()
@@ -106,7 +114,28 @@ def agreement(batch: int, block: int, corruption: str) -> float:
     for head, a, e in zip(heads, attributed.tolist(), exact.tolist()):
         print(f"  {head:12s} attribution {a:+.4f}   exact patching {e:+.4f}")
     print(f"Pearson(attribution, exact) over {len(heads)} heads: {pearson:.3f} (issue expects >= 0.8)")
+    by_position(clean, corrupted, metric)
     return pearson
+
+
+def by_position(clean: torch.Tensor, corrupted: torch.Tensor, metric) -> None:
+    """The same comparison per (layer, head, position) and per (layer, position) of ``resid_pre``."""
+    import circuits as cc
+    from circuits import experiments as ex
+    from circuits.models.demo_model import load_demo_model
+
+    circuit = cc.causal_mask(load_demo_model(clean))
+    inputs = {"toks_int_var": corrupted}
+    result = ex.attribution_patching(circuit, inputs, metric, ["z", "resid_pre"])
+    heads = ex.act_patch_attn_head_out_by_pos(circuit, inputs, metric).values.permute(0, 2, 1)
+    resid = ex.act_patch_resid_pre(circuit, inputs, metric).values
+    for name, estimate, exact in [
+        ("(layer, head, pos)", result["z"], heads),
+        ("resid_pre (layer, pos)", result["resid_pre"], resid),
+    ]:
+        delta = (exact - result.target_metric).flatten()
+        pearson = float(torch.corrcoef(torch.stack([estimate.flatten(), delta]))[0, 1])
+        print(f"  per {name}, {delta.numel()} patches: Pearson {pearson:.3f}")
 
 
 def main() -> None:

@@ -95,7 +95,10 @@ def test_gradients_equal_transformer_lens_backward_hooks(gpt2, split):
     ]
     if split:
         keys += [("z", 1, 2), ("attn_probs", 0, 1), ("head_out", 1, 0)]
-    metric = logit_diff(-1, torch.tensor(GOOD), torch.tensor(BAD), push_down=False)
+    # a function of the logits (TransformerLens's own metric), or the same as a Metric
+    metric = (
+        logit_diff(-1, torch.tensor(GOOD), torch.tensor(BAD), push_down=False) if split else _tl_logit_diff
+    )
     ours = gradients(circuit, metric, keys)
     hooks = sorted({_HOOKS[k][0].format(L=layer) for k, layer, *_ in keys if k in _HOOKS})
     hooks.append("blocks.1.attn.hook_result")
@@ -131,7 +134,7 @@ def test_gradients_of_head_outputs_equal_torch():
     w, toks = ref.weights(0), ref.tokens(3)
     split = ref.split_circuit(w, toks)
     keys = [("head_out", layer, head) for layer in range(2) for head in range(3)]
-    ours = gradients(split, lambda loss: loss.mean(), keys)
+    ours = gradients(split, ex.mean_loss, keys)
     for layer in range(2):
         loss, heads, expected = _torch_head_grads(w, toks, layer)
         assert abs(ours.metric - float(loss.detach())) < 1e-9
@@ -144,13 +147,15 @@ def test_gradients_errors():
     w, toks = ref.weights(0), ref.tokens(3)
     split = ref.split_circuit(w, toks)
     with pytest.raises(ex.ExperimentError, match="no points"):
-        gradients(split, lambda loss: loss.mean(), [])
+        gradients(split, ex.mean_loss, [])
     with pytest.raises(ex.ExperimentError, match="one number"):
-        gradients(split, lambda loss: loss, [("resid_pre", 1)])
+        gradients(split, lambda logits: logits, [("resid_pre", 1)])
     with pytest.raises(ex.ExperimentError, match="does not depend on any point"):
-        gradients(split, lambda loss: torch.tensor(1.0), [("resid_pre", 1)])
+        gradients(split, lambda logits: torch.tensor(1.0), [("resid_pre", 1)])
+    with pytest.raises(ex.ExperimentError, match="computed from the logits.*ex.mean_loss"):
+        gradients(split, lambda logits: logits.sum(), [("loss",)])
     with pytest.raises(ex.ExperimentError, match="finds no node"):
-        gradients(split, lambda loss: loss.mean(), [("resid_pre", 7)])
+        gradients(split, ex.mean_loss, [("resid_pre", 7)])
     config = cm.GPT2Config(n_layers=1, n_heads=2, d_model=8, vocab_size=11, n_ctx=8)
     c = cm.build_gpt2(config, cm.gpt2_random_weights(config), torch.randint(0, 11, (2, 6)))
     pushed = logit_diff(-1, 1, 2)  # push_down=True: the Index replaces the logits above the points
@@ -215,7 +220,7 @@ def test_attribution_into_clean_is_the_first_order_term_of_torch_patching():
     corrupted[:, 2] = (toks[:, 2] + 1) % ref.CONFIG.vocab_size
     split = ref.split_circuit(w, toks)
     result = attribution_patching(
-        split, {"toks_int_var": corrupted}, lambda loss: loss.mean(), ["head_out"], into="clean"
+        split, {"toks_int_var": corrupted}, ex.mean_loss, ["head_out"], into="clean"
     )
     _, _, corrupted_heads = ref.forward(w, corrupted)
     for layer in range(2):

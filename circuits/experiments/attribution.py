@@ -107,8 +107,8 @@ def attribution_patching(
 
     ``circuit`` is built on the clean inputs; ``corrupted_inputs`` maps its input (usually
     ``'toks_int_var'``) to values of the same shape.  ``metric``: as ``ex.gradients`` takes it
-    (a function of the circuit's value returning one number as a tensor, or a Metric that keeps
-    the points, e.g. ``logit_diff(-1, good, bad, push_down=False)``).
+    (a function of the logits returning one number as a tensor, as the patching grids take it, or
+    a Metric that keeps the points, e.g. ``logit_diff(-1, good, bad, push_down=False)``).
 
     >>> result = ex.attribution_patching(c, {"toks_int_var": corrupted}, metric, ["resid_pre", "z"])
     >>> result["z"].sum(-1)              # [layer, head]: each head's output over every position

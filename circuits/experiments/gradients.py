@@ -6,9 +6,10 @@ autograd graph when nothing below it does); one backward pass (``torch.autograd.
 points alone) gives each point's gradient.  No weight gets a gradient, so the backward costs
 about one forward.  ``attribution_patching`` is built on ``tracked_run``.
 
-The metric is a function of the circuit's value (its root tensor: the logits of a prompt
-circuit, the per-token loss of a model circuit) returning one number as a tensor, or a
-``Metric``, which is built over the circuit and evaluated in the same pass.  A Metric that
+The metric is a function of the logits (the node ``'t.call'``, ``[batch, pos, vocab]``) returning
+one number as a tensor, as TransformerLens's metrics and the patching grids take it, or a
+``Metric`` (``ex.mean_loss``, ``ex.logit_diff``, ...), which is built over the circuit and
+evaluated in the same pass.  A Metric that
 rewrites the nodes a point names (``logit_diff(..., push_down=True)`` pushes its Index below
 the logits) leaves that point outside the metric's circuit: the point is refused with a message
 saying so (make the Metric with ``push_down=False``).
@@ -23,7 +24,8 @@ import torch
 
 from circuits.errors import ExperimentError
 from circuits.evaluation import compile_plan
-from circuits.experiments.metrics import Metric
+from circuits import names
+from circuits.experiments.metrics import Metric, find
 from circuits.experiments.points import as_key, resolve_points, show_key
 from circuits.nodes import Circuit, check_node
 from circuits.traversal import unique_nodes
@@ -77,7 +79,7 @@ def gradients(
     """``∂metric/∂activation`` at each point, from one evaluation and one backward pass.
 
     ``points``: as ``run_with_cache`` takes them (``'logits'``, ``('resid_pre', 1)``,
-    ``('z', 1, 2)``).  ``metric``: see the module docstring.  A point the metric does not
+    ``('z', 1, 2)``).  ``metric``: a function of the logits, or a Metric (module docstring).  A point the metric does not
     depend on gets a gradient of zeros.  ``inputs``, ``device``, ``dtype``: as ``cc.evaluate``.
 
     >>> grads = ex.gradients(c, lambda logits: logits[:, -1, 7].sum(), [("resid_pre", 1)])
@@ -138,20 +140,25 @@ def _tracked(default: Callable) -> Callable:
 
 
 def _metric_root(circuit: Circuit, metric: Any, wanted: dict[Key, Circuit]) -> Circuit:
-    if not isinstance(metric, Metric):
-        if not callable(metric):
-            raise ExperimentError(
-                f"gradients: metric must be a Metric or a function of the circuit's value, got {metric!r}"
-            )
-        return circuit
-    root = metric.circuit(circuit)
+    """The node to evaluate: the Metric built over the circuit, or the logits a function takes."""
+    if isinstance(metric, Metric):
+        root, what = metric.circuit(circuit), f"the metric {metric.name}'s circuit"
+        hint = "the metric rewrote them (a Metric that pushes an Index down, such as logit_diff, needs push_down=False here), or it does not read them"
+    elif callable(metric):
+        root, what = (
+            find(circuit, names.LOGITS, "gradients: a metric function takes the logits"),
+            "the logits",
+        )
+        hint = "they are computed from the logits (the loss, log-probabilities): use a Metric such as ex.mean_loss"
+    else:
+        raise ExperimentError(
+            f"gradients: metric must be a Metric or a function of the logits, got {metric!r}"
+        )
     present = {node.hash for node in unique_nodes([root])}
     outside = [key for key, node in wanted.items() if node.hash not in present]
     if outside:
         raise ExperimentError(
-            f"gradients: the metric {metric.name}'s circuit does not contain the point(s) "
-            f"{', '.join(map(show_key, outside))}: the metric rewrote them (a Metric that pushes an Index "
-            "down, such as logit_diff, needs push_down=False here), or the metric does not read them"
+            f"gradients: {what} do(es) not contain the point(s) {', '.join(map(show_key, outside))}: {hint}"
         )
     return root
 
