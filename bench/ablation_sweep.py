@@ -40,6 +40,7 @@ import statistics
 import time
 
 import torch
+from benchtools import tl_gpt2_model
 
 from circuits import experiments as ex
 from circuits import models
@@ -65,31 +66,6 @@ def retain_freed_memory() -> None:
         return
     libc.mallopt(-3, 2**31 - 1)  # M_MMAP_THRESHOLD: serve large blocks from the heap
     libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD: do not give freed heap back to the system
-
-
-def tl_model(args):
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
-
-    cfg = HookedTransformerConfig(
-        n_layers=args.layers,
-        n_heads=args.heads,
-        d_model=args.d_model,
-        d_head=args.d_model // args.heads,
-        d_mlp=4 * args.d_model,
-        d_vocab=args.vocab,
-        n_ctx=max(1024, args.seq + 1),
-        act_fn="gelu_new",
-        normalization_type="LN",
-        seed=args.seed,
-    )
-    model = HookedTransformer(cfg)
-    model.eval()
-    # TransformerLens initialises biases to 0 and norms to 1: perturb every parameter so each one matters
-    generator = torch.Generator().manual_seed(args.seed)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.02)
-    return model
 
 
 def tl_sweep(model, tokens, targets) -> dict[str, float]:
@@ -150,7 +126,7 @@ def main() -> None:
     if args.malloc == "retain":
         retain_freed_memory()
 
-    model = tl_model(args)
+    model = tl_gpt2_model(args)
     tokens = torch.randint(
         0, args.vocab, (args.batch, args.seq + 1), generator=torch.Generator().manual_seed(args.seed + 1)
     )

@@ -31,3 +31,31 @@ def add_gpt2_size_arguments(parser: argparse.ArgumentParser, rounds: int) -> Non
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=rounds)
     parser.add_argument("--threads", type=int, default=2)
+
+
+def tl_gpt2_model(args: argparse.Namespace):
+    """A TransformerLens GPT-2 of the size flags (and ``args.seed``), every parameter perturbed.
+
+    TransformerLens initialises biases to 0 and norms to 1: each parameter gets noise so each one matters.
+    """
+    import torch
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    cfg = HookedTransformerConfig(
+        n_layers=args.layers,
+        n_heads=args.heads,
+        d_model=args.d_model,
+        d_head=args.d_model // args.heads,
+        d_mlp=4 * args.d_model,
+        d_vocab=args.vocab,
+        n_ctx=max(1024, args.seq + 1),
+        act_fn="gelu_new",
+        normalization_type="LN",
+        seed=args.seed,
+    )
+    model = HookedTransformer(cfg).eval()
+    generator = torch.Generator().manual_seed(args.seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.02)
+    return model

@@ -20,7 +20,7 @@ for circuits too; ``--tl-heads`` times TransformerLens's on it as well (12 x 24 
 minutes).  The last line is the headline ratio circuits / TransformerLens (target <= 0.3).
 
     python bench/patching_grid.py                                    # the issue's sizes
-    python bench/patching_grid.py --d-model 256 --vocab 8192 --layers 4 --rounds 1   # quick: < 1 min
+    python bench/patching_grid.py --d-model 256 --heads 8 --vocab 8192 --layers 4 --rounds 1   # quick: < 1 min
 """
 
 from __future__ import annotations
@@ -31,35 +31,13 @@ import statistics
 import time
 
 import torch
+from benchtools import tl_gpt2_model
 
 from circuits import experiments as ex
 from circuits import models
 from circuits.experiments import patching_grids
 
 TARGET = 0.3
-
-
-def tl_model(args):
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
-
-    cfg = HookedTransformerConfig(
-        n_layers=args.layers,
-        n_heads=args.heads,
-        d_model=args.d_model,
-        d_head=args.d_model // args.heads,
-        d_mlp=4 * args.d_model,
-        d_vocab=args.vocab,
-        n_ctx=1024,
-        act_fn="gelu_new",
-        normalization_type="LN",
-        seed=args.seed,
-    )
-    model = HookedTransformer(cfg).eval()
-    generator = torch.Generator().manual_seed(args.seed)
-    with torch.no_grad():  # TransformerLens starts biases at 0 and norms at 1: perturb every parameter
-        for parameter in model.parameters():
-            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.02)
-    return model
 
 
 def inputs(args):
@@ -123,7 +101,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from transformer_lens import patching
 
-    model = tl_model(args)
+    model = tl_gpt2_model(args)
     clean, corrupted, good, bad = inputs(args)
     circuit = models.from_transformer_lens(model.state_dict(), clean, family="gpt2")
     metric = ex.metrics.logit_diff(-1, good, bad)

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 import torch
 
 from circuits.errors import ExperimentError
 from circuits.evaluation import compile_plan
 from circuits.experiments import residual
-from circuits.experiments.points import resolve_points
+from circuits.experiments.points import ByPoint, as_key, resolve_points
 from circuits.nodes import Circuit, check_node
 
 __all__ = ["ActivationCache", "run_with_cache"]
@@ -30,12 +30,14 @@ __all__ = ["ActivationCache", "run_with_cache"]
 Key = tuple[str, "int | None", "int | None"]
 
 
-class ActivationCache(Mapping):
+class ActivationCache(ByPoint):
     """Activations by ``(kind, layer, head)``, the circuit's ``value`` and the ``circuit``; read-only.
 
     The analyses read points the cache lacks with one more evaluation of ``circuit`` (same inputs,
     device and dtype), kept aside: iterating the cache shows only the points asked for.
     """
+
+    missing = "not in this cache; it holds"
 
     def __init__(
         self,
@@ -44,28 +46,14 @@ class ActivationCache(Mapping):
         circuit: Circuit,
         run_options: Mapping[str, Any] | None = None,
     ):
+        super().__init__(activations)
         self.value = value
         self.circuit = circuit
-        self._activations = activations
         self._run_options = dict(run_options or {})
         self._extra: dict[Key, torch.Tensor] = {}
 
-    def __getitem__(self, key: Any) -> torch.Tensor:
-        normalized = _key(key)
-        if normalized not in self._activations:
-            raise KeyError(
-                f"{key!r}: not in this cache; it holds {', '.join(_show(k) for k in self._activations)}"
-            )
-        return self._activations[normalized]
-
-    def __iter__(self) -> Iterator[Key]:
-        return iter(self._activations)
-
-    def __len__(self) -> int:
-        return len(self._activations)
-
     def __repr__(self) -> str:
-        return f"ActivationCache({len(self)} activations: {', '.join(_show(k) for k in list(self)[:6])}, ...)"
+        return f"ActivationCache({len(self)} activations: {self.shown()})"
 
     @functools.cached_property
     def facts(self) -> residual.ModelFacts:
@@ -74,11 +62,11 @@ class ActivationCache(Mapping):
 
     def values_at(self, keys: Iterable[Any]) -> list[torch.Tensor]:
         """The activations at ``keys``: cached ones, and the rest from one more evaluation."""
-        wanted = [_key(key) for key in keys]
-        missing = [k for k in dict.fromkeys(wanted) if k not in self._activations and k not in self._extra]
+        wanted = [as_key(key) for key in keys]
+        missing = [k for k in dict.fromkeys(wanted) if k not in self._by_point and k not in self._extra]
         if missing:
             self._extra.update(_evaluate_points(self.circuit, missing, self._run_options)[1])
-        return [self._activations[k] if k in self._activations else self._extra[k] for k in wanted]
+        return [self._by_point[k] if k in self._by_point else self._extra[k] for k in wanted]
 
     def accumulated_resid(
         self,
@@ -150,17 +138,6 @@ class ActivationCache(Mapping):
         )
 
 
-def _key(key: Any) -> Key:
-    parts = (key,) if isinstance(key, str) else tuple(key) if isinstance(key, tuple) else None
-    if not parts or len(parts) > 3 or not isinstance(parts[0], str):
-        raise KeyError(f"{key!r}: a key is a kind, (kind, layer) or (kind, layer, head)")
-    return (parts[0], *parts[1:], *(None,) * (3 - len(parts)))
-
-
-def _show(key: Key) -> str:
-    return repr(tuple(part for part in key if part is not None)) if key[1] is not None else repr(key[0])
-
-
 def run_with_cache(
     circuit: Circuit,
     points: Iterable[Any] | None = None,
@@ -178,7 +155,7 @@ def run_with_cache(
     """
     check_node(circuit, "run_with_cache: the circuit", ExperimentError)
     options = {"inputs": inputs, "device": device, "dtype": dtype}
-    keys = None if points is None else [_key(p) for p in points]
+    keys = None if points is None else [as_key(p) for p in points]
     value, found = _evaluate_points(circuit, keys, options)
     return ActivationCache(value, found, circuit, options)
 

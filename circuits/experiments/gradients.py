@@ -18,7 +18,7 @@ saying so (make the Metric with ``push_down=False``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Callable, Iterable, Iterator, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple
 
 import torch
 
@@ -26,7 +26,7 @@ from circuits.errors import ExperimentError
 from circuits.evaluation import compile_plan
 from circuits import names
 from circuits.experiments.metrics import Metric, find
-from circuits.experiments.points import as_key, resolve_points, show_key
+from circuits.experiments.points import ByPoint, as_key, resolve_points, show_key
 from circuits.nodes import Circuit, check_node
 from circuits.traversal import unique_nodes
 
@@ -35,29 +35,18 @@ __all__ = ["Gradients", "TrackedRun", "gradients", "tracked_run"]
 Key = tuple
 
 
-class Gradients(Mapping):
+class Gradients(ByPoint):
     """``∂metric/∂activation`` by ``(kind, layer, head)``; ``metric`` (a float) and ``activations``."""
 
+    missing = "no gradient for it here; there are"
+
     def __init__(self, metric: float, grads: dict[Key, torch.Tensor], activations: dict[Key, torch.Tensor]):
+        super().__init__(grads)
         self.metric = metric
         self.activations = activations
-        self._grads = grads
-
-    def __getitem__(self, key: Any) -> torch.Tensor:
-        normalized = as_key(key)
-        if normalized not in self._grads:
-            raise KeyError(f"{key!r}: no gradient for it here; there are {', '.join(map(show_key, self))}")
-        return self._grads[normalized]
-
-    def __iter__(self) -> Iterator[Key]:
-        return iter(self._grads)
-
-    def __len__(self) -> int:
-        return len(self._grads)
 
     def __repr__(self) -> str:
-        shown = ", ".join(map(show_key, list(self)[:6]))
-        return f"Gradients(metric {self.metric:.6g}; {len(self)} points: {shown}{', ...' if len(self) > 6 else ''})"
+        return f"Gradients(metric {self.metric:.6g}; {len(self)} points: {self.shown()})"
 
 
 class TrackedRun(NamedTuple):

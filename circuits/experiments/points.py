@@ -31,7 +31,10 @@ in shape or meaning from those hooks: docs/models.md.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Union
+from collections.abc import Mapping
+from typing import Any, Callable, Iterator, NamedTuple, Union
+
+import torch
 
 from circuits import names
 from circuits.errors import ExperimentError
@@ -291,6 +294,37 @@ def as_key(key) -> tuple:
 def show_key(key: tuple) -> str:
     """A ``(kind, layer, head)`` as written: ``('z', 1, 2)``, ``('attn_probs', 1)``, ``'logits'``."""
     return repr(tuple(part for part in key if part is not None)) if key[1] is not None else repr(key[0])
+
+
+class ByPoint(Mapping):
+    """Tensors by point, read-only: ``m["logits"]``, ``m["attn_probs", 1]``, ``m["z", 1, 2]``.
+
+    The base of ``ActivationCache`` and ``Gradients``; ``missing`` words the KeyError."""
+
+    missing = "not here; there are"
+
+    def __init__(self, by_point: dict[tuple, torch.Tensor]):
+        self._by_point = by_point
+
+    def __getitem__(self, key: Any) -> torch.Tensor:
+        try:
+            normalized = as_key(key)
+        except ExperimentError as error:
+            raise KeyError(str(error)) from None
+        if normalized not in self._by_point:
+            raise KeyError(f"{key!r}: {self.missing} {', '.join(map(show_key, self._by_point))}")
+        return self._by_point[normalized]
+
+    def __iter__(self) -> Iterator[tuple]:
+        return iter(self._by_point)
+
+    def __len__(self) -> int:
+        return len(self._by_point)
+
+    def shown(self, count: int = 6) -> str:
+        """The first ``count`` points, as written."""
+        more = ", ..." if len(self) > count else ""
+        return ", ".join(map(show_key, list(self)[:count])) + more
 
 
 def _resolve(circuit: Circuit, keys: list) -> dict:
