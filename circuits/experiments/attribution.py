@@ -31,6 +31,7 @@ from circuits.experiments.metrics import Metric
 from circuits.experiments.points import HEAD_KINDS, point, resolve_points
 from circuits.matching import get
 from circuits.nodes import Circuit, check_node
+from circuits.experiments.tables import records_frame
 
 __all__ = ["ATTRIBUTION_KINDS", "AttributionResult", "attribution_patching"]
 
@@ -88,11 +89,8 @@ class AttributionResult(dict):
         return rows
 
     def to_pandas(self):
-        try:
-            import pandas
-        except ImportError:
-            raise ImportError("AttributionResult.to_pandas needs pandas (pip install pandas)") from None
-        return pandas.DataFrame.from_records(self.records)
+        """``records`` as a pandas DataFrame (pandas is not a dependency: install it to use this)."""
+        return records_frame(self.records, "AttributionResult")
 
 
 def attribution_patching(

@@ -21,6 +21,7 @@ from circuits.errors import ExperimentError
 from circuits.experiments import residual
 from circuits.experiments.activations import ActivationCache, run_with_cache
 from circuits.nodes import Circuit, check_node
+from circuits.experiments.tables import records_frame
 
 __all__ = ["LogitAttribution", "LogitLens", "direct_logit_attribution", "logit_lens"]
 
@@ -43,10 +44,8 @@ class LogitAttribution:
         ]
 
     def to_pandas(self):
-        """``records()`` as a pandas DataFrame (pandas is not a dependency: import it yourself)."""
-        import pandas
-
-        return pandas.DataFrame(self.records())
+        """``records()`` as a pandas DataFrame (pandas is not a dependency: install it to use this)."""
+        return records_frame(self.records(), "LogitAttribution")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,10 +74,8 @@ class LogitLens:
         ]
 
     def to_pandas(self):
-        """``records()`` as a pandas DataFrame."""
-        import pandas
-
-        return pandas.DataFrame(self.records())
+        """``records()`` as a pandas DataFrame (pandas is not a dependency: install it to use this)."""
+        return records_frame(self.records(), "LogitLens")
 
 
 def _cache(

@@ -41,6 +41,7 @@ from circuits.experiments.metrics import Metric
 from circuits.experiments.patch_batches import PatchRun, measure_all
 from circuits.nodes import Circuit, check_node
 from circuits.traversal import unique_nodes
+from circuits.experiments.tables import records_frame
 
 DEFAULT_CACHE_BYTES = 2 * 2**30
 PATCHES_PER_RUN = 32  #: patches evaluated as one batch
@@ -90,11 +91,8 @@ class PatchGrid:
     grid: str
 
     def to_pandas(self):
-        try:
-            import pandas
-        except ImportError:
-            raise ImportError("PatchGrid.to_pandas needs pandas (pip install pandas)") from None
-        return pandas.DataFrame.from_records(self.records)
+        """``records`` as a pandas DataFrame (pandas is not a dependency: install it to use this)."""
+        return records_frame(self.records, "PatchGrid")
 
 
 def patch_grid(

@@ -35,6 +35,7 @@ from circuits.experiments.metrics import Metric, mean_loss
 from circuits.nodes import Circuit, check_node
 from circuits.passes.attention import split_heads, unsplit_head_counts
 from circuits.traversal import unique_nodes
+from circuits.experiments.tables import records_frame
 
 __all__ = ["SweepResult", "head_names", "sweep"]
 
@@ -71,11 +72,8 @@ class SweepResult(dict):
         return grid
 
     def to_pandas(self):
-        try:
-            import pandas
-        except ImportError:
-            raise ImportError("SweepResult.to_pandas needs pandas (pip install pandas)") from None
-        return pandas.DataFrame.from_records(self.records)
+        """``records`` as a pandas DataFrame (pandas is not a dependency: install it to use this)."""
+        return records_frame(self.records, "SweepResult")
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{k!r}: {v:.6g}" for k, v in list(self.items())[:6])
