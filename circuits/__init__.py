@@ -113,6 +113,31 @@ from circuits.passes import (  # noqa: E402
 
 __all__ += ["PassError", "causal_mask", "push_down_index", "simplify", "split_heads"]
 
+# Algebraic rewrites (issue 16), also at ``circuits.passes``.
+from circuits.passes import (  # noqa: E402
+    distribute,
+    distribute_all,
+    extract_add,
+    factor,
+    flatten_adds,
+    flatten_einsums,
+    nest_adds,
+    nest_einsums,
+    residual_rewrite,
+)
+
+__all__ += [
+    "distribute",
+    "distribute_all",
+    "extract_add",
+    "factor",
+    "flatten_adds",
+    "flatten_einsums",
+    "nest_adds",
+    "nest_einsums",
+    "residual_rewrite",
+]
+
 # Experiments (issue 7): the cached Evaluator, ablations, patching, sweeps;
 # metrics and the rest in ``circuits.experiments``.
 from circuits import experiments  # noqa: E402

@@ -1,15 +1,26 @@
 """Rewrite passes: plain functions from circuit to circuit.
 
 ``causal_mask`` and ``split_heads`` rewrite attention; ``push_down_index``
-moves Index nodes toward the leaves so that only the selected work is done.
+moves Index nodes toward the leaves so that only the selected work is done;
+``distribute``, ``factor`` and the other algebraic rewrites regroup sums and
+products into named path terms.
 """
 
 from circuits.errors import PassError
+from circuits.passes.algebra import (
+    distribute,
+    distribute_all,
+    extract_add,
+    factor,
+    flatten_adds,
+    flatten_einsums,
+    nest_adds,
+    nest_einsums,
+    residual_rewrite,
+)
 from circuits.passes.attention import causal_mask, layer_of, split_heads, unsplit_head_counts
 from circuits.passes.push_down import push_index
 from circuits.passes.simplify import (
-    flatten_adds,
-    flatten_einsums,
     fold_scalars,
     remove_identity_index,
     remove_identity_rearrange,
@@ -28,15 +39,22 @@ def push_down_index(circuit: Circuit, matcher=True) -> Circuit:
 __all__ = [
     "PassError",
     "causal_mask",
+    "distribute",
+    "distribute_all",
+    "extract_add",
+    "factor",
     "flatten_adds",
     "flatten_einsums",
     "fold_scalars",
     "layer_of",
+    "nest_adds",
+    "nest_einsums",
     "push_down_index",
     "push_index",
     "remove_identity_index",
     "remove_identity_rearrange",
     "remove_single_operand",
+    "residual_rewrite",
     "simplify",
     "split_heads",
     "unsplit_head_counts",

@@ -1,9 +1,10 @@
 """Simplification rules: value-preserving rewrites that make circuits smaller.
 
 Each rule is a local rewrite of one node whose children are already
-simplified; each is available alone (``flatten_adds(c)``) and ``simplify``
-applies them all, bottom-up, until none applies.  Nodes a rule removes take
-their names with them; the node a rule rewrites keeps its name.
+simplified; each is available alone (``fold_scalars(c)``; the flattening
+rules are those of ``circuits.passes.algebra``) and ``simplify`` applies
+them all, bottom-up, until none applies.  Nodes a rule removes take their
+names with them; the node a rule rewrites keeps its name.
 """
 
 from __future__ import annotations
@@ -14,48 +15,14 @@ from typing import Callable
 import torch
 
 from circuits.nodes import Add, Circuit, Einsum, GeneralFunction, Index, Rearrange, Scalar
+from circuits.passes.algebra import flatten_add, flatten_einsum
 from circuits.passes.push_down import pattern_groups, is_full
-from circuits.shapes import EINSUM_LETTERS, broadcast_shapes
+from circuits.shapes import broadcast_shapes
 
 Rule = Callable[[Circuit], Circuit]
 
 # Largest constant a folded function is computed over (a larger Scalar input is left alone).
 _FOLD_LIMIT = 1 << 16
-
-
-def _flatten_add(node: Circuit) -> Circuit:
-    if not isinstance(node, Add) or not any(isinstance(c, Add) for c in node.children):
-        return node
-    operands = []
-    for child in node.children:
-        operands.extend(child.children if isinstance(child, Add) else (child,))
-    return Add(*operands, name=node.name)
-
-
-def _flatten_einsum(node: Circuit) -> Circuit:
-    """Inline Einsum operands: their summed letters get fresh letters in the parent."""
-    if not isinstance(node, Einsum) or not any(isinstance(c, Einsum) for c in node.children):
-        return node
-    used = {a for axes in node.operand_axes for a in axes} | set(node.out_axes)
-    for child in node.children:
-        if isinstance(child, Einsum):
-            used |= {a for axes in child.operand_axes for a in axes}
-    fresh = iter(a for a in range(len(EINSUM_LETTERS)) if a not in used)
-    operands = []
-    for child, axes in zip(node.children, node.operand_axes):
-        if not isinstance(child, Einsum):
-            operands.append((child, axes))
-            continue
-        mapping = dict(zip(child.out_axes, axes))
-        inner = {a for ax in child.operand_axes for a in ax} - set(child.out_axes)
-        try:
-            mapping.update({a: next(fresh) for a in sorted(inner)})
-        except StopIteration:
-            return node  # more letters than einsum has: leave it nested
-        operands.extend(
-            (op, tuple(mapping[a] for a in ax)) for op, ax in zip(child.children, child.operand_axes)
-        )
-    return Einsum(*operands, out_axes=node.out_axes, name=node.name)
 
 
 def _fold_scalars(node: Circuit) -> Circuit:
@@ -152,8 +119,8 @@ def _remove_single_operand(node: Circuit) -> Circuit:
 
 
 RULES: dict[str, Rule] = {
-    "flatten_adds": _flatten_add,
-    "flatten_einsums": _flatten_einsum,
+    "flatten_adds": flatten_add,
+    "flatten_einsums": flatten_einsum,
     "fold_scalars": _fold_scalars,
     "remove_identity_index": _remove_identity_index,
     "remove_identity_rearrange": _remove_identity_rearrange,
@@ -176,16 +143,6 @@ def _apply(circuit: Circuit, rules: list[Rule]) -> Circuit:
 def simplify(circuit: Circuit) -> Circuit:
     """Every rule, bottom-up, until none applies; the value is unchanged."""
     return _apply(circuit, list(RULES.values()))
-
-
-def flatten_adds(circuit: Circuit) -> Circuit:
-    """Nested Adds merged into one (broadcasting is associative)."""
-    return _apply(circuit, [_flatten_add])
-
-
-def flatten_einsums(circuit: Circuit) -> Circuit:
-    """Einsums over Einsums merged into one, summed letters renamed apart."""
-    return _apply(circuit, [_flatten_einsum])
 
 
 def fold_scalars(circuit: Circuit) -> Circuit:
