@@ -80,17 +80,30 @@ __all__ = [
 # Finding and rewriting (issue 4): matchers, update/replace/substitute, batching.
 from circuits.batching import expand  # noqa: E402
 from circuits.errors import ExpandError, MatcherError, MatchError, RewriteError  # noqa: E402
-from circuits.matching import IterativeMatcher, Matcher  # noqa: E402
+from circuits.matching import (  # noqa: E402
+    FoundRoutes,
+    IterativeMatcher,
+    Matcher,
+    Route,
+    chain_excluding,
+    get_all_paths,
+    get_paths,
+)
 from circuits.rewrite import replace, substitute, update  # noqa: E402
 
 __all__ += [
     "ExpandError",
+    "FoundRoutes",
     "IterativeMatcher",
     "MatchError",
     "Matcher",
     "MatcherError",
     "RewriteError",
+    "Route",
+    "chain_excluding",
     "expand",
+    "get_all_paths",
+    "get_paths",
     "replace",
     "substitute",
     "update",

@@ -66,6 +66,24 @@ A walk keeps, per node, the set of (stage, depth) pairs still active, so
 it visits each node at most once per distinct set (once, for a plain
 matcher); depths beyond a stage's ``min_depth`` are merged when it has no
 ``max_depth``, which keeps that number small.  Nothing recurses.
+
+Combining, excluding, routes
+----------------------------
+Found "along a path" is what ``|`` and ``&`` combine (either side may be a
+plain matcher form): ``a | b`` finds a node along a path if ``a`` or ``b``
+finds it along that path, ``a & b`` if both do.  So a rewrite with ``a | b``
+rewrites a node wherever either would, and ``a & b`` only where both would.
+A union of stage chains is itself a graph of stages (``then`` after it
+chains from every branch); ``&`` (or ``|`` holding one) runs its sides side
+by side, each in its own state, and stages added after it start at every
+node it finds.
+``chain(*forms)`` is ``then`` repeated; ``chain_many(*chains)`` is the union
+of one ``chain`` per chain, as rust_circuit's.  A stage's ``term_early_at``
+matcher stops it at the nodes it matches (below its start node): routes
+through them are not searched.  ``chain_excluding(first, then, excluding)``
+is ``first.then(then, term_early_at=excluding)``.  ``get_paths`` and
+``get_all_paths`` list the routes from the root by which a matcher finds
+each node, to read a path patch before running it.
 """
 
 from __future__ import annotations
@@ -82,12 +100,17 @@ from circuits.nodes import Array, Circuit, Einsum, check_node
 from circuits.traversal import unique_nodes
 
 __all__ = [
+    "FoundRoutes",
     "IterativeMatcher",
     "Matcher",
+    "Route",
     "are_any_found",
     "as_iterative",
+    "chain_excluding",
     "describe_where",
     "get",
+    "get_all_paths",
+    "get_paths",
     "get_unique",
     "layer_of",
     "layer_text",
@@ -170,7 +193,9 @@ class Matcher:
     def __call__(self, node: Circuit) -> bool:
         return bool(self._predicate(node))
 
-    def __and__(self, other: Any) -> Matcher:
+    def __and__(self, other: Any) -> Any:
+        if isinstance(other, IterativeMatcher):
+            return as_iterative(self) & other
         other = Matcher(other)
         a, b = self._predicate, other._predicate
         return Matcher.from_predicate(
@@ -180,7 +205,9 @@ class Matcher:
     def __rand__(self, other: Any) -> Matcher:
         return Matcher(other) & self
 
-    def __or__(self, other: Any) -> Matcher:
+    def __or__(self, other: Any) -> Any:
+        if isinstance(other, IterativeMatcher):
+            return as_iterative(self) | other
         other = Matcher(other)
         a, b = self._predicate, other._predicate
         return Matcher.from_predicate(
@@ -250,9 +277,9 @@ def _convert_collection(forms) -> tuple[Callable[[Circuit], bool], str]:
 
 
 class _Stage:
-    __slots__ = ("matcher", "min_depth", "max_depth", "positions", "stop_at_match", "cap")
+    __slots__ = ("matcher", "min_depth", "max_depth", "positions", "stop_at_match", "term_early_at", "cap")
 
-    def __init__(self, matcher, min_depth, max_depth, positions, stop_at_match):
+    def __init__(self, matcher, min_depth, max_depth, positions, stop_at_match, term_early_at=None):
         where = f"IterativeMatcher stage {matcher!r}"
         if isinstance(min_depth, bool) or not isinstance(min_depth, int) or min_depth < 0:
             raise MatcherError(f"{where}: min_depth {min_depth!r} is not an int >= 0")
@@ -273,8 +300,11 @@ class _Stage:
         self.max_depth = max_depth
         self.positions = positions
         self.stop_at_match = bool(stop_at_match)
-        # With no max_depth, every depth >= cap behaves alike, so depths saturate at cap.
-        self.cap = max(min_depth, 1 if positions is not None else 0)
+        self.term_early_at = None if term_early_at is None else Matcher(term_early_at)
+        # With no max_depth, every depth >= cap behaves alike, so depths saturate at cap
+        # (depth 0, the start node, stays apart when positions or term_early_at depend on it).
+        apart = positions is not None or self.term_early_at is not None
+        self.cap = max(min_depth, 1 if apart else 0)
 
     def describe(self, default_min_depth: int) -> str:
         parts = [repr(self.matcher)]
@@ -286,22 +316,31 @@ class _Stage:
             parts.append(f"positions={self.positions}")
         if self.stop_at_match:
             parts.append("stop_at_match=True")
+        if self.term_early_at is not None:
+            parts.append(f"term_early_at={self.term_early_at!r}")
         return ", ".join(parts)
 
 
 State = frozenset  # of (stage index, depth) pairs; the empty set means "nothing more below"
+_DONE: State = frozenset()
 
 
 class IterativeMatcher:
     """Matching restricted to paths: a chain of stages (see the module docstring).
 
     ``IterativeMatcher(m, min_depth=0, max_depth=None, positions=None,
-    stop_at_match=False)`` is stage 0, searched from the root; ``then`` and
-    ``children`` append stages and return a new IterativeMatcher (they never
-    modify this one).
+    stop_at_match=False, term_early_at=None)`` is stage 0, searched from the
+    root; ``then`` and ``children`` append stages and return a new
+    IterativeMatcher (they never modify this one).  ``|`` and ``&`` combine
+    two (or one and a plain matcher form): see "Combining" in the module
+    docstring.
+
+    Inside, the stages form a small graph: ``_following[i]`` is the stage a
+    hit of stage ``i`` starts (None: the hit is found) and ``_heads`` are the
+    stages started at the root, so a union of chains is one graph.
     """
 
-    __slots__ = ("_stages", "_start", "_plain")
+    __slots__ = ("_stages", "_following", "_heads", "_start", "_plain", "_predicates", "_term_hits")
 
     def __init__(
         self,
@@ -311,12 +350,16 @@ class IterativeMatcher:
         max_depth: int | None = None,
         positions: Sequence[int] | int | None = None,
         stop_at_match: bool = False,
+        term_early_at: Any = None,
     ):
-        self._set_stages((_Stage(matcher, min_depth, max_depth, positions, stop_at_match),))
+        stage = _Stage(matcher, min_depth, max_depth, positions, stop_at_match, term_early_at)
+        self._set_stages((stage,), (None,), (0,))
 
-    def _set_stages(self, stages: tuple[_Stage, ...]) -> None:
+    def _set_stages(self, stages: tuple[_Stage, ...], following: tuple, heads: tuple[int, ...]) -> None:
         self._stages = stages
-        self._start = frozenset({(0, 0)})
+        self._following = following
+        self._heads = heads
+        self._start = frozenset((head, 0) for head in heads)
         only = stages[0]
         self._plain = (
             len(stages) == 1
@@ -324,12 +367,29 @@ class IterativeMatcher:
             and only.max_depth is None
             and only.positions is None
             and not only.stop_at_match
+            and only.term_early_at is None
         )
+        # Walks compute one hit per predicate: each stage's matcher, then each term_early_at.
+        terms = [index for index, stage in enumerate(stages) if stage.term_early_at is not None]
+        self._predicates = tuple(stage.matcher._predicate for stage in stages) + tuple(
+            stages[index].term_early_at._predicate for index in terms
+        )
+        term_hits: list[int | None] = [None] * len(stages)
+        for offset, index in enumerate(terms):
+            term_hits[index] = len(stages) + offset
+        self._term_hits = tuple(term_hits)
+
+    @staticmethod
+    def _built(stages: tuple[_Stage, ...], following: tuple, heads: tuple[int, ...]) -> IterativeMatcher:
+        new = object.__new__(IterativeMatcher)
+        new._set_stages(stages, following, heads)
+        return new
 
     def _extended(self, stage: _Stage) -> IterativeMatcher:
-        new = object.__new__(IterativeMatcher)
-        new._set_stages(self._stages + (stage,))
-        return new
+        """``stage`` appended after every stage whose hits were found so far."""
+        added = len(self._stages)
+        following = tuple(added if index is None else index for index in self._following)
+        return IterativeMatcher._built(self._stages + (stage,), following + (None,), self._heads)
 
     def then(
         self,
@@ -339,19 +399,69 @@ class IterativeMatcher:
         max_depth: int | None = None,
         positions: Sequence[int] | int | None = None,
         stop_at_match: bool = False,
+        term_early_at: Any = None,
     ) -> IterativeMatcher:
         """Then, below each node found so far, the nodes ``matcher`` matches.
 
         Depths count from the node the previous stage found (``min_depth=1``:
-        strictly below it; ``0`` lets it match that node itself).
+        strictly below it; ``0`` lets it match that node itself).  With
+        ``term_early_at``, the stage does not search below a node (other
+        than its start) that this matcher matches: routes through such a
+        node are excluded (the node itself can still be found).
         """
-        return self._extended(_Stage(matcher, min_depth, max_depth, positions, stop_at_match))
+        stage = _Stage(matcher, min_depth, max_depth, positions, stop_at_match, term_early_at)
+        return self._extended(stage)
 
     def children(self, *positions: int, matcher: Any = True) -> IterativeMatcher:
         """Then the children at ``positions`` of each node found so far (filtered by ``matcher``)."""
         if not positions:
             raise MatcherError("IterativeMatcher.children: give at least one child position")
         return self._extended(_Stage(matcher, 1, 1, positions, False))
+
+    def chain(self, *forms: Any) -> IterativeMatcher:
+        """``then(form)`` for each of ``forms`` in turn: successive stages, each strictly below the last."""
+        result = self
+        for form in forms:
+            result = result.then(form)
+        return result
+
+    def chain_many(self, *chains: Any) -> IterativeMatcher:
+        """The union (``|``) of ``self.chain(*chain)`` over ``chains``, as rust_circuit's.
+
+        Each chain is a list or tuple of matcher forms (successive stages), or one form.
+        """
+        if not chains:
+            raise MatcherError(f"{self!r}.chain_many: give at least one chain of matcher forms")
+        result = None
+        for chain in chains:
+            one = self.chain(*chain) if isinstance(chain, (list, tuple)) else self.chain(chain)
+            result = one if result is None else result | one
+        return result
+
+    def __or__(self, other: Any) -> IterativeMatcher:
+        other = as_iterative(other)
+        if type(self) is not IterativeMatcher or type(other) is not IterativeMatcher:
+            return _Combination.of("any", (self, other))
+        if self._plain and other._plain:
+            return IterativeMatcher(self.plain_matcher | other.plain_matcher)
+        shift = len(self._stages)
+        following = tuple(None if index is None else index + shift for index in other._following)
+        heads = tuple(head + shift for head in other._heads)
+        return IterativeMatcher._built(
+            self._stages + other._stages, self._following + following, self._heads + heads
+        )
+
+    def __ror__(self, other: Any) -> IterativeMatcher:
+        return as_iterative(other) | self
+
+    def __and__(self, other: Any) -> IterativeMatcher:
+        other = as_iterative(other)
+        if self._plain and other._plain:
+            return IterativeMatcher(self.plain_matcher & other.plain_matcher)
+        return _Combination.of("all", (self, other))
+
+    def __rand__(self, other: Any) -> IterativeMatcher:
+        return as_iterative(other) & self
 
     @property
     def is_plain(self) -> bool:
@@ -368,11 +478,10 @@ class IterativeMatcher:
         return self._start
 
     def step_from(self, state: State, hits: tuple[bool, ...], count: int) -> tuple[bool, list[State]]:
-        """At a node reached in ``state``, given which stages' matchers match it (``hits``) and its
-        child ``count`` (all a step needs of the node, so walks can cache it): is it found, and the
-        state for each child."""
-        stages = self._stages
-        last = len(stages) - 1
+        """At a node reached in ``state``, given which of the walk's predicates match it (``hits``)
+        and its child ``count`` (all a step needs of the node, so walks can cache it): is it found,
+        and the state for each child."""
+        stages, following, term_hits = self._stages, self._following, self._term_hits
         pending = list(state)
         seen = set(pending)
         found = False
@@ -389,15 +498,18 @@ class IterativeMatcher:
                 and (stage.max_depth is None or depth <= stage.max_depth)
             )
             if hit:
-                if index == last:
+                if following[index] is None:
                     found = True
                 else:
-                    following = (index + 1, 0)
-                    if following not in seen:
-                        seen.add(following)
-                        pending.append(following)
+                    started = (following[index], 0)
+                    if started not in seen:
+                        seen.add(started)
+                        pending.append(started)
                 if stage.stop_at_match:
                     continue
+            term = term_hits[index]
+            if term is not None and depth > 0 and hits[term]:
+                continue
             if stage.max_depth is not None:
                 if depth >= stage.max_depth:
                     continue
@@ -419,15 +531,138 @@ class IterativeMatcher:
         return found, [frozenset(common | by_position.get(p, set())) for p in range(count)]
 
     def __repr__(self) -> str:
-        text = f"IterativeMatcher({self._stages[0].describe(0)})"
-        for stage in self._stages[1:]:
-            if stage.min_depth == 1 and stage.max_depth == 1 and stage.positions is not None:
-                positions = ", ".join(str(p) for p in stage.positions)
-                matcher = "" if repr(stage.matcher) == "Matcher(True)" else f", matcher={stage.matcher!r}"
-                text += f".children({positions}{matcher})"
+        texts = [self._chain_repr(chain) for chain in self._chains()]
+        return texts[0] if len(texts) == 1 else "(" + " | ".join(texts) + ")"
+
+    def _chains(self) -> list[list[int]]:
+        """The stage chains from each head to a stage whose hits are found (the stage graph is acyclic)."""
+        chains, stack = [], [[head] for head in reversed(self._heads)]
+        while stack:
+            chain = stack.pop()
+            after = self._following[chain[-1]]
+            if after is None:
+                chains.append(chain)
             else:
-                text += f".then({stage.describe(1)})"
-        return text
+                stack.append(chain + [after])
+        return chains
+
+    def _chain_repr(self, chain: list[int]) -> str:
+        head = f"IterativeMatcher({self._stages[chain[0]].describe(0)})"
+        return head + "".join(_stage_call(self._stages[index]) for index in chain[1:])
+
+
+def _stage_call(stage: _Stage) -> str:
+    """``.children(...)`` or ``.then(...)``: how a stage after the first is written."""
+    if stage.min_depth == 1 and stage.max_depth == 1 and stage.positions is not None:
+        positions = ", ".join(str(p) for p in stage.positions)
+        matcher = "" if repr(stage.matcher) == "Matcher(True)" else f", matcher={stage.matcher!r}"
+        return f".children({positions}{matcher})"
+    return f".then({stage.describe(1)})"
+
+
+class _Combination(IterativeMatcher):
+    """``a | b`` or ``a & b`` where a plain stage graph cannot say it: the parts run side by side.
+
+    Its state is the tuple of the parts' states (``_DONE`` once nothing more can be found:
+    for "any", when every part is done; for "all", when any part is).  A node is found when
+    any (all) of the parts find it in the states that reach it along the same path.
+    """
+
+    __slots__ = ("_mode", "_parts", "_slices")
+
+    @staticmethod
+    def of(mode: str, parts: tuple[IterativeMatcher, ...]) -> _Combination:
+        flat: list[IterativeMatcher] = []
+        for part in parts:
+            same = isinstance(part, _Combination) and part._mode == mode
+            flat.extend(part._parts if same else (part,))
+        new = object.__new__(_Combination)
+        new._mode, new._parts = mode, tuple(flat)
+        slices, predicates = [], []
+        for part in flat:
+            slices.append((len(predicates), len(predicates) + len(part._predicates)))
+            predicates.extend(part._predicates)
+        new._slices, new._predicates = tuple(slices), tuple(predicates)
+        new._start = tuple(part._start for part in flat)
+        new._plain = False
+        return new
+
+    def _extended(self, stage: _Stage) -> IterativeMatcher:
+        return _Then.of(self, IterativeMatcher._built((stage,), (None,), (0,)))
+
+    @property
+    def plain_matcher(self) -> Matcher:
+        raise MatcherError(f"{self!r} combines IterativeMatchers and has no single plain matcher")
+
+    def step_from(self, state: tuple, hits: tuple[bool, ...], count: int) -> tuple[bool, list]:
+        results = [
+            part.step_from(part_state, hits[low:high], count) if part_state else (False, None)
+            for part, part_state, (low, high) in zip(self._parts, state, self._slices)
+        ]
+        keep = all if self._mode == "all" else any
+        found = keep(part_found for part_found, _ in results)
+        children = []
+        for position in range(count):
+            states = tuple(_DONE if kids is None else kids[position] for _, kids in results)
+            children.append(states if keep(states) else _DONE)
+        return found, children
+
+    def __repr__(self) -> str:
+        joiner = " & " if self._mode == "all" else " | "
+        return "(" + joiner.join(repr(part) for part in self._parts) + ")"
+
+
+class _Then(IterativeMatcher):
+    """Stages after a ``_Combination``: every node ``first`` finds starts ``rest`` (a chain of
+    stages) there.  Its state is the pair (``first``'s state, ``rest``'s state)."""
+
+    __slots__ = ("_first", "_rest", "_split")
+
+    @staticmethod
+    def of(first: IterativeMatcher, rest: IterativeMatcher) -> _Then:
+        new = object.__new__(_Then)
+        new._first, new._rest = first, rest
+        new._split = len(first._predicates)
+        new._predicates = first._predicates + rest._predicates
+        new._start = (first._start, _DONE)
+        new._plain = False
+        return new
+
+    def _extended(self, stage: _Stage) -> IterativeMatcher:
+        return _Then.of(self._first, self._rest._extended(stage))
+
+    @property
+    def plain_matcher(self) -> Matcher:
+        raise MatcherError(f"{self!r} combines IterativeMatchers and has no single plain matcher")
+
+    def step_from(self, state: tuple, hits: tuple[bool, ...], count: int) -> tuple[bool, list]:
+        first_state, rest_state = state
+        first_found, first_children = False, [_DONE] * count
+        if first_state:
+            first_found, first_children = self._first.step_from(first_state, hits[: self._split], count)
+        if first_found:
+            rest_state = rest_state | self._rest._start
+        found, rest_children = False, [_DONE] * count
+        if rest_state:
+            found, rest_children = self._rest.step_from(rest_state, hits[self._split :], count)
+        return found, [
+            (first, rest) if first or rest else _DONE for first, rest in zip(first_children, rest_children)
+        ]
+
+    def __repr__(self) -> str:
+        return repr(self._first) + "".join(_stage_call(stage) for stage in self._rest._stages)
+
+
+def chain_excluding(first: Any, then: Any, excluding: Any) -> IterativeMatcher:
+    """``then`` below each node ``first`` finds, reached without passing through a node ``excluding``
+    matches (rust_circuit's ``chain_excluding``): ``first.then(then, term_early_at=excluding)``.
+
+    "Head 1.4's direct route to the logits" in a 4-layer model: ``chain_excluding("t.call",
+    "b1.a.head4", Matcher.regex(r"^b[23]\\.[am]$"))`` reaches the head from the logits through
+    the residual stream only, not through a later layer's attention or MLP.  An excluded node
+    can still be found itself.
+    """
+    return as_iterative(first).then(then, term_early_at=excluding)
 
 
 def as_iterative(form: Any) -> IterativeMatcher:
@@ -504,7 +739,7 @@ def _walk_plain(root: Circuit, matcher: Matcher, descend_found: bool) -> list[Wa
 def _walk_states(root: Circuit, matcher: IterativeMatcher, descend_found: bool) -> list[WalkEntry]:
     entries: dict[tuple, WalkEntry] = {}
     order: list[WalkEntry] = []
-    predicates = tuple(stage.matcher._predicate for stage in matcher._stages)
+    predicates = matcher._predicates
     step_from = matcher.step_from
     steps: dict[tuple, tuple[bool, list]] = {}  # (state, hits, child count) -> step result
     stack: list[tuple[Circuit, State, tuple | None]] = [(root, matcher.start, None)]
@@ -653,6 +888,115 @@ def _split_hint(circuit: Circuit, form: Any) -> str:
     if first != last:
         text += f" with heads= listing every head in contiguous groups, one of them {list(range(first, last + 1))}"
     return text
+
+
+# -------------------------------------------------------------------- routes
+
+
+class Route(tuple):
+    """The nodes of one route from the root to a found node, root first; prints as its names
+    joined by ``' -> '`` (an unnamed node as ``<Kind>``)."""
+
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        return " -> ".join(node.name if node.name is not None else f"<{node.describe()}>" for node in self)
+
+    def __repr__(self) -> str:
+        return f"Route({str(self)!r})"
+
+
+class FoundRoutes(dict):
+    """``{found node: route}`` (``get_paths``) or ``{found node: [routes]}`` (``get_all_paths``);
+    prints one route a line, sorted, so a path patch can be read before it runs."""
+
+    def __repr__(self) -> str:
+        lines = []
+        for routes in self.values():
+            lines.extend(str(route) for route in (routes if isinstance(routes, list) else [routes]))
+        return "\n".join(sorted(lines)) if lines else "(no routes: nothing found)"
+
+    __str__ = __repr__
+
+
+def get_paths(circuit: Circuit, matcher: Any) -> FoundRoutes:
+    """For every node ``matcher`` finds, one shortest route by which it finds it.
+
+    Breadth-first over the (node, state) pairs of a walk, so only routes along which the
+    matcher actually finds the node count (an IterativeMatcher's restrictions apply).
+    """
+    check_node(circuit, "get_paths: the circuit to search", MatcherError)
+    entries = walk(circuit, matcher)
+    by_key = {entry.key: entry for entry in entries}
+    root_key = entries[-1].key
+    parent: dict = {root_key: None}
+    first_found: dict[bytes, Any] = {}
+    frontier = [root_key]
+    while frontier:
+        following = []
+        for key in frontier:
+            entry = by_key[key]
+            if entry.found:
+                first_found.setdefault(entry.node.hash, key)
+            for child_key in entry.child_keys or ():
+                if child_key is not None and child_key not in parent:
+                    parent[child_key] = key
+                    following.append(child_key)
+        frontier = following
+    routes = FoundRoutes()
+    for key in first_found.values():
+        nodes = []
+        while key is not None:
+            nodes.append(by_key[key].node)
+            key = parent[key]
+        routes[nodes[0]] = Route(reversed(nodes))
+    return routes
+
+
+def get_all_paths(circuit: Circuit, matcher: Any, *, limit: int | None = 1000) -> FoundRoutes:
+    """For every node ``matcher`` finds, every route (distinct sequence of nodes) by which it
+    finds it.
+
+    A DAG can have exponentially many routes: past ``limit`` routes in all this raises
+    ``MatcherError`` (``limit=None``: no bound).  Only subtrees where something is found are
+    searched, so the work is at most the routes' total length.
+    """
+    check_node(circuit, "get_all_paths: the circuit to search", MatcherError)
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise MatcherError(f"get_all_paths: limit {limit!r} is not None or an int >= 1")
+    entries = walk(circuit, matcher)
+    by_key = {entry.key: entry for entry in entries}
+    leads_to_found: dict = {}
+    for entry in entries:  # post-order: children first
+        below = entry.child_keys or ()
+        leads_to_found[entry.key] = entry.found or any(k is not None and leads_to_found[k] for k in below)
+    routes = FoundRoutes()
+    count = 0
+    stack: list[tuple[Any, tuple | None]] = [(entries[-1].key, None)]
+    while stack:
+        key, above = stack.pop()
+        entry = by_key[key]
+        here = (entry.node, above)  # a linked list back to the root: no copying per step
+        if entry.found:
+            count += 1
+            if limit is not None and count > limit:
+                raise MatcherError(
+                    f"get_all_paths({as_iterative(matcher)!r}): more than {limit} routes in "
+                    f"{circuit.describe()}; pass a larger limit= (or limit=None), narrow the "
+                    "matcher, or use get_paths for one route per node"
+                )
+            routes.setdefault(entry.node, []).append(_route_of(here))
+        below = [k for k in dict.fromkeys(entry.child_keys or ()) if k is not None and leads_to_found[k]]
+        stack.extend((child_key, here) for child_key in reversed(below))
+    return routes
+
+
+def _route_of(link: tuple | None) -> Route:
+    nodes = []
+    while link is not None:
+        node, link = link
+        nodes.append(node)
+    return Route(reversed(nodes))
 
 
 # ------------------------------------------------------------ where a node sits
