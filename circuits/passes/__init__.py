@@ -19,6 +19,7 @@ from circuits.passes.algebra import (
     residual_rewrite,
 )
 from circuits.passes.attention import causal_mask, layer_of, split_heads, unsplit_head_counts
+from circuits.passes.concat import concat_elim_split, concat_fuse, pull_concat, split_to_concat
 from circuits.passes.push_down import push_index
 from circuits.passes.simplify import (
     fold_scalars,
@@ -39,6 +40,8 @@ def push_down_index(circuit: Circuit, matcher=True) -> Circuit:
 __all__ = [
     "PassError",
     "causal_mask",
+    "concat_elim_split",
+    "concat_fuse",
     "distribute",
     "distribute_all",
     "extract_add",
@@ -49,6 +52,7 @@ __all__ = [
     "layer_of",
     "nest_adds",
     "nest_einsums",
+    "pull_concat",
     "push_down_index",
     "push_index",
     "remove_identity_index",
@@ -57,5 +61,6 @@ __all__ = [
     "residual_rewrite",
     "simplify",
     "split_heads",
+    "split_to_concat",
     "unsplit_head_counts",
 ]
