@@ -156,6 +156,12 @@ __all__ += [
     "residual_rewrite",
 ]
 
+# Canonical form and diff (issue 16): compare two rewrite routes, show what a rewrite changed.
+from circuits.diff import CircuitDiff, circuit_diff, diff  # noqa: E402
+from circuits.passes import canonicalize  # noqa: E402
+
+__all__ += ["CircuitDiff", "canonicalize", "circuit_diff", "diff"]
+
 # Experiments (issue 7): the cached Evaluator, ablations, patching, sweeps;
 # metrics and the rest in ``circuits.experiments``.
 from circuits import experiments  # noqa: E402

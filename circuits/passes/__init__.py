@@ -18,6 +18,7 @@ from circuits.passes.algebra import (
     nest_einsums,
     residual_rewrite,
 )
+from circuits.passes.canonical import canonicalize
 from circuits.passes.attention import causal_mask, layer_of, split_heads, unsplit_head_counts
 from circuits.passes.concat import concat_elim_split, concat_fuse, pull_concat, split_to_concat
 from circuits.passes.push_down import push_index
@@ -39,6 +40,7 @@ def push_down_index(circuit: Circuit, matcher=True) -> Circuit:
 
 __all__ = [
     "PassError",
+    "canonicalize",
     "causal_mask",
     "concat_elim_split",
     "concat_fuse",
