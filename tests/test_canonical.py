@@ -78,7 +78,9 @@ def test_diff_after_a_rename_shows_the_changed_line():
 def test_canonicalize_keeps_the_value_and_is_idempotent(circuit):
     canonical = canonicalize(circuit)
     assert canonical.shape == circuit.shape
-    torch.testing.assert_close(canonical.evaluate(), circuit.evaluate(), **TOL, equal_nan=True)
+    # float64 even for a circuit of Scalars alone (float32 by default, far above 1e-10 in rounding)
+    expected = circuit.evaluate(dtype=torch.float64)
+    torch.testing.assert_close(canonical.evaluate(dtype=torch.float64), expected, **TOL, equal_nan=True)
     assert canonicalize(canonical) == canonical
 
 
