@@ -24,6 +24,8 @@
                                               a logit (difference); they sum to it
 ``logit_lens(c, pos)``                        each layer's residual through the final norm and
                                               the unembedding; top tokens per layer
+``path_terms(c, pos)``                        the logits at pos as an Add of one node per
+                                              direct path (frozen final-norm scale)
 ``gradients(c, metric, points)``              dmetric/dactivation at points: one forward, one
                                               backward, no weight gradients
 ``attribution_patching(c, corrupted, metric)`` the gradient estimate of patching every layer,
@@ -60,6 +62,7 @@ from circuits.experiments.logit_attribution import (
 from circuits.experiments.metrics import Metric, kl_div, logit_diff, mean_loss
 from circuits.experiments.overview import overview
 from circuits.experiments.patching import patch
+from circuits.experiments.path_terms import PathTerms, path_terms
 from circuits.experiments.patching_grids import (
     EVERY,
     GRIDS,
@@ -103,6 +106,7 @@ __all__ = [
     "Metric",
     "POINT_KINDS",
     "PatchGrid",
+    "PathTerms",
     "SweepResult",
     "TRANSFORMER_LENS_HOOKS",
     "act_patch_attn_head_all_pos_every",
@@ -134,6 +138,7 @@ __all__ = [
     "overview",
     "patch",
     "patch_grid",
+    "path_terms",
     "plot_attention",
     "plot_grid",
     "point",

@@ -1,0 +1,108 @@
+"""``ex.path_terms``: the logits at one position as an Add of one node per direct path.
+
+Checked on a GPT-2 of odd dims (position embeddings, attention and MLP biases, layer norm) and
+on the shipped attention-only demo model: the terms sum to the logits, each term read at the
+answer token is direct logit attribution's component, the embedding term matches plain torch,
+terms evaluate and ablate as nodes, and bad input is refused by name.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import circuits as cc
+import circuits.models as cm
+from circuits import experiments as ex
+from circuits.errors import ExperimentError
+from circuits.models.demo_model import load_demo_model, repeated_tokens
+
+TOL = 1e-5
+CONFIG = cm.GPT2Config(n_layers=2, n_heads=3, d_model=12, vocab_size=17, n_ctx=16)
+
+
+def gpt2() -> cc.Circuit:
+    return cm.build_gpt2(CONFIG, cm.gpt2_random_weights(CONFIG, seed=2), torch.tensor([[3, 9]]))
+
+
+def demo() -> cc.Circuit:
+    return cc.causal_mask(load_demo_model(repeated_tokens(4, 8)))
+
+
+MODELS = {"gpt2": gpt2, "demo": demo}
+
+
+def logits_at(circuit: cc.Circuit, pos: int) -> torch.Tensor:
+    return circuit.get_unique(ex.point("logits")).evaluate()[:, pos]
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+@pytest.mark.parametrize("pos", [-1, 0])
+def test_terms_sum_to_the_logits(model, pos):
+    circuit = MODELS[model]()
+    result = ex.path_terms(circuit, pos)
+    assert result.terms.name == "path_terms"
+    assert [child.name for child in result.terms.children] == [f"path.{x}" for x in result.labels]
+    torch.testing.assert_close(result.terms.evaluate(), logits_at(circuit, pos), atol=TOL, rtol=0)
+
+
+def test_labels_cover_every_direct_path():
+    labels = ex.path_terms(gpt2()).labels
+    heads = [f"L{layer}H{head}" for layer in range(2) for head in range(3)]
+    assert labels == ["embed", "pos_embed", *heads[:3], "0_attn_bias", "0_mlp_out"] + [
+        *heads[3:],
+        "1_attn_bias",
+        "1_mlp_out",
+        "bias",
+    ]
+    assert ex.path_terms(demo()).labels == [
+        "embed",
+        *[f"L{l}H{h}" for l in range(2) for h in range(4)],
+        "bias",
+    ]
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_each_term_is_its_direct_logit_attribution(model):
+    circuit = MODELS[model]()
+    result = ex.path_terms(circuit, -1)
+    answers = logits_at(circuit, -1).argmax(-1)
+    dla = ex.direct_logit_attribution(circuit, answers, pos=-1)
+    assert dla.labels == result.labels
+    rows = torch.arange(answers.shape[0])
+    for label, values in zip(dla.labels, dla.values):
+        term = result.terms.get_unique(f"path.{label}").evaluate()
+        torch.testing.assert_close(term[rows, answers], values, atol=TOL, rtol=0)
+
+
+def test_the_embedding_term_by_hand():
+    circuit = demo()
+    tokens = circuit.get_unique("input_toks_int").evaluate()  # the inputs: the last token is a target
+    w = {n: circuit.get_unique(n).evaluate() for n in ("t.w.tok_embeds", "t.w.unembed", "final.ln.w.scale")}
+    scale = circuit.get_unique(ex.point("ln_final_scale")).evaluate()[:, -1]
+    rows = w["t.w.tok_embeds"][tokens[:, -1]]
+    centred = rows - rows.mean(-1, keepdim=True)
+    expected = (centred * scale[:, None] * w["final.ln.w.scale"]) @ w["t.w.unembed"].T
+    term = ex.path_terms(circuit).terms.get_unique("path.embed").evaluate()
+    torch.testing.assert_close(term, expected, atol=TOL, rtol=0)
+
+
+def test_a_term_evaluates_and_ablates():
+    result = ex.path_terms(gpt2())
+    total = result.terms.evaluate()
+    head = result.terms.get_unique("path.L1H2").evaluate()
+    ablated = ex.zero_ablate(result.terms, "path.L1H2").evaluate()
+    torch.testing.assert_close(ablated, total - head, atol=TOL, rtol=0)
+    assert "path.L1H2" in str(result.terms.get_unique("path.L1H2").describe())
+
+
+def test_bad_input_is_refused_by_name():
+    circuit = gpt2()
+    with pytest.raises(ExperimentError, match="logits"):
+        ex.path_terms(circuit.get_unique("final.call"))
+    with pytest.raises(ExperimentError, match="pos=5"):
+        ex.path_terms(circuit, 5)
+    with pytest.raises(ExperimentError, match="pos='x'"):
+        ex.path_terms(circuit, "x")
+    with pytest.raises(ExperimentError):
+        ex.path_terms("not a circuit")
