@@ -1,7 +1,7 @@
 """``ex.path_terms``: the logits at one position as an Add of one node per direct path.
 
 Checked on a GPT-2 of odd dims (position embeddings, attention and MLP biases, layer norm) and
-on the shipped attention-only demo model: the terms sum to the logits, each term read at the
+on the shipped attention-only demo model (and a small Llama: RMSNorm, grouped heads): the terms sum to the logits, each term read at the
 answer token is direct logit attribution's component, the embedding term matches plain torch,
 terms evaluate and ablate as nodes, and bad input is refused by name.
 """
@@ -29,7 +29,16 @@ def demo() -> cc.Circuit:
     return cc.causal_mask(load_demo_model(repeated_tokens(4, 8)))
 
 
-MODELS = {"gpt2": gpt2, "demo": demo}
+def llama() -> cc.Circuit:
+    """RMSNorm (no centring, no norm bias) and grouped key/value heads."""
+    config = cm.LlamaConfig(
+        n_layers=2, n_heads=4, n_kv_heads=2, d_model=12, d_mlp=10, vocab_size=13, d_head=4
+    )
+    tokens = torch.tensor([[1, 5, 2, 7], [3, 3, 0, 9]])
+    return cm.build_llama(config, cm.llama_random_weights(config, seed=1), tokens, causal=True)
+
+
+MODELS = {"gpt2": gpt2, "demo": demo, "llama": llama}
 
 
 def logits_at(circuit: cc.Circuit, pos: int) -> torch.Tensor:
