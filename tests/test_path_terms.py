@@ -22,7 +22,8 @@ CONFIG = cm.GPT2Config(n_layers=2, n_heads=3, d_model=12, vocab_size=17, n_ctx=1
 
 
 def gpt2() -> cc.Circuit:
-    return cm.build_gpt2(CONFIG, cm.gpt2_random_weights(CONFIG, seed=2), torch.tensor([[3, 9]]))
+    tokens = torch.randint(0, 17, (3, 9), generator=torch.Generator().manual_seed(5))  # batch 3, 8 positions
+    return cm.build_gpt2(CONFIG, cm.gpt2_random_weights(CONFIG, seed=2), tokens)
 
 
 def demo() -> cc.Circuit:
@@ -109,8 +110,8 @@ def test_bad_input_is_refused_by_name():
     circuit = gpt2()
     with pytest.raises(ExperimentError, match="logits"):
         ex.path_terms(circuit.get_unique("final.call"))
-    with pytest.raises(ExperimentError, match="pos=5"):
-        ex.path_terms(circuit, 5)
+    with pytest.raises(ExperimentError, match="pos=8"):
+        ex.path_terms(circuit, 8)
     with pytest.raises(ExperimentError, match="pos='x'"):
         ex.path_terms(circuit, "x")
     with pytest.raises(ExperimentError):
