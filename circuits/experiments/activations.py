@@ -22,7 +22,7 @@ import torch
 from circuits.errors import ExperimentError
 from circuits.evaluation import compile_plan
 from circuits.experiments import residual
-from circuits.experiments.points import ByPoint, as_key, resolve_points
+from circuits.experiments.points import ByPoint, PointCollector, as_key, resolve_points
 from circuits.nodes import Circuit, check_node
 
 __all__ = ["ActivationCache", "run_with_cache"]
@@ -165,18 +165,10 @@ def _evaluate_points(
 ) -> tuple[torch.Tensor, dict[Key, torch.Tensor]]:
     """The circuit's value and ``{key: activation}`` for ``keys`` (None: the default points), from one run."""
     wanted = resolve_points(circuit, keys)
-    by_hash: dict[bytes, list[Key]] = {}
-    for key, node in wanted.items():
-        by_hash.setdefault(node.hash, []).append(key)
-    found: dict[Key, torch.Tensor] = {}
-
-    def keep(node: Circuit, value: torch.Tensor) -> None:
-        for key in by_hash.get(node.hash, ()):
-            found[key] = value
-
+    keep = PointCollector(wanted)
     plan = compile_plan([circuit], options["inputs"], options["device"], options["dtype"])
     for node, value in plan.initial_values():
         keep(node, value)
     value = plan.run(on_value=keep)[0]
     keep(circuit, value)
-    return value, {key: found[key] for key in wanted}
+    return value, {key: keep.values[key] for key in wanted}

@@ -26,7 +26,7 @@ import torch
 
 from circuits.errors import ExperimentError
 from circuits.experiments.gradients import tracked_run
-from circuits.experiments.inputs import shape_changes, with_inputs
+from circuits.experiments.inputs import same_shape_inputs
 from circuits.experiments.metrics import Metric
 from circuits.experiments.points import HEAD_KINDS, point, resolve_points
 from circuits.matching import get
@@ -144,18 +144,12 @@ def _checked_kinds(kinds: Iterable[str]) -> list[str]:
 
 
 def _corrupted(circuit: Circuit, corrupted_inputs: Mapping[Any, Any]) -> Circuit:
-    what = "attribution_patching"
-    if isinstance(corrupted_inputs, Mapping):
-        changes = shape_changes(circuit, corrupted_inputs, what)
-        if changes:
-            raise ExperimentError(
-                f"{what}: corrupted inputs must have the clean inputs' shapes: {'; '.join(changes)}"
-            )
-    corrupted, _ = with_inputs(circuit, corrupted_inputs, what=what)
-    if corrupted is circuit or corrupted.hash == circuit.hash:
+    what = "attribution_patching: corrupted_inputs"
+    corrupted = same_shape_inputs(circuit, corrupted_inputs, what)
+    if corrupted.hash == circuit.hash:
         raise ExperimentError(
-            f"{what}: the corrupted inputs {list(corrupted_inputs)!r} change nothing in {circuit.describe()} "
-            "(no such input, or the same values): every attribution would be zero"
+            f"{what} {list(corrupted_inputs)!r} change nothing in {circuit.describe()} (the same values): "
+            "every attribution would be zero"
         )
     return corrupted
 

@@ -26,7 +26,7 @@ from circuits.errors import ExperimentError
 from circuits.evaluation import compile_plan
 from circuits import names
 from circuits.experiments.metrics import Metric, find
-from circuits.experiments.points import ByPoint, as_key, resolve_points, show_key
+from circuits.experiments.points import ByPoint, PointCollector, as_key, resolve_points, show_key
 from circuits.nodes import Circuit, check_node
 from circuits.traversal import unique_nodes
 
@@ -100,14 +100,8 @@ def tracked_run(
     check_node(circuit, "gradients: the circuit", ExperimentError)
     wanted = resolve_points(circuit, keys)
     root = _metric_root(circuit, metric, wanted)
-    by_hash: dict[bytes, list[Key]] = {}
-    for key, node in wanted.items():
-        by_hash.setdefault(node.hash, []).append(key)
-    values: dict[Key, torch.Tensor] = {}
-
-    def keep(node: Circuit, value: torch.Tensor) -> None:
-        for key in by_hash.get(node.hash, ()):
-            values[key] = value
+    keep = PointCollector(wanted)
+    by_hash = keep.by_hash
 
     def kernel(node: Circuit, default: Callable) -> Callable:
         return _tracked(default) if node.hash in by_hash else default
@@ -117,7 +111,7 @@ def tracked_run(
         _refuse_leaf_points(plan, by_hash)
         value = plan.run(on_value=keep)[0]
         number = value if isinstance(metric, Metric) else _number(metric(value), track)
-    return TrackedRun(number, {key: values[key] for key in keys})
+    return TrackedRun(number, {key: keep.values[key] for key in keys})
 
 
 def _tracked(default: Callable) -> Callable:

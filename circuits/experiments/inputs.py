@@ -36,7 +36,7 @@ from circuits.nodes import Array, Circuit
 from circuits.rewrite import replace
 from circuits.traversal import unique_nodes
 
-__all__ = ["check_keys_found", "shape_changes", "with_inputs"]
+__all__ = ["check_keys_found", "same_shape_inputs", "shape_changes", "with_inputs"]
 
 SAME, REBATCHED, EXPANDED = "same", "rebatched", "expanded"
 
@@ -153,3 +153,18 @@ def check_keys_found(circuit: Circuit, inputs: Mapping[Any, Any], what: str) -> 
     raise ExperimentError(
         f"{what}: input keys that match no node of {circuit.describe()}: {', '.join(hints)}"
     )
+
+
+def same_shape_inputs(circuit: Circuit, inputs: Mapping[Any, Any], what: str) -> Circuit:
+    """``circuit`` on ``inputs`` that must match what they replace in shape: two runs compared row for
+    row and position for position (patching grids, attribution patching).  A key that finds nothing,
+    or a value of another shape, is an ``ExperimentError`` naming it."""
+    check_keys_found(circuit, inputs, what)
+    changes = shape_changes(circuit, inputs, what)
+    if changes:
+        raise ExperimentError(
+            f"{what} must have the shape of the clean inputs (the runs are patched row for row, position "
+            f"for position): {'; '.join(changes)}"
+        )
+    result, _ = with_inputs(circuit, inputs, what=what)
+    return result

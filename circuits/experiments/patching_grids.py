@@ -36,7 +36,7 @@ import torch
 from circuits import names
 from circuits.cache import Evaluator, check_cache_bytes
 from circuits.errors import ExperimentError
-from circuits.experiments.inputs import SAME, check_keys_found, shape_changes, with_inputs
+from circuits.experiments.inputs import same_shape_inputs
 from circuits.experiments.metrics import Metric
 from circuits.experiments.patch_batches import PatchRun, measure_all
 from circuits.nodes import Circuit, check_node
@@ -218,18 +218,7 @@ def _check_options(metric, options: RunOptions, executor) -> None:
 
 
 def _corrupted(circuit: Circuit, corrupted_inputs: Mapping[Any, Any], grid: str) -> Circuit:
-    """The circuit on the corrupted inputs, which must have the shape of what they replace."""
-    what = f"act_patch_{grid}: corrupted_inputs"
-    check_keys_found(circuit, corrupted_inputs, what)
-    changes = shape_changes(circuit, corrupted_inputs, what)
-    if changes:
-        raise ExperimentError(
-            f"{what} must have the shape of the clean inputs (the runs are patched row for row, position "
-            f"for position): {'; '.join(changes)}"
-        )
-    corrupted, kind = with_inputs(circuit, corrupted_inputs, what=what)
-    assert kind == SAME
-    return corrupted
+    return same_shape_inputs(circuit, corrupted_inputs, f"act_patch_{grid}: corrupted_inputs")
 
 
 def _layer_count(circuit: Circuit) -> int:

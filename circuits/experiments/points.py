@@ -296,6 +296,21 @@ def show_key(key: tuple) -> str:
     return repr(tuple(part for part in key if part is not None)) if key[1] is not None else repr(key[0])
 
 
+class PointCollector:
+    """``Plan.run``'s ``on_value`` callback keeping the values of resolved points (``resolve_points``):
+    ``values[key]`` once run; ``by_hash`` tells whether a node is one of them (several keys may share it)."""
+
+    def __init__(self, wanted: dict[tuple, Circuit]):
+        self.by_hash: dict[bytes, list[tuple]] = {}
+        for key, node in wanted.items():
+            self.by_hash.setdefault(node.hash, []).append(key)
+        self.values: dict[tuple, torch.Tensor] = {}
+
+    def __call__(self, node: Circuit, value: torch.Tensor) -> None:
+        for key in self.by_hash.get(node.hash, ()):
+            self.values[key] = value
+
+
 class ByPoint(Mapping):
     """Tensors by point, read-only: ``m["logits"]``, ``m["attn_probs", 1]``, ``m["z", 1, 2]``.
 
