@@ -20,7 +20,9 @@ import torch
 
 from circuits import names
 from circuits.errors import ExperimentError
+from circuits.evaluation import evaluate_many
 from circuits.experiments import residual
+from circuits.experiments.composition import Compositions, head_of
 from circuits.experiments.points import point
 from circuits.nodes import Add, Array, Circuit, Einsum, Index, Scalar, check_node
 from circuits.passes import split_heads
@@ -31,11 +33,14 @@ __all__ = ["PathTerms", "path_terms"]
 @dataclasses.dataclass(frozen=True)
 class PathTerms:
     """``terms``: the Add ``'path_terms'`` (``[batch, vocab]``) of one node per label in ``labels``
-    (each term is named ``'path.' + label``); ``circuit``: the model circuit the terms read, heads split."""
+    (each term is named ``'path.' + label``); ``compositions``: the labels of the head-input terms
+    inside them (``'L1H1.k.L0H2'``, named ``'path.L1H1.k.L0H2'``; empty at ``order=1``);
+    ``circuit``: the model circuit the terms read, heads split."""
 
     terms: Circuit
     labels: list[str]
     circuit: Circuit
+    compositions: list[str] = dataclasses.field(default_factory=list)
 
 
 def _find(circuit: Circuit, matcher, what: str) -> Circuit:
@@ -63,12 +68,13 @@ def _position(pos, seq: int) -> int:
     return pos % seq
 
 
-def _components(circuit: Circuit, facts) -> list[tuple[str, Circuit]]:
-    """Every direct path into the final residual, as the circuit's nodes (``[..., pos, d_model]``)."""
+def _components(circuit: Circuit, facts, below: int | None = None) -> list[tuple[str, Circuit]]:
+    """Every direct path into the residual stream before layer ``below`` (None: the final
+    residual), as the circuit's nodes (``[..., pos, d_model]``)."""
     parts = [("embed", _find(circuit, point("embed"), "token embedding"))]
     if facts.pos_in_resid:
         parts.append(("pos_embed", _find(circuit, point("pos_embed"), "position embedding")))
-    for layer in range(facts.n_layers):
+    for layer in range(facts.n_layers if below is None else below):
         for head in range(facts.split_heads.get(layer, 0)):
             parts.append((f"L{layer}H{head}", _find(circuit, point("head_out", layer, head), "head")))
         bias = _array(circuit, names.attn_weight(layer, "o_bias"), required=False)
@@ -126,13 +132,18 @@ def _bias_term(circuit: Circuit, facts, batch: int, vocab: int) -> Circuit:
     return Add(*parts, name="path.bias")
 
 
-def path_terms(circuit: Circuit, pos: int = -1) -> PathTerms:
+def path_terms(circuit: Circuit, pos: int = -1, order: int = 1) -> PathTerms:
     """The logits at ``pos`` as an Add ``'path_terms'`` of one node per direct path (see the module).
 
     ``circuit``: a batched model circuit the builders make (GPT-2, attention-only, Llama), heads split
     or not (unsplit layers are split here).  The sum equals the logits at ``pos`` on the clean inputs;
-    ``ex.zero_ablate(result.terms, 'path.L1H2')`` drops one head's direct path."""
+    ``ex.zero_ablate(result.terms, 'path.L1H2')`` drops one head's direct path.  ``order=2`` also
+    writes each head's Q, K and V inputs as sums of named terms, one per source
+    (``'path.L1H1.k.L0H2'``: head 0.2 composing into head 1.1's keys); ``order=3`` expands those
+    head sources in turn, and so on (``experiments.composition``)."""
     check_node(circuit, "the model circuit", ExperimentError)
+    if isinstance(order, bool) or not isinstance(order, int) or order < 1:
+        raise ExperimentError(f"path_terms: order={order!r}; give an int >= 1 (1: direct paths only)")
     facts = residual.model_facts(circuit)
     if not facts.batched:
         raise ExperimentError("path_terms needs a batched circuit (tokens [batch, positions])")
@@ -143,12 +154,20 @@ def path_terms(circuit: Circuit, pos: int = -1) -> PathTerms:
     if unsplit:
         circuit = split_heads(circuit, unsplit)
         facts = residual.model_facts(circuit)
-    scale = _find(circuit, point("ln_final_scale"), "final norm scale").evaluate()
-    read = _readout(circuit, facts, scale.reshape(batch, seq)[:, pos].detach())
+    final = _find(circuit, point("ln_final_scale"), "final norm scale")
+    layer_scales = Compositions.scale_nodes(circuit, facts) if order > 1 else {}
+    final_scale, *values = evaluate_many([final, *layer_scales.values()])
+    read = _readout(circuit, facts, final_scale.reshape(batch, seq)[:, pos].detach())
+    compositions = Compositions(
+        circuit, facts, lambda below: _components(circuit, facts, below), dict(zip(layer_scales, values))
+    )
     terms, labels = [], []
     for label, node in _components(circuit, facts):
+        head = head_of(label)
+        if head is not None and order > 1:
+            node = compositions.expand(*head, f"path.{label}", order)
         terms.append(_term(label, *_at_pos(node, pos, seq), read))
         labels.append(label)
     terms.append(_bias_term(circuit, facts, batch, vocab))
     labels.append("bias")
-    return PathTerms(Add(*terms, name="path_terms"), labels, circuit)
+    return PathTerms(Add(*terms, name="path_terms"), labels, circuit, compositions.labels)
