@@ -19,13 +19,23 @@ FULL_HEX_DIGITS = 2 * DIGEST_SIZE
 PRINTED_HEX_DIGITS = 24
 
 
+def tensor_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor's elements as a flat uint8 tensor on the CPU.
+
+    ``contiguous()`` is not enough: it keeps a size-1 axis's stride (``x[:, 5]`` of a ``[1, 32]``
+    tensor has stride 32 and counts as contiguous), which a byte view refuses."""
+    flat = tensor.detach().to("cpu").reshape(-1)
+    if flat.numel() and flat.stride(0) != 1:
+        flat = flat.clone(memory_format=torch.contiguous_format)
+    return flat.view(torch.uint8)
+
+
 def tensor_content_hash(tensor: torch.Tensor) -> str:
     """Hex digest of a tensor's dtype, shape and bytes (device-independent)."""
-    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
     hasher = hashlib.blake2b(digest_size=DIGEST_SIZE)
-    hasher.update(f"{flat.dtype}|{list(tensor.shape)}|".encode())
-    if flat.numel():
-        hasher.update(flat.view(torch.uint8).numpy().data)
+    hasher.update(f"{tensor.dtype}|{list(tensor.shape)}|".encode())
+    if tensor.numel():
+        hasher.update(tensor_bytes(tensor).numpy().data)
     return hasher.hexdigest()
 
 

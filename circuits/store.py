@@ -31,7 +31,7 @@ import safetensors.torch
 import torch
 
 from circuits.errors import StoreError, shown
-from circuits.hashing import FULL_HEX_DIGITS, tensor_content_hash
+from circuits.hashing import FULL_HEX_DIGITS, tensor_bytes, tensor_content_hash
 
 _SUFFIX = ".safetensors"
 _KEY = "tensor"
@@ -168,7 +168,7 @@ def _holds(path: Path, tensor: torch.Tensor) -> bool:
     return (
         existing.dtype == tensor.dtype
         and existing.shape == tensor.shape
-        and torch.equal(existing.reshape(-1).view(torch.uint8), tensor.reshape(-1).view(torch.uint8))
+        and torch.equal(tensor_bytes(existing), tensor_bytes(tensor))
     )
 
 
