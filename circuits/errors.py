@@ -177,3 +177,9 @@ class ExperimentError(CircuitError, ValueError):
     """An ablation, patch, metric or sweep that cannot be set up as asked
     (inputs that do not fit what they replace, a target that matches
     nothing, a metric node that is not there)."""
+
+
+class PrintError(CircuitError, ValueError):
+    """A printing or diff option that cannot be used: an unknown colour name or
+    diff view, or a comment or colour function that returned something other
+    than text (the message names the node)."""

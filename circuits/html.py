@@ -15,7 +15,8 @@ Ids are ``c{root hash prefix}-{n}``, so two different circuits on one page
 do not collide.  Every name and extra is HTML-escaped.  The walk is
 iterative: depth only costs nesting in the output, never Python stack.
 ``max_nodes`` bounds the number of nodes written in full; past it the
-writer stops and says how many were left out.
+writer stops and says how many were left out.  ``comment`` and ``color``
+are the text printer's annotations, checked by the same functions.
 
 ``pretty_text`` is the plain-text display (``Circuit._repr_pretty_``, for
 IPython): the FORMAT.md text, whole for a circuit of at most
@@ -30,7 +31,7 @@ from collections import defaultdict
 from typing import Iterable
 
 from circuits.nodes import Circuit
-from circuits.printing import quote_name, repr_many
+from circuits.printing import NodeText, colour_of, comment_of, quote_name, repr_many
 from circuits.shapes import format_shape
 from circuits.traversal import unique_nodes
 
@@ -41,6 +42,19 @@ _LEAF = "margin-left:1.05em"  # lines up with summaries, whose disclosure triang
 _SHAPE = "color:#6a737d"
 _VARIANT = "color:#005cc5"
 _EXTRA = "color:#6f42c1"
+_COMMENT = "color:#6a737d;font-style:italic"
+#: The CSS colour shown for each ``color=`` name (darker yellow and white, readable on white).
+CSS_COLORS = {
+    "black": "#24292f",
+    "red": "#cf222e",
+    "green": "#1a7f37",
+    "yellow": "#9a6700",
+    "blue": "#0969da",
+    "magenta": "#a626a4",
+    "cyan": "#1b7c83",
+    "white": "#8c959f",
+    "gray": "#6a737d",
+}
 
 #: IPython shows circuits of at most this many distinct nodes in full ...
 PRETTY_MAX_NODES = 500
@@ -62,8 +76,15 @@ def to_html(
     *,
     open_depth: int = 2,
     max_nodes: int = 5000,
+    comment: NodeText | None = None,
+    color: NodeText | None = None,
 ) -> str:
-    """A ``<div>`` showing ``circuits`` as nested ``<details>``; see the module docstring."""
+    """A ``<div>`` showing ``circuits`` as nested ``<details>``; see the module docstring.
+
+    ``comment`` and ``color`` are the text printer's (``circuits.printing.repr_many``): a
+    node's comment follows its line written in full, grey, after ``#``; its colour tints
+    that line and the links that repeat it.
+    """
     roots = [circuits] if isinstance(circuits, Circuit) else list(circuits)
     distinct_by_name: dict[str, set[bytes]] = defaultdict(set)
     everything = unique_nodes(roots)
@@ -90,8 +111,8 @@ def to_html(
             continue  # only the closing tags are still written
         known = ids.get(node.hash)
         if known is not None:
-            anchor, reference = known
-            write(f'<div style="{_LEAF}"><a href="#{anchor}">{reference}</a></div>')
+            anchor, reference, tint = known
+            write(f'<div style="{_LEAF}"><a href="#{anchor}"{tint}>{reference}</a></div>')
             continue
         if written >= max_nodes:
             truncated = True
@@ -111,13 +132,10 @@ def to_html(
             reference = quote_name(node.name)
         reference = html.escape(reference)
         anchor = f"{prefix}-{written}"
-        ids[node.hash] = (anchor, reference)
-        line = (
-            f'<b>{reference}</b> <span style="{_SHAPE}">{format_shape(node.shape)}</span> '
-            f'<span style="{_VARIANT}">{node.kind}</span>'
-        )
-        if node.extra:
-            line += f' <span style="{_EXTRA}">{html.escape(node.extra)}</span>'
+        colour = None if color is None else colour_of(node, color)
+        tint = "" if colour is None else f' style="color:{CSS_COLORS[colour]}"'
+        ids[node.hash] = (anchor, reference, tint)
+        line = _line(node, reference, "" if comment is None else comment_of(node, comment), tint)
         if not node.children:
             write(f'<div id="{anchor}" style="{_LEAF}">{line}</div>')
             continue
@@ -127,3 +145,16 @@ def to_html(
         stack.extend((child, level + 1) for child in reversed(node.children))
     write("</div>")
     return out.getvalue()
+
+
+def _line(node: Circuit, reference: str, comment: str, tint: str) -> str:
+    """A node's line: reference (tinted by its colour), shape, variant, extra, comment."""
+    line = (
+        f'<b{tint}>{reference}</b> <span style="{_SHAPE}">{format_shape(node.shape)}</span> '
+        f'<span style="{_VARIANT}">{node.kind}</span>'
+    )
+    if node.extra:
+        line += f' <span style="{_EXTRA}">{html.escape(node.extra)}</span>'
+    if comment:
+        line += f' <span style="{_COMMENT}"># {html.escape(comment)}</span>'
+    return line

@@ -97,6 +97,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from circuits import names
 from circuits.errors import MatcherError, MatchError, PassError
 from circuits.nodes import Array, Circuit, Einsum, check_node
+from circuits.printing import set_traversal_converter
 from circuits.traversal import unique_nodes
 
 __all__ = [
@@ -530,6 +531,12 @@ class IterativeMatcher:
             return found, [shared] * count
         return found, [frozenset(common | by_position.get(p, set())) for p in range(count)]
 
+    def child_states(self, node: Circuit, state: State) -> list[State]:
+        """The state for each child of ``node`` reached in ``state`` (falsy where nothing more can be
+        found below): what the printer's ``traversal=`` asks (``circuits.printing.Traversal``)."""
+        hits = tuple([bool(predicate(node)) for predicate in self._predicates])
+        return self.step_from(state, hits, len(node.children))[1]
+
     def __repr__(self) -> str:
         texts = [self._chain_repr(chain) for chain in self._chains()]
         return texts[0] if len(texts) == 1 else "(" + " | ".join(texts) + ")"
@@ -670,6 +677,11 @@ def as_iterative(form: Any) -> IterativeMatcher:
     if isinstance(form, IterativeMatcher):
         return form
     return IterativeMatcher(Matcher(form))
+
+
+# The printer (core) takes matcher forms for ``traversal=`` through this converter; see
+# the docstring of circuits.printing.
+set_traversal_converter(as_iterative)
 
 
 # -------------------------------------------------------------------- walks

@@ -242,11 +242,28 @@ class Circuit:
         shapes: bool = False,
         serials: bool = False,
         store: TensorStore | None = None,
+        traversal: Any = None,
+        comment: Callable[[Circuit], str | None] | None = None,
+        color: Callable[[Circuit], str | None] | None = None,
     ) -> str:
-        """This circuit in the FORMAT.md text (see ``circuits.printing.repr_many``)."""
+        """This circuit in the FORMAT.md text (see ``circuits.printing.repr_many``).
+
+        ``traversal`` (an IterativeMatcher or matcher form) limits the printout to what it
+        reaches; ``comment(node)`` adds ``  # text`` to a node's line; ``color(node)`` names
+        an ANSI colour for it.  Annotated text still parses back.
+        """
         from circuits.printing import repr_many
 
-        return repr_many([self], depth=depth, shapes=shapes, serials=serials, store=store)
+        return repr_many(
+            [self],
+            depth=depth,
+            shapes=shapes,
+            serials=serials,
+            store=store,
+            traversal=traversal,
+            comment=comment,
+            color=color,
+        )
 
     def print(
         self,
@@ -255,9 +272,21 @@ class Circuit:
         shapes: bool = False,
         serials: bool = False,
         store: TensorStore | None = None,
+        traversal: Any = None,
+        comment: Callable[[Circuit], str | None] | None = None,
+        color: Callable[[Circuit], str | None] | None = None,
     ) -> None:
         """Print ``repr`` (the same options)."""
-        print(self.repr(depth=depth, shapes=shapes, serials=serials, store=store))
+        text = self.repr(
+            depth=depth,
+            shapes=shapes,
+            serials=serials,
+            store=store,
+            traversal=traversal,
+            comment=comment,
+            color=color,
+        )
+        print(text)
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         """IPython: the FORMAT.md text (see ``circuits.html.pretty_text`` for the depth rule)."""

@@ -52,6 +52,8 @@ _DECIMAL = re.compile(r"-?(\d+(\.\d*)?|\.\d+|inf|nan)")
 _SLICE = re.compile(r"(-?\d+)?:(-?\d+)?")
 _INT_LIST = re.compile(r"-?\d+(,-?\d+)*")
 _INDEX_PART = re.compile(r"\[[^\[\]]*\]|[^,]+")
+# An ANSI colour code, or a quoted name (kept whole: codes inside a name are part of it).
+_COLOUR_OR_NAME = re.compile(r"'(?:[^'\\]|\\.)*'|\x1b\[[0-9;]*m")
 _SIZE = re.compile(r"\s*([^\W\d]\w*)\s*=\s*(\d+)\s*")  # einops axis names are identifiers
 
 LEAF_KINDS = ("Array", "Scalar", "Symbol")
@@ -166,7 +168,13 @@ class _Reader:
             return None
         match = _PRINTED_LINE.fullmatch(body)
         if match is None or spaces % 2:
-            return self._split_slowly(number, spaces, body)
+            if "\x1b" in body:  # coloured text (printed with color=): read it without the codes
+                spaces, body = _without_colours(spaces, body)
+                if not body.strip() or body.startswith("#"):
+                    return None
+                match = _PRINTED_LINE.fullmatch(body)
+            if match is None or spaces % 2:
+                return self._split_slowly(number, spaces, body)
         serial, name, shape, kind, extra = match.group("serial", "name", "shape", "kind", "extra")
         if name is not None and "\\" in name:
             name = self._unescape(name, number, _shown_line(spaces, body))
@@ -343,6 +351,23 @@ def _lines(text: str):
         body_start = _INDENT.match(text, position, end).end()
         yield number, body_start - position, text[body_start:end]
         position = end + 1
+
+
+def _without_colours(spaces: int, body: str) -> tuple[int, str]:
+    """The line without ANSI colour codes (SGR, ``ESC[...m``) outside quoted names.
+
+    Only lines that the printer's fast pattern does not read get here, so
+    plain text pays nothing.  Spaces that the codes hid from the indent
+    count (a whole line may be wrapped in a colour).
+    """
+    body = _COLOUR_OR_NAME.sub(_keep_names, body)
+    stripped = body.lstrip(" ")
+    return spaces + len(body) - len(stripped), stripped
+
+
+def _keep_names(match: re.Match) -> str:
+    text = match.group()
+    return text if text[0] == "'" else ""
 
 
 #: Sizes and serial numbers are int64 in torch: more digits than this cannot be one.

@@ -5,12 +5,27 @@ written again as its reference alone.  Which nodes carry serial numbers
 depends on the whole printout (a name shared by two distinct nodes needs
 them), so the writer first walks the circuit recording each line's node and
 indent, then writes the lines.
+
+Annotations (``comment=``, ``color=``) and the ``traversal=`` limit are for
+reading: a comment is written after the line as ``  # text`` and a colour
+as ANSI codes around it, both of which the parser skips, so annotated text
+still reads back; text cut by ``depth`` or ``traversal`` does not.
+
+The traversal seam.  Printing is core and must not import
+``circuits.matching``, yet ``traversal=`` takes the matcher forms.  The
+printer asks only the small ``Traversal`` protocol below (a start state and
+the state for each child of a node; a falsy state means "stop"), which
+``IterativeMatcher`` implements.  Any other form (a name, a ``Matcher``) is
+converted by the function the matching layer installs with
+``set_traversal_converter`` when it is imported (``import circuits`` always
+imports it), so the dependency points upwards only at run time.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
+from circuits.errors import PrintError
 from circuits.gcpause import gc_paused
 from circuits.nodes import Array, Circuit, Index, Scalar, Symbol
 from circuits.shapes import format_shape
@@ -18,6 +33,67 @@ from circuits.store import TensorStore
 
 # Variants whose shape FORMAT.md prints by default: it does not follow from children.
 SHAPED_KINDS = (Array, Scalar, Symbol, Index)
+
+#: ``color=`` names and their ANSI foreground codes.
+ANSI_COLORS = {
+    "black": 30,
+    "red": 31,
+    "green": 32,
+    "yellow": 33,
+    "blue": 34,
+    "magenta": 35,
+    "cyan": 36,
+    "white": 37,
+    "gray": 90,
+}
+ANSI_RESET = "\x1b[0m"
+
+# Characters that str.splitlines (and universal newlines) treat as line breaks: a comment
+# writes them as escapes so that it stays on its line.
+_COMMENT_ESCAPES = str.maketrans(
+    {ch: ch.encode("unicode_escape").decode("ascii") for ch in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"}
+)
+
+NodeText = Callable[[Circuit], "str | None"]
+
+
+class Traversal(Protocol):
+    """What ``traversal=`` needs: how far below each node the printout goes.
+
+    ``start`` is the state at each root; ``child_states(node, state)`` gives
+    one state per child of ``node`` (reached in ``state``).  The printer
+    writes a node's children only if the node's state and at least one
+    child's state are truthy; a child whose state is falsy is still written,
+    with its own children left out (``... N children not shown``), as
+    rust_circuit's printer does.
+    """
+
+    @property
+    def start(self) -> Any: ...
+
+    def child_states(self, node: Circuit, state: Any) -> Sequence[Any]: ...
+
+
+_converter: Callable[[Any], Traversal] | None = None
+
+
+def set_traversal_converter(converter: Callable[[Any], Traversal]) -> None:
+    """Make ``traversal=`` take forms other than a ``Traversal`` (see the module docstring).
+
+    ``circuits.matching`` installs ``as_iterative`` here, so a name or a
+    ``Matcher`` works as it does everywhere else.
+    """
+    global _converter
+    _converter = converter
+
+
+def as_traversal(form: Any) -> Traversal:
+    """``form`` if it is a ``Traversal``, else converted by the installed converter."""
+    if hasattr(form, "child_states") and hasattr(form, "start"):
+        return form
+    if _converter is None:
+        raise PrintError(f"traversal={form!r}: expected an IterativeMatcher (import circuits.matching)")
+    return _converter(form)
 
 
 def quote_name(name: str) -> str:
@@ -34,6 +110,9 @@ def repr_many(
     shapes: bool = False,
     serials: bool = False,
     store: TensorStore | None = None,
+    traversal: Any = None,
+    comment: NodeText | None = None,
+    color: NodeText | None = None,
 ) -> str:
     """Print several circuits together, sharing references and serial numbers.
 
@@ -41,26 +120,45 @@ def repr_many(
     out (such text is for reading, not parsing); ``shapes`` writes every
     node's shape; ``serials`` gives every node a serial number; ``store``
     saves the tensor of every array written.
+
+    ``traversal`` (an ``IterativeMatcher`` or any matcher form) stops the
+    printout where the traversal stops, as ``depth`` does (see
+    ``Traversal``; with both, either one stops it).  ``comment(node)``
+    returns text written after the node's line as ``  # text`` (None or ""
+    for none; line breaks in it are written as escapes such as ``\\n``),
+    called once per node, on the line where the node is written in full
+    (a repeat line is only a reference).  ``color(node)`` returns a colour
+    name of ``ANSI_COLORS`` or None; every line of the node, repeats
+    included, is wrapped in that ANSI colour.  The parser skips comments and
+    colour codes, so annotated text reads back to the same circuits.
     """
+    walker = None if traversal is None else as_traversal(traversal)
     with gc_paused():
-        return _write(list(circuits), depth, shapes, serials, store)
+        layout = _layout(list(circuits), depth, walker)
+        return _text(layout, shapes, serials, store, comment, color)
 
 
-def _write(
-    roots: list[Circuit], depth: int | None, shapes: bool, serials: bool, store: TensorStore | None
-) -> str:
-    # Pass 1: every line's node and indent level, in print order.  A repeat
-    # (a node already written in full) is recorded by the line of its first
-    # occurrence; nodes are looked up by hash once per occurrence.
+class _Layout:
+    """Pass 1's result: per line, the node written in full (None for a repeat) and its indent level."""
+
+    def __init__(self) -> None:
+        self.firsts: list[Circuit | None] = []
+        self.levels: list[int] = []
+        self.repeats: dict[int, int] = {}  # line -> the line where its node was written in full
+        self.elided: dict[int, int] = {}  # line -> how many children are left out below it
+
+
+def _layout(roots: list[Circuit], depth: int | None, traversal: Traversal | None) -> _Layout:
+    # Every line's node and indent level, in print order.  A repeat (a node already written
+    # in full) is recorded by the line of its first occurrence; nodes are looked up by hash
+    # once per occurrence.  With a traversal, each stack entry carries its state.
+    layout = _Layout()
+    firsts, levels, repeats, elided = layout.firsts, layout.levels, layout.repeats, layout.elided
     first_line: dict[bytes, int] = {}
-    firsts: list[Circuit | None] = []  # per line: the node written in full, or None for a repeat
-    levels: list[int] = []
-    repeats: dict[int, int] = {}  # line -> the line where its node was written in full
-    elided: dict[int, int] = {}  # line -> how many children the depth limit leaves out below it
-    stack = list(reversed(roots))
-    stack_levels = [0] * len(stack)
+    start = None if traversal is None else traversal.start
+    stack = [(root, 0, start) for root in reversed(roots)]
     while stack:
-        node, level = stack.pop(), stack_levels.pop()
+        node, level, state = stack.pop()
         line = len(firsts)
         levels.append(level)
         seen_at = first_line.get(node.hash)
@@ -76,19 +174,41 @@ def _write(
         if depth is not None and level >= depth:
             elided[line] = len(children)
             continue
-        stack.extend(reversed(children))
-        stack_levels.extend([level + 1] * len(children))
+        if traversal is None:
+            stack.extend([(child, level + 1, None) for child in reversed(children)])
+            continue
+        states = traversal.child_states(node, state) if state else ()
+        if not any(states):
+            elided[line] = len(children)
+            continue
+        stack.extend((child, level + 1, s) for child, s in zip(reversed(children), reversed(states)))
+    return layout
 
-    # Names carried by two or more distinct nodes: their references need serial numbers.
+
+def _shared_names(firsts: list[Circuit | None]) -> set[str]:
+    """Names carried by two or more distinct nodes: their references need serial numbers."""
     first_with_name: dict[str, bytes] = {}
-    shared_names: set[str] = set()
+    shared: set[str] = set()
     for node in firsts:
         if node is not None and node.name is not None:
             if first_with_name.setdefault(node.name, node.hash) != node.hash:
-                shared_names.add(node.name)
+                shared.add(node.name)
+    return shared
 
+
+def _text(
+    layout: _Layout,
+    shapes: bool,
+    serials: bool,
+    store: TensorStore | None,
+    comment: NodeText | None,
+    color: NodeText | None,
+) -> str:
     # Pass 2: the text.
+    firsts, levels, repeats, elided = layout.firsts, layout.levels, layout.repeats, layout.elided
+    shared_names = _shared_names(firsts)
     references: list[str | None] = [None] * len(firsts)
+    colours: dict[int, str] = {}  # line written in full -> its node's ANSI start code ("" for none)
     quoted: dict[str, str] = {}
     out: list[str] = []
     write = out.append
@@ -96,7 +216,11 @@ def _write(
     for line, node in enumerate(firsts):
         indent = "  " * levels[line]
         if node is None:
-            write(indent + references[repeats[line]])
+            first = repeats[line]
+            write(
+                indent
+                + (references[first] if color is None else _coloured(references[first], colours[first]))
+            )
             continue
         name = node.name
         if name is None:
@@ -114,9 +238,66 @@ def _write(
         references[line] = reference
         shape = " " + format_shape(node.shape) if shapes or isinstance(node, SHAPED_KINDS) else ""
         extra = " " + node.extra if node.extra else ""
-        write(f"{indent}{reference}{shape} {node.kind}{extra}")
+        text = f"{reference}{shape} {node.kind}{extra}"
+        if comment is not None:
+            text += _comment_text(node, comment)
+        if color is not None:
+            colours[line] = _colour_code(node, color)
+            text = _coloured(text, colours[line])
+        write(indent + text)
         if store is not None and isinstance(node, Array) and node.is_loaded:
             store.save(node.tensor(), node.content_hash)  # tensor() refuses one edited in place since
         if line in elided:
             write(f"{indent}  ... {elided[line]} children not shown")
     return "\n".join(out)
+
+
+def _coloured(text: str, code: str) -> str:
+    return f"{code}{text}{ANSI_RESET}" if code else text
+
+
+def _comment_text(node: Circuit, comment: NodeText) -> str:
+    """``"  # text"`` for the node's comment, or "" for none."""
+    text = comment_of(node, comment)
+    return "  # " + text if text else ""
+
+
+def _colour_code(node: Circuit, color: NodeText) -> str:
+    """The ANSI start code of the node's colour, or "" for none."""
+    name = colour_of(node, color)
+    return "" if name is None else f"\x1b[{ANSI_COLORS[name]}m"
+
+
+def comment_of(node: Circuit, comment: NodeText) -> str:
+    """``comment(node)`` checked: text with its line breaks escaped, "" for none (None or "").
+
+    Shared by the text and HTML writers so that both accept and refuse the same results.
+    """
+    text = comment(node)
+    if text is None:
+        return ""
+    if not isinstance(text, str):
+        raise PrintError(
+            f"comment function returned {type(text).__name__} for {_which(node)}; expected str or None"
+        )
+    return text.translate(_COMMENT_ESCAPES)
+
+
+def colour_of(node: Circuit, color: NodeText) -> str | None:
+    """``color(node)`` checked: a lowercase key of ``ANSI_COLORS``, or None for no colour."""
+    name = color(node)
+    if name is None:
+        return None
+    key = name.lower() if isinstance(name, str) else None
+    if key not in ANSI_COLORS:
+        raise PrintError(
+            f"color function returned {name!r} for {_which(node)}; expected None or one of "
+            + ", ".join(ANSI_COLORS)
+        )
+    return key
+
+
+def _which(node: Circuit) -> str:
+    """The node as error messages name it."""
+    label = quote_name(node.name) if node.name is not None else "an unnamed node"
+    return f"{label} ({node.kind})"
