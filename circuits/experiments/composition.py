@@ -51,29 +51,27 @@ class Compositions:
     each layer's frozen norm scale (evaluated once, in one run) and each normed source (built once
     per layer, so the evaluator computes it once for every head and role that reads it)."""
 
-    def __init__(self, circuit: Circuit, facts, sources: Sources, scales: dict[int, torch.Tensor]):
-        """``scales``: each layer's attention-norm scale on the clean inputs, ``[batch, pos]``
-        (``scale_nodes`` says which nodes, so a caller evaluates them with its own)."""
-        self.circuit, self.facts, self.sources = circuit, facts, sources
+    def __init__(self, circuit: Circuit, facts, sources: Sources, scales: dict[int, torch.Tensor], weight):
+        """``sources(layer)``: the residual stream's parts below ``layer``; ``scales``: each layer's
+        attention-norm scale on the clean inputs, ``[batch, pos]``; ``weight(name, required)``:
+        the circuit's weight node of that name."""
+        self.circuit, self.facts, self.sources, self.weight = circuit, facts, sources, weight
+        self.heads = {head_of(label): node for label, node in sources(facts.n_layers) if head_of(label)}
         self.scales = {
             layer: Array(value.detach(), name=f"path.frozen_ln{layer}_scale")
             for layer, value in scales.items()
         }
         self._normed: dict[tuple[int, bytes], Circuit] = {}
+        self._positions: Circuit | None = None
+        batch_and_positions = next(iter(scales.values())).shape if scales else (1, 1)
+        self._ones = Scalar(1.0, shape=tuple(batch_and_positions), name="path.ones")
         self.labels: list[str] = []
 
-    @staticmethod
-    def scale_nodes(circuit: Circuit, facts) -> dict[int, Circuit]:
-        """The attention-norm scale node of each layer that has heads to expand (layer >= 1)."""
-        return {
-            layer: next(iter(circuit.get(point("ln1_scale", layer)))) for layer in range(1, facts.n_layers)
-        }
-
     def _weights(self, layer: int) -> tuple[Circuit, Circuit | None]:
+        """Layer ``layer``'s attention-norm weight and bias (RMSNorm: None)."""
         prefix, norm = names.attn_prefix(layer), self.facts.norm
-        scale = next(iter(self.circuit.get(names.norm_weight(prefix, "scale", norm))))
-        bias = self.circuit.get(names.norm_weight(prefix, "bias", norm)) if norm == names.LN else set()
-        return scale, next(iter(bias), None)
+        bias = self.weight(names.norm_weight(prefix, "bias", norm)) if norm == names.LN else None
+        return self.weight(names.norm_weight(prefix, "scale", norm)), bias
 
     def _normed_source(self, layer: int, source: Circuit) -> Circuit:
         """``source`` through layer ``layer``'s norm, scale frozen, ``[b,s,d]``: ``(x - mean(x)) *
@@ -99,11 +97,7 @@ class Compositions:
         """A named node of ``node``'s value (an identity Einsum), so each head and role has its own
         node to ablate while the shared normed source is computed once."""
         self.labels.append(name.removeprefix("path."))
-        return Einsum((node, _axes(node)), (self._ones(), "bs"), out_axes="bsd", name=name)
-
-    def _ones(self) -> Circuit:
-        batch, seq = next(iter(self.scales.values())).shape
-        return Scalar(1.0, shape=(batch, seq), name="path.ones")
+        return Einsum((node, _axes(node)), (self._ones, "bs"), out_axes="bsd", name=name)
 
     def _role_terms(self, layer: int, prefix: str, order: int) -> list[Circuit]:
         """One role's named terms: each source (heads of layer >= 1 expanded while ``order``
@@ -124,7 +118,7 @@ class Compositions:
         ``'{prefix}.q.{source}'`` (see the module).  ``order`` 2 expands one step; each further
         order expands the head sources too.  Layer 0 heads read no head and come back as they are.
         The recursion is over ``order``, so never deeper than the model has layers."""
-        node = next(iter(self.circuit.get(point("head_out", layer, head))))
+        node = self.heads[(layer, head)]
         if order < 2 or layer == 0:
             return node
         # Searches stop at the norm and at the roles already expanded: below those are other
@@ -149,4 +143,7 @@ class Compositions:
         return node
 
     def _pos_embed(self) -> Circuit:
-        return next(iter(self.circuit.get(point("pos_embed"))))
+        """The position embeddings attention-only models add to Q and K after the norm."""
+        if self._positions is None:
+            self._positions = self.circuit.get_unique(point("pos_embed"))
+        return self._positions

@@ -23,7 +23,7 @@ from circuits.errors import ExperimentError
 from circuits.evaluation import evaluate_many
 from circuits.experiments import residual
 from circuits.experiments.composition import Compositions, head_of
-from circuits.experiments.points import point
+from circuits.experiments.points import as_key, resolve_points
 from circuits.nodes import Add, Array, Circuit, Einsum, Index, Scalar, check_node
 from circuits.passes import split_heads
 
@@ -43,22 +43,35 @@ class PathTerms:
     compositions: list[str] = dataclasses.field(default_factory=list)
 
 
-def _find(circuit: Circuit, matcher, what: str) -> Circuit:
-    """``circuit``'s one node ``matcher`` finds, or an ``ExperimentError`` naming ``what`` is missing."""
-    found = circuit.get(matcher)
-    if len(found) != 1:
-        raise ExperimentError(
-            f"path_terms needs a model circuit with one {what}; {circuit.describe()} has {len(found)}"
-        )
-    return next(iter(found))
+class _Model:
+    """The nodes of a model circuit that path terms read, found in one walk (``resolve_points``)
+    rather than one walk per node: a GPT-2-small has 144 heads."""
 
+    def __init__(self, circuit: Circuit, facts, order: int):
+        self.facts = facts
+        keys = [("logits",), ("ln_final_scale",), ("embed",)]
+        keys += [("pos_embed",)] if facts.pos_in_resid else []
+        for layer in range(facts.n_layers):
+            keys += [("head_out", layer, head) for head in range(facts.split_heads.get(layer, 0))]
+            keys += [("mlp_out", layer)] if facts.has_mlp else []
+            keys += [("ln1_scale", layer)] if order > 1 and layer > 0 else []
+        try:
+            self.points = resolve_points(circuit, [as_key(key) for key in keys])
+        except ExperimentError as error:
+            raise ExperimentError(f"path_terms needs a model circuit the builders make: {error}") from None
 
-def _array(circuit: Circuit, name: str, required: bool = True) -> Circuit | None:
-    """The weight ``name`` as the circuit's own node (None when optional and absent)."""
-    found = circuit.get(name)
-    if not found and not required:
-        return None
-    return _find(circuit, name, f"weight {name!r}")
+    def point(self, *key) -> Circuit:
+        return self.points[as_key(key)]
+
+    def weight(self, name: str, required: bool = True) -> Circuit | None:
+        """The weight ``name`` as the circuit's own node (None when optional and absent)."""
+        arrays = self.facts.arrays
+        if name not in arrays and not required:
+            return None
+        if arrays.get(name) is None:
+            what = "has no" if name not in arrays else "has several different nodes named"
+            raise ExperimentError(f"path_terms needs a model circuit with one weight {name!r}; it {what} it")
+        return arrays[name]
 
 
 def _position(pos, seq: int) -> int:
@@ -68,21 +81,33 @@ def _position(pos, seq: int) -> int:
     return pos % seq
 
 
-def _components(circuit: Circuit, facts, below: int | None = None) -> list[tuple[str, Circuit]]:
-    """Every direct path into the residual stream before layer ``below`` (None: the final
-    residual), as the circuit's nodes (``[..., pos, d_model]``)."""
-    parts = [("embed", _find(circuit, point("embed"), "token embedding"))]
+def _components(model: _Model) -> list[tuple[str, Circuit]]:
+    """Every direct path into the final residual stream, in layer order, as the circuit's nodes
+    (``[..., pos, d_model]``)."""
+    facts = model.facts
+    parts = [("embed", model.point("embed"))]
     if facts.pos_in_resid:
-        parts.append(("pos_embed", _find(circuit, point("pos_embed"), "position embedding")))
-    for layer in range(facts.n_layers if below is None else below):
+        parts.append(("pos_embed", model.point("pos_embed")))
+    for layer in range(facts.n_layers):
         for head in range(facts.split_heads.get(layer, 0)):
-            parts.append((f"L{layer}H{head}", _find(circuit, point("head_out", layer, head), "head")))
-        bias = _array(circuit, names.attn_weight(layer, "o_bias"), required=False)
+            parts.append((f"L{layer}H{head}", model.point("head_out", layer, head)))
+        bias = model.weight(names.attn_weight(layer, "o_bias"), required=False)
         if bias is not None:
             parts.append((f"{layer}_attn_bias", bias))
         if facts.has_mlp:
-            parts.append((f"{layer}_mlp_out", _find(circuit, point("mlp_out", layer), "MLP output")))
+            parts.append((f"{layer}_mlp_out", model.point("mlp_out", layer)))
     return parts
+
+
+def _below(parts: list[tuple[str, Circuit]], layer: int) -> list[tuple[str, Circuit]]:
+    """The parts written before layer ``layer``: those labelled with an earlier layer, or none."""
+    return [(label, node) for label, node in parts if _layer_of(label) < layer]
+
+
+def _layer_of(label: str) -> int:
+    """The layer a part's label names (``'L3H1'``, ``'3_mlp_out'``), -1 for the embeddings."""
+    digits = label[1:].partition("H")[0] if label.startswith("L") else label.partition("_")[0]
+    return int(digits) if digits.isdigit() else -1
 
 
 def _at_pos(node: Circuit, pos: int, seq: int) -> tuple[Circuit, str]:
@@ -103,30 +128,30 @@ def _term(label: str, node: Circuit, axes: str, read: list) -> Circuit:
     return Einsum((node, axes), *read, out_axes="bv", name=f"path.{label}")
 
 
-def _readout(circuit: Circuit, facts, scale: torch.Tensor) -> list:
+def _readout(model: _Model, scale: torch.Tensor) -> list:
     """The linear map from the residual to the logits, as einsum operands over ``d`` (residual),
     ``e`` (after centring), ``b`` (batch), ``v`` (vocab)."""
-    d_model = _array(circuit, names.UNEMBED_WEIGHT).shape[-1]
+    d_model = model.weight(names.UNEMBED_WEIGHT).shape[-1]
     centre = torch.eye(d_model, dtype=scale.dtype) - 1.0 / d_model
-    if facts.norm != names.LN:
+    if model.facts.norm != names.LN:
         centre = torch.eye(d_model, dtype=scale.dtype)
     return [
         (Array(centre, name="path.centre"), "de"),
         (Array(scale, name="path.frozen_ln_scale"), "b"),
-        (_array(circuit, names.norm_weight(names.FINAL, "scale", facts.norm)), "e"),
-        (_array(circuit, names.UNEMBED_WEIGHT), "ve"),
+        (model.weight(names.norm_weight(names.FINAL, "scale", model.facts.norm)), "e"),
+        (model.weight(names.UNEMBED_WEIGHT), "ve"),
     ]
 
 
-def _bias_term(circuit: Circuit, facts, batch: int, vocab: int) -> Circuit:
+def _bias_term(model: _Model, batch: int, vocab: int) -> Circuit:
     """The logits no path writes: the final norm's bias unembedded, plus the unembedding bias."""
     ones = Scalar(1.0, shape=(batch,), name="path.batch_ones")
     parts: list[Circuit] = [Scalar(0.0, shape=(batch, vocab), name="path.zero")]
-    norm_bias = _array(circuit, names.norm_weight(names.FINAL, "bias", facts.norm), required=False)
+    norm_bias = model.weight(names.norm_weight(names.FINAL, "bias", model.facts.norm), required=False)
     if norm_bias is not None:
-        unembedding = _array(circuit, names.UNEMBED_WEIGHT)
+        unembedding = model.weight(names.UNEMBED_WEIGHT)
         parts.append(Einsum((norm_bias, "e"), (unembedding, "ve"), (ones, "b"), out_axes="bv"))
-    out_bias = _array(circuit, names.UNEMBED_BIAS_WEIGHT, required=False)
+    out_bias = model.weight(names.UNEMBED_BIAS_WEIGHT, required=False)
     if out_bias is not None:
         parts.append(Einsum((out_bias, "v"), (ones, "b"), out_axes="bv"))
     return Add(*parts, name="path.bias")
@@ -147,27 +172,29 @@ def path_terms(circuit: Circuit, pos: int = -1, order: int = 1) -> PathTerms:
     facts = residual.model_facts(circuit)
     if not facts.batched:
         raise ExperimentError("path_terms needs a batched circuit (tokens [batch, positions])")
-    logits = _find(circuit, point("logits"), "logits node 't.call' ([batch, pos, vocab])")
-    batch, seq, vocab = logits.shape
-    pos = _position(pos, seq)
     unsplit = [layer for layer in range(facts.n_layers) if layer not in facts.split_heads]
     if unsplit:
         circuit = split_heads(circuit, unsplit)
         facts = residual.model_facts(circuit)
-    final = _find(circuit, point("ln_final_scale"), "final norm scale")
-    layer_scales = Compositions.scale_nodes(circuit, facts) if order > 1 else {}
-    final_scale, *values = evaluate_many([final, *layer_scales.values()])
-    read = _readout(circuit, facts, final_scale.reshape(batch, seq)[:, pos].detach())
+    model = _Model(circuit, facts, order)
+    batch, seq, vocab = model.point("logits").shape
+    pos = _position(pos, seq)
+    layers = range(1, facts.n_layers) if order > 1 else range(0)
+    final_scale, *scales = evaluate_many(
+        [model.point("ln_final_scale"), *(model.point("ln1_scale", layer) for layer in layers)]
+    )
+    read = _readout(model, final_scale.reshape(batch, seq)[:, pos].detach())
+    parts = _components(model)
     compositions = Compositions(
-        circuit, facts, lambda below: _components(circuit, facts, below), dict(zip(layer_scales, values))
+        circuit, facts, lambda layer: _below(parts, layer), dict(zip(layers, scales)), model.weight
     )
     terms, labels = [], []
-    for label, node in _components(circuit, facts):
+    for label, node in parts:
         head = head_of(label)
         if head is not None and order > 1:
             node = compositions.expand(*head, f"path.{label}", order)
         terms.append(_term(label, *_at_pos(node, pos, seq), read))
         labels.append(label)
-    terms.append(_bias_term(circuit, facts, batch, vocab))
+    terms.append(_bias_term(model, batch, vocab))
     labels.append("bias")
     return PathTerms(Add(*terms, name="path_terms"), labels, circuit, compositions.labels)
