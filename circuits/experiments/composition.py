@@ -63,8 +63,6 @@ class Compositions:
         }
         self._normed: dict[tuple[int, bytes], Circuit] = {}
         self._positions: Circuit | None = None
-        batch_and_positions = next(iter(scales.values())).shape if scales else (1, 1)
-        self._ones = Scalar(1.0, shape=tuple(batch_and_positions), name="path.ones")
         self.labels: list[str] = []
 
     def _weights(self, layer: int) -> tuple[Circuit, Circuit | None]:
@@ -94,10 +92,11 @@ class Compositions:
         return self._normed[key]
 
     def _term(self, node: Circuit, name: str) -> Circuit:
-        """A named node of ``node``'s value (an identity Einsum), so each head and role has its own
-        node to ablate while the shared normed source is computed once."""
+        """A named node of ``node``'s value (an Add of one: the evaluator returns its child's
+        tensor, no copy), so each head and role has its own node to ablate while the shared
+        normed source is computed once."""
         self.labels.append(name.removeprefix("path."))
-        return Einsum((node, _axes(node)), (self._ones, "bs"), out_axes="bsd", name=name)
+        return Add(node, name=name)
 
     def _role_terms(self, layer: int, prefix: str, order: int) -> list[Circuit]:
         """One role's named terms: each source (heads of layer >= 1 expanded while ``order``
@@ -128,11 +127,11 @@ class Compositions:
             terms = self._role_terms(layer, f"{prefix}.{role}", order)
             reads = IterativeMatcher(Matcher.any(*readers), term_early_at=stops)
             target = names.attn_norm(layer)
-            if role != "v" and node.get(reads.then(names.QK_INPUT, stop_at_match=True)):
+            if role != "v" and node.get(reads.then(names.QK_INPUT, stop_at_match=True, term_early_at=stops)):
                 # attention-only models add the position embedding to Q and K after the norm
                 target = names.QK_INPUT
                 terms.append(self._term(self._pos_embed(), f"{prefix}.{role}.pos_embed"))
-            path = reads.then(target, stop_at_match=True)
+            path = reads.then(target, stop_at_match=True, term_early_at=stops)
             if not node.get(path):
                 raise ExperimentError(
                     f"path_terms: head {layer}.{head}'s {role} input: found no {target!r} below "
