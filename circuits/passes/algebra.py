@@ -288,6 +288,11 @@ def factor(add: Add, *, inner_name: str | None = None) -> Einsum:
     shared = {a for _, axes in outer for a in axes} | set(terms[0].out_axes)
     order = (a for rest in rests for _, axes in rest for a in axes)
     letters = tuple(dict.fromkeys(a for a in order if a in shared))
+    alike = {tuple(rest[0][1]) for rest in rests if len(rest) == 1}
+    if len(alike) == 1 and all(len(rest) == 1 for rest in rests):
+        # every rest is one operand over the same letters: the inner sum keeps them all, so a
+        # letter only the summands have is summed once, outside (as before ``distribute``)
+        letters = next(iter(alike))
     sizes = _letter_sizes((c, ax) for term in terms for c, ax in zip(term.children, term.operand_axes))
     outer.insert(place, (_inner_sum(rests, letters, sizes, inner_name), letters))
     return Einsum(*outer, out_axes=terms[0].out_axes, name=add.name)
