@@ -1,15 +1,17 @@
 """``ex.path_terms``: the logits at one position as an Add of one node per direct path.
 
-Checked on a GPT-2 of odd dims (position embeddings, attention and MLP biases, layer norm) and
-on the shipped attention-only demo model (and a small Llama: RMSNorm, grouped heads): the terms sum to the logits, each term read at the
-answer token is direct logit attribution's component, the embedding term matches plain torch,
-terms evaluate and ablate as nodes, and bad input is refused by name.
+Checked on a GPT-2 of odd dims (position embeddings, attention and MLP biases, layer norm), on a
+Hugging Face GPT-2 of odd dims against its own forward and hooks, on the shipped attention-only
+demo model and on a small Llama (RMSNorm, grouped heads): the terms sum to the logits, each term
+read at the answer token is direct logit attribution's component, the embedding and a head term
+match plain torch, terms evaluate and ablate as nodes, and bad input is refused by name.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 
 import circuits as cc
 import circuits.models as cm
@@ -95,6 +97,57 @@ def test_the_embedding_term_by_hand():
     expected = (centred * scale[:, None] * w["final.ln.w.scale"]) @ w["t.w.unembed"].T
     term = ex.path_terms(circuit).terms.get_unique("path.embed").evaluate()
     torch.testing.assert_close(term, expected, atol=TOL, rtol=0)
+
+
+def hf_gpt2():
+    """A Hugging Face GPT-2 of odd dims, every parameter perturbed (its init sets the norms to 1
+    and biases to 0, which would hide their terms), and its circuit."""
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        n_layer=2,
+        n_head=3,
+        n_embd=15,
+        vocab_size=19,
+        n_positions=16,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        initializer_range=0.2,
+    )
+    model = transformers.GPT2LMHeadModel(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.1 * torch.randn(parameter.shape))
+    toks = torch.randint(0, 19, (3, 9), generator=torch.Generator().manual_seed(6))
+    return model, toks, cm.from_hf(model, toks)
+
+
+def test_hugging_face_gpt2_terms_sum_to_its_own_logits_and_a_head_term_by_hand():
+    """The independent reference is the model's own forward: its logits, and head 1.2's output
+    read from the input of its output projection (hooks), frozen-normed and unembedded in torch."""
+    model, toks, circuit = hf_gpt2()
+    captured = {}
+    attn, final_norm = model.transformer.h[1].attn, model.transformer.ln_f
+    hooks = [
+        attn.c_proj.register_forward_hook(lambda m, args, out: captured.update(z=args[0])),
+        final_norm.register_forward_hook(lambda m, args, out: captured.update(resid=args[0])),
+    ]
+    with torch.no_grad():
+        logits = model(toks[:, :-1]).logits[:, -1]
+    for hook in hooks:
+        hook.remove()
+    for order in (1, 2):
+        result = ex.path_terms(circuit, pos=-1, order=order)
+        torch.testing.assert_close(result.terms.evaluate(), logits, atol=TOL, rtol=0)
+    d_head = 5
+    rows = slice(2 * d_head, 3 * d_head)  # head 2's part of the merged heads and of c_proj's input
+    head = captured["z"][:, -1, rows] @ attn.c_proj.weight[rows]  # Conv1D: weight [in, out]
+    resid = captured["resid"][:, -1]
+    scale = 1 / torch.sqrt(resid.var(-1, unbiased=False, keepdim=True) + final_norm.eps)
+    centred = head - head.mean(-1, keepdim=True)
+    expected = (centred * scale * final_norm.weight) @ model.lm_head.weight.T
+    term = ex.path_terms(circuit, pos=-1).terms.get_unique("path.L1H2").evaluate()
+    torch.testing.assert_close(term, expected.detach(), atol=TOL, rtol=0)
 
 
 def test_a_term_evaluates_and_ablates():
