@@ -151,38 +151,56 @@ class _Layout:
 def _layout(roots: list[Circuit], depth: int | None, traversal: Traversal | None) -> _Layout:
     # Every line's node and indent level, in print order.  A repeat (a node already written
     # in full) is recorded by the line of its first occurrence; nodes are looked up by hash
-    # once per occurrence.  With a traversal, each stack entry carries its state.
+    # once per occurrence.  The stack is three parallel lists (node, level, traversal state);
+    # without a traversal the states are not kept at all, so plain printing pays nothing.
     layout = _Layout()
     firsts, levels, repeats, elided = layout.firsts, layout.levels, layout.repeats, layout.elided
     first_line: dict[bytes, int] = {}
-    start = None if traversal is None else traversal.start
-    stack = [(root, 0, start) for root in reversed(roots)]
+    stack = list(reversed(roots))
+    stack_levels = [0] * len(stack)
+    stack_states = [] if traversal is None else [traversal.start] * len(stack)
     while stack:
-        node, level, state = stack.pop()
+        node, level = stack.pop(), stack_levels.pop()
         line = len(firsts)
         levels.append(level)
         seen_at = first_line.get(node.hash)
         if seen_at is not None:
             repeats[line] = seen_at
             firsts.append(None)
+            if traversal is not None:
+                stack_states.pop()
             continue
         first_line[node.hash] = line
         firsts.append(node)
         children = node.children
+        if traversal is not None:
+            states = _child_states(traversal, node, stack_states.pop())
+            if children and not any(states):
+                elided[line] = len(children)
+                continue
         if not children:
             continue
         if depth is not None and level >= depth:
             elided[line] = len(children)
             continue
-        if traversal is None:
-            stack.extend([(child, level + 1, None) for child in reversed(children)])
-            continue
-        states = traversal.child_states(node, state) if state else ()
-        if not any(states):
-            elided[line] = len(children)
-            continue
-        stack.extend((child, level + 1, s) for child, s in zip(reversed(children), reversed(states)))
+        stack.extend(reversed(children))
+        stack_levels.extend([level + 1] * len(children))
+        if traversal is not None:
+            stack_states.extend(reversed(states))
     return layout
+
+
+def _child_states(traversal: Traversal, node: Circuit, state: Any) -> Sequence[Any]:
+    """The traversal's state for each child of ``node`` (none if it stopped before ``node``)."""
+    if not state or not node.children:
+        return ()
+    states = traversal.child_states(node, state)
+    if len(states) != len(node.children):
+        raise PrintError(
+            f"traversal {traversal!r} gave {len(states)} child states for {_which(node)}, "
+            f"which has {len(node.children)} children"
+        )
+    return states
 
 
 def _shared_names(firsts: list[Circuit | None]) -> set[str]:
@@ -217,10 +235,8 @@ def _text(
         indent = "  " * levels[line]
         if node is None:
             first = repeats[line]
-            write(
-                indent
-                + (references[first] if color is None else _coloured(references[first], colours[first]))
-            )
+            text = references[first]
+            write(indent + (text if color is None else _coloured(text, colours[first])))
             continue
         name = node.name
         if name is None:
@@ -238,13 +254,16 @@ def _text(
         references[line] = reference
         shape = " " + format_shape(node.shape) if shapes or isinstance(node, SHAPED_KINDS) else ""
         extra = " " + node.extra if node.extra else ""
-        text = f"{reference}{shape} {node.kind}{extra}"
-        if comment is not None:
-            text += _comment_text(node, comment)
-        if color is not None:
-            colours[line] = _colour_code(node, color)
-            text = _coloured(text, colours[line])
-        write(indent + text)
+        if comment is None and color is None:
+            write(f"{indent}{reference}{shape} {node.kind}{extra}")
+        else:
+            text = f"{reference}{shape} {node.kind}{extra}"
+            if comment is not None:
+                text += _comment_text(node, comment)
+            if color is not None:
+                colours[line] = _colour_code(node, color)
+                text = _coloured(text, colours[line])
+            write(indent + text)
         if store is not None and isinstance(node, Array) and node.is_loaded:
             store.save(node.tensor(), node.content_hash)  # tensor() refuses one edited in place since
         if line in elided:

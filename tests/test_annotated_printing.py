@@ -224,6 +224,17 @@ def test_a_traversal_that_ends_at_what_it_finds_does_not_show_below_it():
     )
 
 
+def test_a_traversal_giving_the_wrong_number_of_child_states_is_refused():
+    class OneState:
+        start = True
+
+        def child_states(self, node, state):
+            return [True]
+
+    with pytest.raises(PrintError, match=r"gave 1 child states for 'root' \(Add\), which has 2 children"):
+        small().repr(traversal=OneState())
+
+
 def test_a_bad_traversal_form_is_a_matcher_error():
     with pytest.raises(cc.MatcherError):
         small().repr(traversal=2.5)
