@@ -161,3 +161,22 @@ def test_second_order_terms_sum_to_the_logits_and_to_each_input(model):
 def test_bad_orders_are_refused_by_name(order):
     with pytest.raises(ExperimentError, match="order="):
         ex.path_terms(gpt2(), order=order)
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+@pytest.mark.parametrize("order", [1, 2])
+def test_the_residual_stream_entering_a_layer_as_terms(model, order):
+    circuit = MODELS[model]()
+    for layer in (0, 1, 2):  # 2: the final residual stream, the final norm's input
+        result = ex.path_terms(circuit, pos=-1, order=order, layer=layer)
+        kind = ("resid_pre", layer) if layer < 2 else ("resid_final",)
+        expected = circuit.get_unique(ex.point(*kind)).evaluate()[..., -1, :]
+        torch.testing.assert_close(
+            result.terms.evaluate(), expected.expand_as(result.terms.evaluate()), atol=TOL, rtol=0
+        )
+        assert all(child.shape == result.terms.shape for child in result.terms.children)
+        heads = [label for label in result.labels if label.startswith("L")]
+        assert {int(label[1]) for label in heads} == set(range(layer)), result.labels
+    assert "bias" not in result.labels
+    with pytest.raises(ExperimentError, match="layer=3"):
+        ex.path_terms(circuit, layer=3)

@@ -157,7 +157,26 @@ def _bias_term(model: _Model, batch: int, vocab: int) -> Circuit:
     return Add(*parts, name="path.bias")
 
 
-def path_terms(circuit: Circuit, pos: int = -1, order: int = 1) -> PathTerms:
+def _residual_term(label: str, node: Circuit, axes: str, batch: int) -> Circuit:
+    """One part of the residual stream at the position, ``[batch, d_model]`` (a weight or a
+    position embedding, shared by the batch, spread over it)."""
+    ones = Scalar(1.0, shape=(batch,), name="path.batch_ones")
+    return Einsum((node, axes), (ones, "b"), out_axes="bd", name=f"path.{label}")
+
+
+def _layer(layer, n_layers: int) -> int | None:
+    """``layer`` checked: None (the logits) or the layer whose input residual stream is expanded."""
+    if layer is None:
+        return None
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer <= n_layers:
+        raise ExperimentError(
+            f"path_terms: layer={layer!r}; give None (the logits) or an int in [0, {n_layers}] "
+            f"(the residual stream entering that layer; {n_layers}: the final one)"
+        )
+    return layer
+
+
+def path_terms(circuit: Circuit, pos: int = -1, order: int = 1, layer: int | None = None) -> PathTerms:
     """The logits at ``pos`` as an Add ``'path_terms'`` of one node per direct path (see the module).
 
     ``circuit``: a batched model circuit the builders make (GPT-2, attention-only, Llama), heads split
@@ -165,14 +184,17 @@ def path_terms(circuit: Circuit, pos: int = -1, order: int = 1) -> PathTerms:
     ``ex.zero_ablate(result.terms, 'path.L1H2')`` drops one head's direct path.  ``order=2`` also
     writes each head's Q, K and V inputs as sums of named terms, one per source
     (``'path.L1H1.k.L0H2'``: head 0.2 composing into head 1.1's keys); ``order=3`` expands those
-    head sources in turn, and so on (``experiments.composition``)."""
+    head sources in turn, and so on (``experiments.composition``).  ``layer=L`` expands the
+    residual stream entering layer ``L`` (``point('resid_pre', L)``; ``L = n_layers``: the final
+    residual) at ``pos`` instead of the logits: ``[batch, d_model]`` terms, no norm, no bias term."""
     check_node(circuit, "the model circuit", ExperimentError)
     if isinstance(order, bool) or not isinstance(order, int) or order < 1:
         raise ExperimentError(f"path_terms: order={order!r}; give an int >= 1 (1: direct paths only)")
     facts = residual.model_facts(circuit)
     if not facts.batched:
         raise ExperimentError("path_terms needs a batched circuit (tokens [batch, positions])")
-    unsplit = [layer for layer in range(facts.n_layers) if layer not in facts.split_heads]
+    layer = _layer(layer, facts.n_layers)
+    unsplit = [other for other in range(facts.n_layers) if other not in facts.split_heads]
     if unsplit:
         circuit = split_heads(circuit, unsplit)
         facts = residual.model_facts(circuit)
@@ -181,20 +203,22 @@ def path_terms(circuit: Circuit, pos: int = -1, order: int = 1) -> PathTerms:
     pos = _position(pos, seq)
     layers = range(1, facts.n_layers) if order > 1 else range(0)
     final_scale, *scales = evaluate_many(
-        [model.point("ln_final_scale"), *(model.point("ln1_scale", layer) for layer in layers)]
+        [model.point("ln_final_scale"), *(model.point("ln1_scale", other) for other in layers)]
     )
     read = _readout(model, final_scale.reshape(batch, seq)[:, pos].detach())
     parts = _components(model)
     compositions = Compositions(
-        circuit, facts, lambda layer: _below(parts, layer), dict(zip(layers, scales)), model.weight
+        circuit, facts, lambda below: _below(parts, below), dict(zip(layers, scales)), model.weight
     )
     terms, labels = [], []
-    for label, node in parts:
+    for label, node in parts if layer is None else _below(parts, layer):
         head = head_of(label)
         if head is not None and order > 1:
             node = compositions.expand(*head, f"path.{label}", order)
-        terms.append(_term(label, *_at_pos(node, pos, seq), read))
+        at_pos = _at_pos(node, pos, seq)
+        terms.append(_term(label, *at_pos, read) if layer is None else _residual_term(label, *at_pos, batch))
         labels.append(label)
-    terms.append(_bias_term(model, batch, vocab))
-    labels.append("bias")
+    if layer is None:
+        terms.append(_bias_term(model, batch, vocab))
+        labels.append("bias")
     return PathTerms(Add(*terms, name="path_terms"), labels, circuit, compositions.labels)
