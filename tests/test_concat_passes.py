@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import circuits as cc
 from circuits.errors import CircuitError, PassError
@@ -122,3 +124,117 @@ def test_zero_ablating_one_position_of_the_residual_stream():
 
 def test_exported_at_the_top_level():
     assert cc.split_to_concat is split_to_concat and cc.concat_elim_split is concat_elim_split
+
+
+def _einsum_with_split(string, split_at=0, sections=1, axis=0, seed=3):
+    """``Einsum(string)`` over seeded arrays, operand ``split_at`` split along ``axis``."""
+    operands = []
+    sizes = {}
+    for position, letters in enumerate(string.split("->")[0].split(",")):
+        shape = [sizes.setdefault(c, 2 + len(sizes) % 3) for c in letters]
+        operands.append(_array(*shape, name=f"o{position}", seed=seed + position))
+    operands[split_at] = split_to_concat(operands[split_at], axis, sections)
+    return cc.Einsum.from_einsum_string(string, *operands, name="e"), operands
+
+
+@pytest.mark.parametrize(
+    ("string", "split_at", "axis", "sections"),
+    [
+        ("ab,bc->ac", 0, 0, 1),  # kept letter: a Concat of per-position Einsums
+        ("ab,bc->ac", 0, 1, [1, 2]),  # summed letter: an Add of partial contractions
+        ("ab,bc->ac", 1, 1, [2, 1, 1]),
+        ("ab,ab->b", 1, 1, 1),  # the other operand carries the letter: sliced
+        ("ab,ab,bb->ab", 0, 1, [1, 2]),  # a diagonal in another operand is sliced on both axes
+        ("a->", 0, 0, 2),
+    ],
+)
+def test_pull_concat_through_einsums(string, split_at, axis, sections):
+    einsum, operands = _einsum_with_split(string, split_at, sections, axis)
+    letter = string.split(",")[split_at][axis] if "," in string else string[axis]
+    pulled = pull_concat(einsum)
+    kept = letter in string.split("->")[1]
+    assert isinstance(pulled, Concat if kept else Add) and pulled.name == "e"
+    assert len(pulled.children) == len(operands[split_at].children)
+    assert all(isinstance(c, cc.Einsum) and c.name is None for c in pulled.children)
+    expected = torch.einsum(string, *[o.evaluate() for o in operands])
+    torch.testing.assert_close(pulled.evaluate(), expected, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(pulled.evaluate(), einsum.evaluate(), rtol=1e-10, atol=1e-10)
+
+
+def test_pull_concat_einsum_pairs_concats_split_the_same_way():
+    x, y = _array(3, 4), _array(3, 4, name="y", seed=1)
+    both = cc.Einsum.from_einsum_string("ab,ab->a", split_to_concat(x, 0, 1), split_to_concat(y, 0, 1))
+    pulled = pull_concat(both)
+    assert [c.children for c in pulled.children] == [
+        (split_to_concat(x, 0, 1).children[i], split_to_concat(y, 0, 1).children[i]) for i in range(3)
+    ]
+    expected = (x.evaluate() * y.evaluate()).sum(1)
+    torch.testing.assert_close(pulled.evaluate(), expected, rtol=1e-10, atol=1e-10)
+    # Concats on two letters: the first is pulled; the second (it does not carry 'a') stays
+    # whole in every piece, and a second pull_concat pulls it
+    z = _array(4, 2, name="z", seed=2)
+    two = cc.Einsum.from_einsum_string("ab,bc->ac", split_to_concat(x, 0, 1), split_to_concat(z, 1, 1))
+    pulled = pull_concat(two)
+    assert isinstance(pulled, Concat) and isinstance(pulled.children[0].children[1], Concat)
+    twice = pull_concat(pulled)
+    assert all(isinstance(c, Concat) and c.axis == 1 for c in twice.children)
+    expected = x.evaluate() @ z.evaluate()
+    for circuit in (pulled, twice):
+        torch.testing.assert_close(circuit.evaluate(), expected, rtol=1e-10, atol=1e-10)
+
+
+def test_pull_concat_leaves_a_diagonal_across_the_joined_axis_alone():
+    x = _array(3, 3)
+    diagonal = cc.Einsum.from_einsum_string("aa->a", split_to_concat(x, 0, 1))
+    assert pull_concat(diagonal) is diagonal
+
+
+def test_pull_concat_einsum_with_size_zero_pieces():
+    x, y = _array(3, 2), _array(2, 4, name="y", seed=1)
+    concat = Concat(Index(x, (slice(0, 0),)), x, Index(x, (slice(3, 3),)), axis=0)
+    for string, operands in (("ab,bc->ac", (concat, y)), ("ba,bc->ac", (concat, _array(3, 4, name="z")))):
+        einsum = cc.Einsum.from_einsum_string(string, *operands)
+        expected = torch.einsum(string, *[o.evaluate() for o in operands])
+        torch.testing.assert_close(pull_concat(einsum).evaluate(), expected, rtol=1e-10, atol=1e-10)
+
+
+@st.composite
+def einsums_over_concats(draw) -> tuple[cc.Einsum, list]:
+    """An Einsum (letters may repeat) with one to three operands, at least one a Concat of
+    arrays cut at random places (size-0 pieces included) along a random axis; and the
+    operands' tensors, for torch.einsum."""
+    sizes = {a: draw(st.integers(0, 3)) for a in range(5)}
+    seeds = iter(range(draw(st.integers(0, 1000)), 10_000))
+    all_axes = [
+        tuple(draw(st.lists(st.integers(0, 4), min_size=1, max_size=3)))
+        for _ in range(draw(st.integers(1, 3)))
+    ]
+    operands = [_array(*[sizes[a] for a in axes], seed=next(seeds)) for axes in all_axes]
+    for position in draw(st.sets(st.integers(0, len(all_axes) - 1), min_size=1)):
+        axes = all_axes[position]
+        axis = draw(st.integers(0, len(axes) - 1))
+        cuts = sorted(draw(st.lists(st.integers(0, sizes[axes[axis]]), max_size=3)))
+        bounds = list(zip([0, *cuts], [*cuts, sizes[axes[axis]]]))
+        shape = [sizes[a] for a in axes]
+        pieces = [_array(*shape[:axis], b - a, *shape[axis + 1 :], seed=next(seeds)) for a, b in bounds]
+        operands[position] = Concat(*pieces, axis=axis)
+    used = sorted({a for axes in all_axes for a in axes})
+    out = draw(st.permutations(used).flatmap(lambda p: st.integers(0, len(p)).map(lambda k: tuple(p[:k]))))
+    einsum = cc.Einsum(*zip(operands, all_axes), out_axes=out, name="e")
+    return einsum, [o.evaluate() for o in operands]
+
+
+@settings(max_examples=150, deadline=None)
+@given(einsums_over_concats())
+def test_pull_concat_keeps_the_value_of_random_einsums(drawn):
+    einsum, tensors = drawn
+    expected = torch.einsum(einsum.einsum_string, *tensors)
+    pulled = pull_concat(einsum)
+    torch.testing.assert_close(pulled.evaluate(), expected, rtol=1e-10, atol=1e-10)
+    first = next(i for i, c in enumerate(einsum.children) if isinstance(c, Concat))
+    axes = einsum.operand_axes[first]
+    letter = axes[einsum.children[first].axis]
+    if axes.count(letter) > 1:
+        assert pulled is einsum
+    else:
+        assert isinstance(pulled, Concat if letter in einsum.out_axes else Add) and pulled.name == "e"

@@ -4,8 +4,9 @@ Splitting a node into ``Concat(Index(node, 0:1), Index(node, 1:2), ...)``
 gives each position (or span) a name of its own, so an experiment can ablate
 or patch one position of the residual stream by name (issue 16, after
 rust_circuit's ``concat_rewrite.rs``).  ``concat_elim_split`` undoes such a
-split once it is no longer needed, ``concat_fuse`` flattens nested Concats and
-``pull_concat`` moves an elementwise function or an Add inside the pieces.
+split once it is no longer needed and ``concat_fuse`` flattens nested
+Concats; ``circuits.passes.concat_pull`` moves the nodes above a Concat
+inside its pieces and back.
 
 Like ``flatten_adds``, the whole-circuit passes rewrite every node they can
 and return the circuit unchanged (the same object) when there is nothing to
@@ -17,7 +18,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from circuits.errors import PassError
-from circuits.nodes import Add, Circuit, Concat, GeneralFunction, Index
+from circuits.nodes import Circuit, Concat, Index
 
 
 def _normal_axis(node: Circuit, axis: Any, rewrite: str) -> int:
@@ -56,7 +57,9 @@ def _piece_name(node: Circuit, start: int, stop: int) -> str | None:
     return f"{node.name}.at_pos{start}" if stop - start == 1 else f"{node.name}.at_{start}_{stop}"
 
 
-def _slice_at(node: Circuit, axis: int, start: int, stop: int, name: str | None) -> Index:
+def slice_along(node: Circuit, axis: int, start: int, stop: int, name: str | None = None) -> Index:
+    """``node[..., start:stop]`` on ``axis``, every other axis whole: the piece form that
+    ``concat_elim_split`` recognizes."""
     index = (slice(None, None),) * axis + (slice(start, stop),)
     return Index(node, index, name=name)
 
@@ -85,7 +88,7 @@ def split_to_concat(
         raise PassError(
             f"split_to_concat: {node.describe()}: got {names!r} as names for {len(bounds)} non-empty pieces"
         )
-    pieces = [_slice_at(node, axis, a, b, n) for (a, b), n in zip(bounds, names)]
+    pieces = [slice_along(node, axis, a, b, n) for (a, b), n in zip(bounds, names)]
     return Concat(*pieces, axis=axis, name=None if node.name is None else f"{node.name}.split")
 
 
@@ -142,43 +145,3 @@ def elim_split(node: Circuit) -> Circuit:
 def concat_elim_split(circuit: Circuit, traversal: Any = True) -> Circuit:
     """Every split (as ``split_to_concat`` makes) that ``traversal`` finds replaced by the node split."""
     return circuit.update(traversal, elim_split)
-
-
-def _pull_function(node: GeneralFunction) -> Circuit:
-    child = node.children[0]
-    batch_rank = len(node.shape) - (node.spec.num_non_batchable_output_dims or 0)
-    if node.spec.num_non_batchable_output_dims is None or child.axis >= batch_rank:
-        return node
-    if len(child.shape) != len(node.shape):
-        return node
-    pieces = [GeneralFunction(piece, spec=node.spec) for piece in child.children]
-    return Concat(*pieces, axis=child.axis, name=node.name)
-
-
-def _pull_add(node: Add) -> Circuit:
-    concat = next(c for c in node.children if isinstance(c, Concat))
-    if any(c.shape != node.shape for c in node.children):
-        return node  # broadcasting operands would need their own split; left alone
-    axis, starts = concat.axis, 0
-    pieces = []
-    for piece in concat.children:
-        stop = starts + piece.shape[axis]
-        operands = [piece if c is concat else _slice_at(c, axis, starts, stop, None) for c in node.children]
-        pieces.append(Add(*operands))
-        starts = stop
-    return Concat(*pieces, axis=axis, name=node.name)
-
-
-def pull_concat_once(node: Circuit) -> Circuit:
-    """An elementwise one-input function of a Concat, or a same-shape Add with a Concat operand,
-    as a Concat of per-piece nodes (so each piece's computation can be rewritten alone)."""
-    if isinstance(node, GeneralFunction) and len(node.children) == 1 and isinstance(node.children[0], Concat):
-        return _pull_function(node)
-    if isinstance(node, Add) and any(isinstance(c, Concat) for c in node.children):
-        return _pull_add(node)
-    return node
-
-
-def pull_concat(circuit: Circuit, traversal: Any = True) -> Circuit:
-    """Every function or Add that ``traversal`` finds moved inside the Concat below it (bottom-up)."""
-    return circuit.update(traversal, pull_concat_once)
