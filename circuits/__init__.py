@@ -129,9 +129,15 @@ from circuits.passes import (  # noqa: E402
 __all__ += ["PassError", "causal_mask", "push_down_index", "simplify", "split_heads"]
 
 # Concat rewrites (issue 16): split a node into named position pieces, fuse and undo splits.
-from circuits.passes import concat_elim_split, concat_fuse, pull_concat, split_to_concat  # noqa: E402
+from circuits.passes import (  # noqa: E402
+    concat_elim_split,
+    concat_fuse,
+    pull_concat,
+    push_down_concat,
+    split_to_concat,
+)
 
-__all__ += ["concat_elim_split", "concat_fuse", "pull_concat", "split_to_concat"]
+__all__ += ["concat_elim_split", "concat_fuse", "pull_concat", "push_down_concat", "split_to_concat"]
 
 # Algebraic rewrites (issue 16), also at ``circuits.passes``.
 from circuits.passes import (  # noqa: E402

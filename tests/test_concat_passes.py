@@ -11,7 +11,8 @@ import circuits as cc
 from circuits.errors import CircuitError, PassError
 from circuits.experiments import zero_ablate
 from circuits.nodes import Add, Array, Concat, GeneralFunction, Index
-from circuits.passes import concat_elim_split, concat_fuse, pull_concat, split_to_concat
+from circuits.passes import concat_elim_split, concat_fuse, pull_concat, push_down_concat, split_to_concat
+from circuits.passes.concat_pull import push_down_concat_once
 
 from tests import experiments_reference as ref
 
@@ -124,6 +125,7 @@ def test_zero_ablating_one_position_of_the_residual_stream():
 
 def test_exported_at_the_top_level():
     assert cc.split_to_concat is split_to_concat and cc.concat_elim_split is concat_elim_split
+    assert cc.pull_concat is pull_concat and cc.push_down_concat is push_down_concat
 
 
 def _einsum_with_split(string, split_at=0, sections=1, axis=0, seed=3):
@@ -238,3 +240,90 @@ def test_pull_concat_keeps_the_value_of_random_einsums(drawn):
         assert pulled is einsum
     else:
         assert isinstance(pulled, Concat if letter in einsum.out_axes else Add) and pulled.name == "e"
+    pushed = push_down_concat(pulled)
+    torch.testing.assert_close(pushed.evaluate(), expected, rtol=1e-10, atol=1e-10)
+    once_only = all(axes.count(letter) <= 1 for axes in einsum.operand_axes)
+    if letter in einsum.out_axes and once_only:
+        # the round trip gives back the structure, up to the splits that pulling made
+        assert concat_elim_split(pushed) == concat_elim_split(einsum)
+
+
+def test_push_down_concat_merges_per_piece_functions_adds_and_einsums():
+    x, y = _array(3, 4), _array(3, 4, name="y", seed=1)
+    w = _array(4, 2, name="w", seed=2)
+    tx, ty, tw = x.evaluate(), y.evaluate(), w.evaluate()
+    halves = [(slice(0, 1),), (slice(1, 3),)]
+    relus = Concat(*[GeneralFunction(Index(x, h), spec="relu", name="r") for h in halves], axis=0, name="c")
+    adds = Concat(*[Add(Index(x, h), Index(y, h), name="s") for h in halves], axis=0, name="c")
+    einsums = Concat(
+        *[cc.Einsum.from_einsum_string("ab,bc->ac", Index(x, h), w, name="e") for h in halves],
+        axis=0,
+        name="c",
+    )
+    expected = [torch.relu(tx), tx + ty, tx @ tw]
+    for concat, want, kind in zip((relus, adds, einsums), expected, (GeneralFunction, Add, cc.Einsum)):
+        pushed = push_down_concat_once(concat)
+        assert isinstance(pushed, kind) and pushed.name == "c"
+        torch.testing.assert_close(pushed.evaluate(), want, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(pushed.evaluate(), concat.evaluate(), rtol=1e-10, atol=1e-10)
+        assert concat_elim_split(pushed).children[0] is x
+    inside = push_down_concat(GeneralFunction(einsums, spec="relu"))
+    assert isinstance(inside.children[0], cc.Einsum) and inside.children[0].name == "c"
+
+
+def test_push_down_concat_leaves_what_it_cannot_merge_alone():
+    x, y, w = _array(3, 4), _array(3, 4, name="y", seed=1), _array(4, 2, name="w", seed=2)
+    top, rest = Index(x, (slice(0, 1),)), Index(x, (slice(1, 3),))
+    unmergeable = [
+        Concat(GeneralFunction(top, spec="relu"), GeneralFunction(rest, spec="tanh"), axis=0),
+        Concat(  # softmax's last axis is not a batch axis
+            *[
+                GeneralFunction(Index(x, (slice(None), s)), spec="softmax")
+                for s in (slice(0, 1), slice(1, 4))
+            ],
+            axis=1,
+        ),
+        Concat(GeneralFunction(top, spec="relu"), Add(rest), axis=0),
+        Concat(Add(top, top), Add(rest), axis=0),
+        Concat(Add(top, _array(4, name="b")), Add(rest, Index(y, (slice(1, 3),))), axis=0),
+        Concat(  # the operand without the joined letter differs between the pieces
+            cc.Einsum.from_einsum_string("ab,bc->ac", top, w),
+            cc.Einsum.from_einsum_string("ab,bc->ac", rest, _array(4, 2, seed=5)),
+            axis=0,
+        ),
+        Concat(  # different einsum strings
+            cc.Einsum.from_einsum_string("ab,bc->ac", top, w),
+            cc.Einsum.from_einsum_string("ab,cb->ac", rest, _array(2, 4, seed=6)),
+            axis=0,
+        ),
+        Concat(  # a summed letter of different sizes in the pieces
+            cc.Einsum.from_einsum_string("ab->a", top),
+            cc.Einsum.from_einsum_string("ab->a", Index(x, (slice(1, 3), slice(0, 2)))),
+            axis=0,
+        ),
+        x,
+    ]
+    for node in unmergeable:
+        assert push_down_concat_once(node) is node and push_down_concat(node) is node
+
+
+def test_push_down_after_pull_gives_back_the_structure():
+    x, y, w = _array(3, 4), _array(3, 4, name="y", seed=1), _array(4, 2, name="w", seed=2)
+    circuits = [
+        GeneralFunction(split_to_concat(x, 0, 1), spec="relu", name="r"),
+        GeneralFunction(split_to_concat(x, 0, [1, 2]), spec="softmax", name="r"),
+        Add(split_to_concat(x, 0, 1), y, name="s"),
+        cc.Einsum.from_einsum_string("ab,bc->ac", split_to_concat(x, 0, 1), w, name="e"),
+        cc.Einsum.from_einsum_string("ab,ab->ab", y, split_to_concat(x, 1, [3, 1]), name="e"),
+    ]
+    for circuit in circuits:
+        pulled = pull_concat(circuit)
+        assert isinstance(pulled, Concat)
+        back = push_down_concat(pulled)
+        assert type(back) is type(circuit) and back.name == circuit.name
+        assert concat_elim_split(back) == concat_elim_split(circuit)
+        torch.testing.assert_close(back.evaluate(), circuit.evaluate(), rtol=1e-10, atol=1e-10)
+    # a summed letter pulls into an Add of partial contractions, which push_down_concat keeps
+    summed = cc.Einsum.from_einsum_string("ab,bc->ac", split_to_concat(x, 1, 2), w, name="e")
+    partial_sums = pull_concat(summed)
+    assert isinstance(partial_sums, Add) and push_down_concat(partial_sums) is partial_sums

@@ -21,7 +21,7 @@ from circuits.passes.algebra import (
 from circuits.passes.canonical import canonicalize
 from circuits.passes.attention import causal_mask, layer_of, split_heads, unsplit_head_counts
 from circuits.passes.concat import concat_elim_split, concat_fuse, split_to_concat
-from circuits.passes.concat_pull import pull_concat
+from circuits.passes.concat_pull import pull_concat, push_down_concat
 from circuits.passes.push_down import push_index
 from circuits.passes.simplify import (
     fold_scalars,
@@ -56,6 +56,7 @@ __all__ = [
     "nest_adds",
     "nest_einsums",
     "pull_concat",
+    "push_down_concat",
     "push_down_index",
     "push_index",
     "remove_identity_index",

@@ -111,3 +111,80 @@ def pull_concat_once(node: Circuit) -> Circuit:
 def pull_concat(circuit: Circuit, traversal: Any = True) -> Circuit:
     """Every function, Add or Einsum that ``traversal`` finds moved inside the Concat below it (bottom-up)."""
     return circuit.update(traversal, pull_concat_once)
+
+
+def _concatenable(nodes: list[Circuit], axis: int) -> bool:
+    """Whether ``nodes`` agree on every axis but ``axis`` (a Concat of them is well formed)."""
+    first = nodes[0].shape
+    return all(
+        len(n.shape) == len(first)
+        and all(a == b for i, (a, b) in enumerate(zip(n.shape, first)) if i != axis)
+        for n in nodes
+    )
+
+
+def _push_function(node: Concat) -> Circuit:
+    first = node.children[0]
+    if not all(len(k.children) == 1 and k.spec == first.spec for k in node.children):
+        return node
+    inputs = [k.children[0] for k in node.children]
+    if not _batch_axis(first, node.axis, inputs[0].shape) or not _concatenable(inputs, node.axis):
+        return node
+    return GeneralFunction(Concat(*inputs, axis=node.axis), spec=first.spec, name=node.name)
+
+
+def _push_add(node: Concat) -> Circuit:
+    count = len(node.children[0].children)
+    if any(len(k.children) != count or any(c.shape != k.shape for c in k.children) for k in node.children):
+        return node  # broadcasting operands: the pieces would need their own explicit broadcast
+    columns = [[k.children[i] for k in node.children] for i in range(count)]
+    return Add(*[Concat(*column, axis=node.axis) for column in columns], name=node.name)
+
+
+def _push_einsum(node: Concat) -> Circuit:
+    """The pieces' common Einsum over a Concat of each operand that carries the joined letter;
+    every operand without it must be the same node in every piece."""
+    first = node.children[0]
+    if any(k.operand_axes != first.operand_axes or k.out_axes != first.out_axes for k in node.children):
+        return node
+    letter = first.out_axes[node.axis]
+    operands = []
+    for position, axes in enumerate(first.operand_axes):
+        column = [k.children[position] for k in node.children]
+        if letter not in axes:
+            if any(c != column[0] for c in column):
+                return node
+            operands.append((column[0], axes))
+        elif axes.count(letter) > 1 or not _concatenable(column, axes.index(letter)):
+            return node  # a diagonal block is not a Concat; a summed letter's size may differ
+        else:
+            operands.append((Concat(*column, axis=axes.index(letter)), axes))
+    return Einsum(*operands, out_axes=first.out_axes, name=node.name)
+
+
+_PUSH_DOWN = {GeneralFunction: _push_function, Add: _push_add, Einsum: _push_einsum}
+
+
+def push_down_concat_once(node: Circuit) -> Circuit:
+    """A Concat of pieces that all compute the same thing, as that computation over Concats of
+    their inputs: the inverse of ``pull_concat_once`` where one exists, so that the per-piece
+    copies a position split made can be merged again.  Other nodes are returned unchanged.
+
+    Handled: pieces that are the same batchable one-input function (spec) of
+    one child each, with the joined axis a batch axis; same-shape Adds with as
+    many operands each (no broadcasting); Einsums with the same einsum string
+    whose operands without the joined letter are the same node in every piece
+    (the operands carrying it, once each, are concatenated).  The result keeps
+    the Concat's name; the pieces' names are lost.
+    """
+    if not isinstance(node, Concat):
+        return node
+    kinds = {type(k) for k in node.children}
+    push = _PUSH_DOWN.get(kinds.pop()) if len(kinds) == 1 else None
+    return node if push is None else push(node)
+
+
+def push_down_concat(circuit: Circuit, traversal: Any = True) -> Circuit:
+    """Every Concat that ``traversal`` finds replaced by its pieces' common computation over
+    Concats of their inputs (bottom-up), where ``push_down_concat_once`` can."""
+    return circuit.update(traversal, push_down_concat_once)
