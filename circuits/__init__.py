@@ -130,6 +130,7 @@ __all__ += ["PassError", "causal_mask", "push_down_index", "simplify", "split_he
 
 # Concat rewrites (issue 16): split a node into named position pieces, fuse and undo splits.
 from circuits.passes import (  # noqa: E402
+    concat_drop_size_zero,
     concat_elim_split,
     concat_fuse,
     pull_concat,
@@ -137,7 +138,14 @@ from circuits.passes import (  # noqa: E402
     split_to_concat,
 )
 
-__all__ += ["concat_elim_split", "concat_fuse", "pull_concat", "push_down_concat", "split_to_concat"]
+__all__ += [
+    "concat_drop_size_zero",
+    "concat_elim_split",
+    "concat_fuse",
+    "pull_concat",
+    "push_down_concat",
+    "split_to_concat",
+]
 
 # Algebraic rewrites (issue 16), also at ``circuits.passes``.
 from circuits.passes import (  # noqa: E402

@@ -11,7 +11,14 @@ import circuits as cc
 from circuits.errors import CircuitError, PassError
 from circuits.experiments import zero_ablate
 from circuits.nodes import Add, Array, Concat, GeneralFunction, Index
-from circuits.passes import concat_elim_split, concat_fuse, pull_concat, push_down_concat, split_to_concat
+from circuits.passes import (
+    concat_drop_size_zero,
+    concat_elim_split,
+    concat_fuse,
+    pull_concat,
+    push_down_concat,
+    split_to_concat,
+)
 from circuits.passes.concat_pull import push_down_concat_once
 
 from tests import experiments_reference as ref
@@ -126,6 +133,7 @@ def test_zero_ablating_one_position_of_the_residual_stream():
 def test_exported_at_the_top_level():
     assert cc.split_to_concat is split_to_concat and cc.concat_elim_split is concat_elim_split
     assert cc.pull_concat is pull_concat and cc.push_down_concat is push_down_concat
+    assert cc.concat_drop_size_zero is concat_drop_size_zero
 
 
 def _einsum_with_split(string, split_at=0, sections=1, axis=0, seed=3):
@@ -327,3 +335,19 @@ def test_push_down_after_pull_gives_back_the_structure():
     summed = cc.Einsum.from_einsum_string("ab,bc->ac", split_to_concat(x, 1, 2), w, name="e")
     partial_sums = pull_concat(summed)
     assert isinstance(partial_sums, Add) and push_down_concat(partial_sums) is partial_sums
+
+
+def test_drop_size_zero_pieces():
+    x, y = _array(3, 4), _array(2, 4, name="y", seed=1)
+    empty, empty_too = _array(0, 4, name="none"), Index(x, (slice(2, 2),))
+    concat = Concat(empty, x, empty_too, y, axis=0, name="c")
+    dropped = concat_drop_size_zero(concat)
+    assert dropped.name == "c" and dropped.children == (x, y)
+    torch.testing.assert_close(dropped.evaluate(), torch.cat([x.evaluate(), y.evaluate()]), rtol=0, atol=0)
+    torch.testing.assert_close(dropped.evaluate(), concat.evaluate(), rtol=0, atol=0)
+    # one piece left: still a Concat of one, so 'c' and 'x' both still name it
+    one = concat_drop_size_zero(Add(Concat(empty, x, axis=0, name="c"), x))
+    assert isinstance(one.children[0], Concat) and one.children[0].children == (x,)
+    all_empty = Concat(empty, empty_too, axis=0, name="c")
+    assert concat_drop_size_zero(all_empty).children == (empty,)
+    assert concat_drop_size_zero(dropped) is dropped and concat_drop_size_zero(x) is x

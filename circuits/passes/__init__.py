@@ -20,7 +20,7 @@ from circuits.passes.algebra import (
 )
 from circuits.passes.canonical import canonicalize
 from circuits.passes.attention import causal_mask, layer_of, split_heads, unsplit_head_counts
-from circuits.passes.concat import concat_elim_split, concat_fuse, split_to_concat
+from circuits.passes.concat import concat_drop_size_zero, concat_elim_split, concat_fuse, split_to_concat
 from circuits.passes.concat_pull import pull_concat, push_down_concat
 from circuits.passes.push_down import push_index
 from circuits.passes.simplify import (
@@ -43,6 +43,7 @@ __all__ = [
     "PassError",
     "canonicalize",
     "causal_mask",
+    "concat_drop_size_zero",
     "concat_elim_split",
     "concat_fuse",
     "distribute",

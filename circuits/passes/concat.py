@@ -4,8 +4,8 @@ Splitting a node into ``Concat(Index(node, 0:1), Index(node, 1:2), ...)``
 gives each position (or span) a name of its own, so an experiment can ablate
 or patch one position of the residual stream by name (issue 16, after
 rust_circuit's ``concat_rewrite.rs``).  ``concat_elim_split`` undoes such a
-split once it is no longer needed and ``concat_fuse`` flattens nested
-Concats; ``circuits.passes.concat_pull`` moves the nodes above a Concat
+split once it is no longer needed, ``concat_fuse`` flattens nested Concats
+and ``concat_drop_size_zero`` drops empty pieces; ``circuits.passes.concat_pull`` moves the nodes above a Concat
 inside its pieces and back.
 
 Like ``flatten_adds``, the whole-circuit passes rewrite every node they can
@@ -145,3 +145,22 @@ def elim_split(node: Circuit) -> Circuit:
 def concat_elim_split(circuit: Circuit, traversal: Any = True) -> Circuit:
     """Every split (as ``split_to_concat`` makes) that ``traversal`` finds replaced by the node split."""
     return circuit.update(traversal, elim_split)
+
+
+def drop_size_zero(node: Circuit) -> Circuit:
+    """A Concat without its pieces of size 0 on its axis (they add nothing but nodes to walk).
+
+    A Concat left with one piece stays a Concat of one, so both its name and
+    the piece's still find it; if every piece is empty, the first is kept.
+    """
+    if not isinstance(node, Concat):
+        return node
+    kept = [c for c in node.children if c.shape[node.axis] > 0] or [node.children[0]]
+    if len(kept) == len(node.children):
+        return node
+    return Concat(*kept, axis=node.axis, name=node.name)
+
+
+def concat_drop_size_zero(circuit: Circuit, traversal: Any = True) -> Circuit:
+    """Every Concat that ``traversal`` finds without its size-0 pieces."""
+    return circuit.update(traversal, drop_size_zero)
