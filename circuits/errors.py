@@ -183,3 +183,10 @@ class PrintError(CircuitError, ValueError):
     """A printing or diff option that cannot be used: an unknown colour name or
     diff view, or a comment or colour function that returned something other
     than text (the message names the node)."""
+
+
+class CausalScrubbingError(CircuitError, ValueError):
+    """A causal scrubbing dataset, sampler or hypothesis that cannot be used as given:
+    arrays of different lengths, input names that are not arrays, an index out of
+    range, a sampler condition with no matching data (the message names the
+    arrays, index or value at fault)."""
