@@ -15,6 +15,31 @@ with its imports changed:
 """
 
 from circuits.causal_scrubbing.dataset import Dataset
+from circuits.causal_scrubbing.samplers import (
+    PNP,
+    CondSampler,
+    ExactSampler,
+    FixedOtherSampler,
+    FuncSampler,
+    PoolAnnotation,
+    PoolNotPresent,
+    TooFewSamplesWarning,
+    UncondSampler,
+    UncondTogetherSampler,
+)
 from circuits.errors import CausalScrubbingError
 
-__all__ = ["CausalScrubbingError", "Dataset"]
+__all__ = [
+    "PNP",
+    "CausalScrubbingError",
+    "CondSampler",
+    "Dataset",
+    "ExactSampler",
+    "FixedOtherSampler",
+    "FuncSampler",
+    "PoolAnnotation",
+    "PoolNotPresent",
+    "TooFewSamplesWarning",
+    "UncondSampler",
+    "UncondTogetherSampler",
+]
