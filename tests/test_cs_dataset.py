@@ -162,3 +162,26 @@ def test_str_shows_shapes_roles_and_small_values():
     )
     big = str(Dataset({"x": torch.zeros(100, 3)}))
     assert big == "Dataset(100 examples: x [100, 3])"
+
+
+class IntDataset(Dataset):
+    """rust_circuit's testing_utils pattern: a plain subclass caching a derived tensor after init."""
+
+    inp_tensor: torch.Tensor
+
+    def __attrs_post_init__(self):
+        super().__attrs_post_init__()
+        object.__setattr__(self, "inp_tensor", self.xs.value)
+
+    def __str__(self):
+        return f"IntDataset(xs.shape={list(self.inp_tensor.shape)})"
+
+
+def test_a_rust_circuit_style_subclass_works_unchanged():
+    xs = torch.arange(16).reshape(8, 2)
+    ds = IntDataset({"xs": cc.Array(xs, "xs"), "labels": cc.Array(xs.sum(1) % 2, "labels")})
+    assert str(ds) == "IntDataset(xs.shape=[8, 2])"
+    picked = ds[[1, 2]]
+    assert type(picked) is IntDataset and picked.inp_tensor.tolist() == [[2, 3], [4, 5]]
+    assert ds == IntDataset(ds.arrs) and hash(ds) == hash(IntDataset(ds.arrs))
+    assert str(ds.sample(3, torch.Generator().manual_seed(0))) == "IntDataset(xs.shape=[3, 2])"

@@ -241,3 +241,15 @@ def test_samplers_are_hashable_and_compare_by_fields():
 def test_the_base_sampler_says_what_a_subclass_must_define():
     with pytest.raises(NotImplementedError, match=r"CondSampler does not define __call__"):
         CondSampler()(_source(), _source())
+
+
+def test_func_sampler_is_uniform_within_classes_of_different_sizes():
+    ds = Dataset({"id": torch.arange(10), "cls": torch.tensor([0, 0] + [1] * 8)})
+    ref = Dataset({"id": torch.zeros(4000, dtype=torch.int64), "cls": torch.tensor([0, 1] * 2000)})
+    with pytest.warns(TooFewSamplesWarning):  # 2000 references per class: repeats are the point here
+        drawn = FuncSampler(by_class)(ref, ds, _gen(6)).id.value
+    small = torch.bincount(drawn[0::2], minlength=10)
+    large = torch.bincount(drawn[1::2], minlength=10)
+    assert small[2:].sum() == 0 and large[:2].sum() == 0
+    assert small[:2].min() > 900  # 2000 draws over 2 members: 1000 expected each
+    assert large[2:].min() > 200 and large[2:].max() < 300  # 2000 over 8: 250 expected each
