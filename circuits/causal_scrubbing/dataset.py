@@ -129,6 +129,7 @@ def _check_arrays(instance: Dataset, attribute: Any, arrs: ArrayMap) -> None:
 
 
 def _input_names(names: Iterable[str] | None) -> frozenset[str]:
+    """``input_names`` as a frozen set (hashable); empty stands for "all", filled in after init."""
     if names is None:
         return frozenset()
     if isinstance(names, str):  # a lone name, not its characters
