@@ -190,3 +190,10 @@ class CausalScrubbingError(CircuitError, ValueError):
     arrays of different lengths, input names that are not arrays, an index out of
     range, a sampler condition with no matching data (the message names the
     arrays, index or value at fault)."""
+
+
+class IllegalCorrespondenceError(CausalScrubbingError):
+    """A causal scrubbing hypothesis that does not fit the circuit (rust_circuit's name): an
+    incomplete correspondence, a matcher that finds no node or several, a branch that does not
+    reach the inputs or leaves its parent's, two interpretation nodes claiming one node.  The
+    message names the interpretation node and says what is wrong."""

@@ -11,10 +11,17 @@ with its imports changed:
   become the circuit's batch axis;
 - samplers (``samplers``): ``FuncSampler``, ``UncondSampler``,
   ``UncondTogetherSampler``, ``ExactSampler``, ``FixedOtherSampler``, and
-  the pools (``PoolAnnotation``) that let several nodes reuse draws.
+  the pools (``PoolAnnotation``) that let several nodes reuse draws;
+- hypotheses (``hypothesis``, ``correspondence``): ``InterpNode`` trees mapped
+  onto branches of the circuit by a ``Correspondence``, with its checks;
+- ``Experiment`` (``experiment``): samples every node's data, treeifies and
+  replaces the inputs path by path; ``ScrubbedExperiment.evaluate``.
 """
 
+from circuits.causal_scrubbing.correspondence import Correspondence
 from circuits.causal_scrubbing.dataset import Dataset
+from circuits.causal_scrubbing.experiment import Experiment, ExperimentEvalSettings, ScrubbedExperiment
+from circuits.causal_scrubbing.hypothesis import InterpNode, SampledInputs, corr_root_matcher, to_inputs
 from circuits.causal_scrubbing.samplers import (
     PNP,
     CondSampler,
@@ -27,19 +34,28 @@ from circuits.causal_scrubbing.samplers import (
     UncondSampler,
     UncondTogetherSampler,
 )
-from circuits.errors import CausalScrubbingError
+from circuits.errors import CausalScrubbingError, IllegalCorrespondenceError
 
 __all__ = [
     "PNP",
     "CausalScrubbingError",
     "CondSampler",
+    "Correspondence",
     "Dataset",
     "ExactSampler",
+    "Experiment",
+    "ExperimentEvalSettings",
     "FixedOtherSampler",
     "FuncSampler",
+    "IllegalCorrespondenceError",
+    "InterpNode",
     "PoolAnnotation",
     "PoolNotPresent",
+    "SampledInputs",
+    "ScrubbedExperiment",
     "TooFewSamplesWarning",
     "UncondSampler",
     "UncondTogetherSampler",
+    "corr_root_matcher",
+    "to_inputs",
 ]
