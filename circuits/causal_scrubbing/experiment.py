@@ -207,3 +207,30 @@ class ScrubbedExperiment:
         if evaluator is not None:
             return evaluator.evaluate(self.circuit, device=device, dtype=dtype)
         return self.circuit.evaluate(device=device, dtype=dtype)
+
+    def print(
+        self,
+        print_data: bool = True,
+        color_by_data: bool = True,
+        repr: bool = False,
+        datum_idx: int = 0,
+        show_inputs: bool = False,
+    ):
+        """Print the scrubbed circuit down to the mapped nodes (``show_inputs``: and down to every
+        input outside the mapped leaves), each mapped node commented with its interpretation node
+        and samplers, each input with whose data it is (colours by dataset); ``repr=True``
+        returns the text, without colours (``causal_scrubbing.printing``)."""
+        from circuits.causal_scrubbing.printing import scrubbed_repr
+
+        text = scrubbed_repr(
+            self,
+            print_data=print_data,
+            color_by_data=color_by_data,
+            datum_idx=datum_idx,
+            color=not repr,
+            show_inputs=show_inputs,
+        )
+        if repr:
+            return text
+        print(text)
+        return None

@@ -154,6 +154,32 @@ class InterpNode:
             text += f", other_inputs_sampler={self.other_inputs_sampler.pretty_str(other, datum_idx)}"
         return text
 
+    def print(
+        self,
+        sampled_inputs: SampledInputs = SampledInputs(),
+        print_data: bool = True,
+        color_by_data: bool = True,
+        repr: bool = False,
+        datum_idx: int = 0,
+    ) -> str | None:
+        """Print this interpretation tree, each node with its samplers and (given
+        ``sampled_inputs``) the ``datum_idx``-th datum they drew; ``repr=True`` returns the text
+        (without colours) instead (``causal_scrubbing.printing``)."""
+        from circuits.causal_scrubbing.printing import interp_repr
+
+        text = interp_repr(
+            self,
+            sampled_inputs,
+            print_data=print_data,
+            color_by_data=color_by_data,
+            datum_idx=datum_idx,
+            color=not repr,
+        )
+        if repr:
+            return text
+        print(text)
+        return None
+
     def pretty_str(self, sampled_inputs: SampledInputs = SampledInputs()) -> str:
         children = [child.name for child in self.children]
         return f"InterpNode(name={self.name}, {self.str_samplers(sampled_inputs)}, children={children})"
