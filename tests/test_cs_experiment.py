@@ -193,3 +193,18 @@ def test_adding_twice_or_a_taken_name_is_refused():
     with pytest.raises(IllegalCorrespondenceError, match="CondSampler"):
         InterpNode("not a sampler", "x")
     assert isinstance(IllegalCorrespondenceError("x"), ValueError)  # rust_circuit raised ValueError here
+
+
+def test_evaluation_settings_take_rust_circuits_arguments_and_refuse_what_they_cannot_do():
+    from circuits.causal_scrubbing import CausalScrubbingError, ExperimentEvalSettings
+
+    corr = Correspondence()
+    corr.add(InterpNode(ExactSampler(), "root"), corr_root_matcher)
+    scrubbed, value = run(corr)
+    settings = ExperimentEvalSettings(optimize=True, device_dtype=("cpu", torch.float32))
+    torch.testing.assert_close(scrubbed.evaluate(settings), value.float(), rtol=0, atol=0)
+    assert scrubbed.evaluate(settings).dtype == torch.float32
+    assert scrubbed.evaluate(evaluator=cc.Evaluator(2**20)).equal(value)
+    for bad in (dict(batch_size=8), dict(num_samples=3), dict(run_on_all=False)):
+        with pytest.raises(CausalScrubbingError, match="not supported|only run_on_all"):
+            ExperimentEvalSettings(**bad)

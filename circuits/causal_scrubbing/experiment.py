@@ -25,7 +25,7 @@ import torch
 from circuits.causal_scrubbing.correspondence import Correspondence
 from circuits.causal_scrubbing.dataset import Dataset
 from circuits.causal_scrubbing.hypothesis import InterpNode, SampledInputs, to_inputs
-from circuits.errors import IllegalCorrespondenceError
+from circuits.errors import CausalScrubbingError, IllegalCorrespondenceError
 from circuits.matching import are_any_found, get
 from circuits.nodes import Add, Circuit, check_node
 from circuits.rewrite import update
@@ -174,13 +174,34 @@ def _tagged(found: Circuit, node: InterpNode) -> Circuit:
     return Add(inner.rename(f"{found.name}{_SCRUB}{node.name}"), name=found.name)
 
 
-@attrs.define(frozen=True)
 class ExperimentEvalSettings:
-    """How ``ScrubbedExperiment.evaluate`` runs: ``device_dtype`` a device (str) or a
-    ``(device, dtype)`` pair.  rust_circuit's optimisation and sampling options have no counterpart
-    (our evaluator always runs every reference example once, in order)."""
+    """How ``ScrubbedExperiment.evaluate`` runs, with rust_circuit's arguments.
 
-    device_dtype: Any = None
+    ``device_dtype``: a device (str) or a ``(device, dtype)`` pair.  ``optimize`` and
+    ``optim_settings`` are accepted and have no effect (our evaluator has no separate optimiser).
+    rust_circuit's batching and sampling options (``batch_size``, ``run_on_all=False``,
+    ``num_samples``) are not supported: anything but their defaults raises, rather than being
+    silently ignored.  Every reference example is run once, in order.
+    """
+
+    def __init__(
+        self,
+        optimize: bool = True,
+        optim_settings: Any = None,
+        batch_size: int | None = None,
+        run_on_all: bool = True,
+        num_samples: int | None = None,
+        device_dtype: Any = None,
+    ):
+        unsupported = {"batch_size": batch_size, "num_samples": num_samples}
+        for name, value in unsupported.items():
+            if value is not None:
+                raise CausalScrubbingError(
+                    f"ExperimentEvalSettings: {name}={value!r} is not supported (give None)"
+                )
+        if run_on_all is not True:
+            raise CausalScrubbingError("ExperimentEvalSettings: only run_on_all=True is supported")
+        self.optimize, self.optim_settings, self.device_dtype = optimize, optim_settings, device_dtype
 
 
 @attrs.define(frozen=True)
