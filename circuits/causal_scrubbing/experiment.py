@@ -107,10 +107,16 @@ class Experiment:
         return self._nodes.sample(self._dataset, self._rng, ref_ds)
 
     def scrub(
-        self, ref_ds_or_num: Dataset | int, treeify: bool = True, check: Any = None
+        self, ref_ds_or_num: Dataset | int, group: Any = None, treeify: bool = True, check: Any = None
     ) -> ScrubbedExperiment:
         """Sample the reference data (``ref_ds_or_num`` examples from the dataset, or that
-        dataset) and every node's data, treeify (optional) and replace the inputs path by path."""
+        dataset) and every node's data, treeify (optional) and replace the inputs path by path.
+        ``group`` (rust_circuit's DiscreteVar group) has no counterpart: the reference rows are
+        the batch; anything but None raises."""
+        if group is not None:
+            raise CausalScrubbingError(
+                "scrub: group= is not supported (the reference examples are the batch axis)"
+            )
         check = bool(self._check if check is None else check)
         ref_ds = ref_ds_or_num if isinstance(ref_ds_or_num, Dataset) else self.make_ref_ds(ref_ds_or_num)
         sampled = self.sample(ref_ds)
