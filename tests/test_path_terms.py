@@ -169,3 +169,22 @@ def test_bad_input_is_refused_by_name():
         ex.path_terms(circuit, "x")
     with pytest.raises(ExperimentError):
         ex.path_terms("not a circuit")
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_terms_of_chosen_tokens_are_those_columns_of_the_full_terms(model):
+    circuit = MODELS[model]()
+    chosen = [5, 0, 7]
+    full, some = ex.path_terms(circuit, order=2), ex.path_terms(circuit, order=2, tokens=chosen)
+    assert some.terms.shape == (full.terms.shape[0], 3) and some.labels == full.labels
+    for child, whole in zip(some.terms.children, full.terms.children):
+        torch.testing.assert_close(child.evaluate(), whole.evaluate()[:, chosen], atol=TOL, rtol=0)
+    torch.testing.assert_close(some.terms.evaluate(), logits_at(circuit, -1)[:, chosen], atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("tokens", [[], [1.5], [[1]], [-1], [17], "ab"])
+def test_bad_tokens_are_refused_by_name(tokens):
+    with pytest.raises(ExperimentError, match="tokens="):
+        ex.path_terms(gpt2(), tokens=tokens)
+    with pytest.raises(ExperimentError, match="layer="):
+        ex.path_terms(gpt2(), tokens=[1], layer=1)

@@ -128,9 +128,31 @@ def _term(label: str, node: Circuit, axes: str, read: list) -> Circuit:
     return Einsum((node, axes), *read, out_axes="bv", name=f"path.{label}")
 
 
-def _readout(model: _Model, scale: torch.Tensor) -> list:
-    """The linear map from the residual to the logits, as einsum operands over ``d`` (residual),
-    ``e`` (after centring), ``b`` (batch), ``v`` (vocab)."""
+def _vocab_rows(weight: Circuit, tokens: torch.Tensor | None, name: str) -> Circuit:
+    """``weight`` (vocab first), or only its rows of ``tokens`` (an Index named ``name``)."""
+    return weight if tokens is None else Index(weight, (tokens,), name=name)
+
+
+def _tokens(tokens, vocab: int) -> torch.Tensor | None:
+    """``tokens`` as a 1-D int64 tensor of vocabulary ids, or None (the whole vocabulary)."""
+    if tokens is None:
+        return None
+    try:
+        ids = torch.as_tensor(tokens)
+    except (TypeError, ValueError, RuntimeError):
+        ids = torch.empty(0)
+    if ids.dtype == torch.bool or ids.is_floating_point() or ids.dim() != 1 or ids.numel() == 0:
+        raise ExperimentError(f"path_terms: tokens={tokens!r}; give a non-empty 1-D list of vocabulary ids")
+    if ids.min() < 0 or ids.max() >= vocab:
+        raise ExperimentError(
+            f"path_terms: tokens={ids.tolist()} has ids outside the vocabulary [0, {vocab})"
+        )
+    return ids.to(torch.int64)
+
+
+def _readout(model: _Model, scale: torch.Tensor, tokens: torch.Tensor | None) -> list:
+    """The linear map from the residual to the logits (of ``tokens`` only, if given), as einsum
+    operands over ``d`` (residual), ``e`` (after centring), ``b`` (batch), ``v`` (vocab)."""
     d_model = model.weight(names.UNEMBED_WEIGHT).shape[-1]
     centre = torch.eye(d_model, dtype=scale.dtype) - 1.0 / d_model
     if model.facts.norm != names.LN:
@@ -139,20 +161,22 @@ def _readout(model: _Model, scale: torch.Tensor) -> list:
         (Array(centre, name="path.centre"), "de"),
         (Array(scale, name="path.frozen_ln_scale"), "b"),
         (model.weight(names.norm_weight(names.FINAL, "scale", model.facts.norm)), "e"),
-        (model.weight(names.UNEMBED_WEIGHT), "ve"),
+        (_vocab_rows(model.weight(names.UNEMBED_WEIGHT), tokens, "path.unembed_rows"), "ve"),
     ]
 
 
-def _bias_term(model: _Model, batch: int, vocab: int) -> Circuit:
+def _bias_term(model: _Model, batch: int, vocab: int, tokens: torch.Tensor | None) -> Circuit:
     """The logits no path writes: the final norm's bias unembedded, plus the unembedding bias."""
     ones = Scalar(1.0, shape=(batch,), name="path.batch_ones")
-    parts: list[Circuit] = [Scalar(0.0, shape=(batch, vocab), name="path.zero")]
+    width = vocab if tokens is None else len(tokens)
+    parts: list[Circuit] = [Scalar(0.0, shape=(batch, width), name="path.zero")]
     norm_bias = model.weight(names.norm_weight(names.FINAL, "bias", model.facts.norm), required=False)
     if norm_bias is not None:
-        unembedding = model.weight(names.UNEMBED_WEIGHT)
+        unembedding = _vocab_rows(model.weight(names.UNEMBED_WEIGHT), tokens, "path.unembed_rows")
         parts.append(Einsum((norm_bias, "e"), (unembedding, "ve"), (ones, "b"), out_axes="bv"))
     out_bias = model.weight(names.UNEMBED_BIAS_WEIGHT, required=False)
     if out_bias is not None:
+        out_bias = _vocab_rows(out_bias, tokens, "path.unembed_bias_rows")
         parts.append(Einsum((out_bias, "v"), (ones, "b"), out_axes="bv"))
     return Add(*parts, name="path.bias")
 
@@ -176,7 +200,9 @@ def _layer(layer, n_layers: int) -> int | None:
     return layer
 
 
-def path_terms(circuit: Circuit, pos: int = -1, order: int = 1, layer: int | None = None) -> PathTerms:
+def path_terms(
+    circuit: Circuit, pos: int = -1, order: int = 1, layer: int | None = None, tokens=None
+) -> PathTerms:
     """The logits at ``pos`` as an Add ``'path_terms'`` of one node per direct path (see the module).
 
     ``circuit``: a batched model circuit the builders make (GPT-2, attention-only, Llama), heads split
@@ -186,7 +212,9 @@ def path_terms(circuit: Circuit, pos: int = -1, order: int = 1, layer: int | Non
     (``'path.L1H1.k.L0H2'``: head 0.2 composing into head 1.1's keys); ``order=3`` expands those
     head sources in turn, and so on (``experiments.composition``).  ``layer=L`` expands the
     residual stream entering layer ``L`` (``point('resid_pre', L)``; ``L = n_layers``: the final
-    residual) at ``pos`` instead of the logits: ``[batch, d_model]`` terms, no norm, no bias term."""
+    residual) at ``pos`` instead of the logits: ``[batch, d_model]`` terms, no norm, no bias term.
+    ``tokens`` (vocabulary ids) keeps only those logits, in that order: ``[batch, len(tokens)]``
+    terms, each reading only those rows of the unembedding (much cheaper with a large vocabulary)."""
     check_node(circuit, "the model circuit", ExperimentError)
     if isinstance(order, bool) or not isinstance(order, int) or order < 1:
         raise ExperimentError(f"path_terms: order={order!r}; give an int >= 1 (1: direct paths only)")
@@ -205,7 +233,12 @@ def path_terms(circuit: Circuit, pos: int = -1, order: int = 1, layer: int | Non
     final_scale, *scales = evaluate_many(
         [model.point("ln_final_scale"), *(model.point("ln1_scale", other) for other in layers)]
     )
-    read = _readout(model, final_scale.reshape(batch, seq)[:, pos].detach())
+    tokens = _tokens(tokens, vocab)
+    if tokens is not None and layer is not None:
+        raise ExperimentError(
+            "path_terms: tokens= selects logits; it does not apply with layer= (the residual)"
+        )
+    read = _readout(model, final_scale.reshape(batch, seq)[:, pos].detach(), tokens)
     parts = _components(model)
     compositions = Compositions(
         circuit, facts, lambda below: _below(parts, below), dict(zip(layers, scales)), model.weight
@@ -219,6 +252,6 @@ def path_terms(circuit: Circuit, pos: int = -1, order: int = 1, layer: int | Non
         terms.append(_term(label, *at_pos, read) if layer is None else _residual_term(label, *at_pos, batch))
         labels.append(label)
     if layer is None:
-        terms.append(_bias_term(model, batch, vocab))
+        terms.append(_bias_term(model, batch, vocab, tokens))
         labels.append("bias")
     return PathTerms(Add(*terms, name="path_terms"), labels, circuit, compositions.labels)
