@@ -51,6 +51,17 @@ def hypothesis():
     return corr
 
 
+def tree_size(circuit) -> int:
+    """How many nodes the circuit has written out as a tree (every occurrence of a shared node
+    counted): what evaluating it with no sharing at all would compute."""
+    from circuits.traversal import postorder
+
+    sizes: dict[bytes, int] = {}
+    for node in postorder([circuit]):
+        sizes[node.hash] = 1 + sum(sizes[child.hash] for child in node.children)
+    return sizes[circuit.hash]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--examples", type=int, default=1024)
@@ -82,7 +93,8 @@ def main() -> None:
     print(
         f"shipped model, {args.examples} examples of {2 * args.block + 1} tokens (from {len(dataset)}); "
         f"4-node hypothesis; scrub (sample, treeify, replace) {seconds:.3f} s; "
-        f"{len(cc.unique_nodes(scrubbed.circuit))} distinct nodes; {args.threads} threads"
+        f"{len(cc.unique_nodes(scrubbed.circuit))} distinct nodes ({tree_size(scrubbed.circuit)} as a tree); "
+        f"{args.threads} threads"
     )
     cleans, cached, plain = [], [], []
     with torch.no_grad():
