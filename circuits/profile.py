@@ -1,0 +1,141 @@
+"""``cc.profile(c)``: evaluate a circuit timing every node, and where the time went.
+
+The evaluator runs one step per distinct node, in order; ``Plan.run(on_value=...)`` is called
+after each.  The time between two calls is the *self* time of the node just computed (its
+kernel plus the scheduler's per-step work), so the timer costs one clock read per node
+(``bench/profile_overhead.py`` measures the overhead against an unprofiled evaluation).  A node's
+*total* time is the self time of every distinct node in its subtree, each counted once, as the
+evaluator computes it once.  Steps are sequential on the CPU; on a GPU, kernels are asynchronous,
+so ``profile(..., synchronize=True)`` waits for each (slower, but per-node times are then real).
+
+The result prints as the circuit itself with each node's times as ``#`` comments (the text still
+parses), as a table per node name (self time, total time, how many nodes of that name ran:
+"calls"), sorted by self time, and exports to the Chrome trace format torch's profiler writes
+(``chrome://tracing``, Perfetto).  docs/evaluation.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from circuits.errors import EvaluationError
+from circuits.evaluation import compile_plan
+from circuits.nodes import Circuit, check_node
+from circuits.traversal import unique_nodes
+
+__all__ = ["Profile", "profile"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """Per distinct node (by hash): ``self_seconds`` and ``started`` (seconds from the run's
+    start); ``nodes`` in the order they ran; ``seconds``: the whole run; ``root``: what ran."""
+
+    root: Circuit
+    nodes: list[Circuit]
+    self_seconds: dict[bytes, float]
+    started: dict[bytes, float]
+    seconds: float
+
+    def total_seconds(self, *nodes: Circuit) -> float:
+        """The self time of every distinct node in the subtrees of ``nodes`` that ran, each
+        counted once (one walk of those subtrees)."""
+        return sum(self.self_seconds.get(node.hash, 0.0) for node in unique_nodes(list(nodes)))
+
+    def comment(self, node: Circuit) -> str | None:
+        """``# self ..., total ...`` for ``c.print(comment=profile.comment)``."""
+        if node.hash not in self.self_seconds:
+            return None
+        return f"self {_ms(self.self_seconds.get(node.hash, 0.0))}, total {_ms(self.total_seconds(node))}"
+
+    def repr(self, depth: int | None = 3) -> str:
+        """The circuit, down to ``depth``, each node commented with its times."""
+        return self.root.repr(depth=depth, comment=self.comment)
+
+    def rows(self, top: int | None = None) -> list[tuple[str, float, float, int]]:
+        """``(name, self seconds, total seconds, calls)`` per node name (unnamed nodes by
+        variant), the ``top`` largest self times first; total is the subtrees of all the nodes of
+        that name together, each node once; calls is how many such nodes ran."""
+        grouped: dict[str, list[Circuit]] = {}
+        for node in self.nodes:
+            grouped.setdefault(node.name if node.name is not None else f"<{node.kind}>", []).append(node)
+        selfs = {name: sum(self.self_seconds[n.hash] for n in nodes) for name, nodes in grouped.items()}
+        ranked = sorted(grouped, key=lambda name: -selfs[name])[:top]
+        return [
+            (name, selfs[name], self.total_seconds(*grouped[name]), len(grouped[name])) for name in ranked
+        ]
+
+    def table(self, top: int | None = 20) -> str:
+        """The ``rows`` as text, the reference profiler's columns."""
+        rows = self.rows(top)
+        width = max([len("Node")] + [len(name) for name, *_ in rows])
+        lines = [f"{'Node':{width}s} | Self CPU total | CPU total  | Number of Calls"]
+        lines.append(f"{'-' * width}-|----------------|------------|----------------")
+        for name, self_s, total_s, calls in rows:
+            lines.append(f"{name:{width}s} | {_ms(self_s):>14s} | {_ms(total_s):>10s} | {calls}")
+        lines.append(f"{len(self.nodes)} nodes ran in {_ms(self.seconds)}")
+        return "\n".join(lines)
+
+    def chrome_trace(self) -> dict[str, Any]:
+        """The run as Chrome trace events (``ph: X``, microseconds), one per node."""
+        events = [
+            {
+                "name": node.name or f"<{node.kind}>",
+                "cat": node.kind,
+                "ph": "X",
+                "ts": self.started[node.hash] * 1e6,
+                "dur": self.self_seconds[node.hash] * 1e6,
+                "pid": 0,
+                "tid": 0,
+                "args": {"shape": list(node.shape)},
+            }
+            for node in self.nodes
+        ]
+        return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+    def export_chrome_trace(self, path: str | Path) -> None:
+        """Write ``chrome_trace()`` as JSON to ``path`` (as ``torch.profiler``'s export does)."""
+        Path(path).write_text(json.dumps(self.chrome_trace()))
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f}ms"
+
+
+def profile(
+    circuit: Circuit,
+    inputs: Mapping[Circuit | str, Any] | None = None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    *,
+    synchronize: bool = False,
+) -> Profile:
+    """Evaluate ``circuit`` (``cc.evaluate``'s arguments) timing every node; see the module."""
+    check_node(circuit, "profile: the circuit", EvaluationError)
+    plan = compile_plan([circuit], inputs, device, dtype)
+    order: list[Circuit] = []
+    self_seconds: dict[bytes, float] = {}
+    started: dict[bytes, float] = {}
+    cuda = synchronize and torch.cuda.is_available()
+    clock = time.perf_counter
+    start = last = clock()
+
+    def on_value(node: Circuit, value: torch.Tensor) -> None:
+        nonlocal last
+        if cuda:
+            torch.cuda.synchronize()
+        now = clock()
+        if node.hash not in self_seconds:
+            order.append(node)
+            self_seconds[node.hash] = now - last
+            started[node.hash] = last - start
+        last = now
+
+    plan.run(on_value=on_value)
+    return Profile(circuit, order, self_seconds, started, clock() - start)

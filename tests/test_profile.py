@@ -1,0 +1,81 @@
+"""``cc.profile``: every node the evaluator computes is timed once, the times nest as the circuit
+does, and the printed, tabled and Chrome-trace forms say the same.  The checks are relations that
+hold whatever the clock reads (no timing thresholds)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+import circuits as cc
+from circuits.errors import EvaluationError
+from circuits.models.gpt2 import GPT2Config, build_gpt2, gpt2_random_weights
+from circuits.profile import profile
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    config = GPT2Config(n_layers=2, n_heads=3, d_model=12, vocab_size=17, n_ctx=16)
+    return build_gpt2(config, gpt2_random_weights(config, seed=1), torch.randint(0, 17, (2, 7)))
+
+
+def computed_nodes(circuit):
+    """The nodes the evaluator runs a step for: every distinct node but the leaves."""
+    return [n for n in cc.unique_nodes(circuit) if n.children]
+
+
+def test_every_computed_node_is_timed_once_and_the_value_is_the_evaluation(gpt2):
+    result = profile(gpt2)
+    assert Counter(n.hash for n in result.nodes) == Counter(n.hash for n in computed_nodes(gpt2))
+    assert all(seconds >= 0 for seconds in result.self_seconds.values())
+    assert sum(result.self_seconds.values()) <= result.seconds  # disjoint intervals of the run
+
+
+def test_totals_nest_like_the_circuit(gpt2):
+    result = profile(gpt2)
+    assert math.isclose(result.total_seconds(gpt2), sum(result.self_seconds.values()), rel_tol=1e-9)
+    head = gpt2.get_unique("b1.a")
+    below = [n for n in cc.unique_nodes(head) if n.hash in result.self_seconds]
+    assert math.isclose(
+        result.total_seconds(head), sum(result.self_seconds[n.hash] for n in below), rel_tol=1e-9
+    )
+    for child in head.children:
+        assert result.total_seconds(child) <= result.total_seconds(head)
+
+
+def test_the_printed_profile_parses_back_to_the_circuit(gpt2):
+    result = profile(gpt2)
+    text = result.repr(depth=None)
+    assert "# self " in text and ", total " in text
+    assert cc.parse(text) == gpt2
+
+
+def test_the_table_counts_nodes_by_name(gpt2):
+    result = profile(gpt2)
+    names = Counter(n.name if n.name is not None else f"<{n.kind}>" for n in computed_nodes(gpt2))
+    rows = result.rows()
+    assert {name: calls for name, _, _, calls in rows} == dict(names)
+    selfs = [self_s for _, self_s, _, _ in rows]
+    assert selfs == sorted(selfs, reverse=True)
+    table = result.table(top=5).splitlines()
+    assert table[0].split("|")[0].strip() == "Node" and len(table) == 2 + 5 + 1
+    assert table[2].split("|")[0].strip() == rows[0][0]
+
+
+def test_the_chrome_trace_has_one_event_per_node_in_run_order(gpt2, tmp_path):
+    result = profile(gpt2)
+    path = tmp_path / "trace.json"
+    result.export_chrome_trace(path)
+    events = json.loads(path.read_text())["traceEvents"]
+    assert len(events) == len(result.nodes)
+    for event, following in zip(events, events[1:]):
+        assert event["ph"] == "X" and event["ts"] + event["dur"] <= following["ts"] + 1e-6
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(EvaluationError, match="profile"):
+        profile("not a circuit")
