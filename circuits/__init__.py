@@ -20,6 +20,7 @@ from circuits.errors import (
     StaleTensorError,
     StoreError,
 )
+from circuits.costs import CircuitCost, NodeCost, cost
 from circuits.evaluation import evaluate, evaluate_many
 from circuits.functions import FunctionSpec, get_function, register_function, registered_names
 from circuits.nodes import (
@@ -44,6 +45,7 @@ __all__ = [
     "Array",
     "BroadcastError",
     "Circuit",
+    "CircuitCost",
     "CircuitError",
     "Concat",
     "ConcatError",
@@ -57,6 +59,7 @@ __all__ = [
     "IndexSpecError",
     "LeafError",
     "MissingTensorError",
+    "NodeCost",
     "NodeTypeError",
     "ParseError",
     "PrintError",
@@ -67,6 +70,7 @@ __all__ = [
     "StoreError",
     "Symbol",
     "TensorStore",
+    "cost",
     "evaluate",
     "evaluate_many",
     "get_function",

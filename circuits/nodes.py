@@ -29,6 +29,7 @@ from circuits.errors import (
     MissingTensorError,
     NodeTypeError,
     IndexSpecError,
+    PrintError,
     RearrangeError,
     StaleTensorError,
     shown,
@@ -36,7 +37,8 @@ from circuits.errors import (
 from circuits.functions import FunctionSpec, get_function
 from circuits.hashing import PRINTED_HEX_DIGITS, node_hash, tensor_content_hash
 
-if TYPE_CHECKING:  # only an annotation here
+if TYPE_CHECKING:  # only annotations here
+    from circuits.costs import CircuitCost
     from circuits.store import TensorStore
 
 Shape = shape_rules.Shape
@@ -245,14 +247,23 @@ class Circuit:
         traversal: Any = None,
         comment: Callable[[Circuit], str | None] | None = None,
         color: Callable[[Circuit], str | None] | None = None,
+        costs: bool = False,
     ) -> str:
         """This circuit in the FORMAT.md text (see ``circuits.printing.repr_many``).
 
         ``traversal`` (an IterativeMatcher or matcher form) limits the printout to what it
         reaches; ``comment(node)`` adds ``  # text`` to a node's line; ``color(node)`` names
-        an ANSI colour for it.  Annotated text still parses back.
+        an ANSI colour for it; ``costs=True`` comments each node with its own static cost
+        (``comment=cc.cost(self).comment``).  Annotated text still parses back.
         """
         from circuits.printing import repr_many
+
+        if costs:
+            if comment is not None:
+                raise PrintError(
+                    f"{self.describe()}.repr: costs=True writes the comments; pass comment= or costs="
+                )
+            comment = self.cost().comment
 
         return repr_many(
             [self],
@@ -275,6 +286,7 @@ class Circuit:
         traversal: Any = None,
         comment: Callable[[Circuit], str | None] | None = None,
         color: Callable[[Circuit], str | None] | None = None,
+        costs: bool = False,
     ) -> None:
         """Print ``repr`` (the same options)."""
         text = self.repr(
@@ -285,8 +297,15 @@ class Circuit:
             traversal=traversal,
             comment=comment,
             color=color,
+            costs=costs,
         )
         print(text)
+
+    def cost(self) -> CircuitCost:
+        """The static cost of evaluating this circuit: FLOPs, bytes, peak memory (``circuits.costs.cost``)."""
+        from circuits.costs import cost
+
+        return cost(self)
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         """IPython: the FORMAT.md text (see ``circuits.html.pretty_text`` for the depth rule)."""

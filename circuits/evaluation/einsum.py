@@ -7,7 +7,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["einsum_kernel"]
+__all__ = ["einsum_kernel", "is_batched_dot", "split_multipliers"]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -37,13 +37,9 @@ def einsum_kernel(equation: str) -> Callable:
         return functools.partial(torch.einsum, equation)  # diagonals: leave to torch
     plain = functools.partial(torch.einsum, equation)
     if len(operands) >= 3:
-        out_letters = set(out)
-        multipliers = [i for i, op in enumerate(operands) if set(op) <= out_letters]
-        core = [i for i in range(len(operands)) if i not in multipliers]
+        core, multipliers = split_multipliers(operands, out)
         if not multipliers:
             return plain
-        if not core:  # only multipliers: the first one is the core
-            core, multipliers = multipliers[:1], multipliers[1:]
         core_letters = set("".join(operands[i] for i in core))
         core_out = "".join(letter for letter in out if letter in core_letters)
         core_fn = einsum_kernel(",".join(operands[i] for i in core) + "->" + core_out)
@@ -61,7 +57,7 @@ def einsum_kernel(equation: str) -> Callable:
             return result
 
         return with_multipliers
-    if len(operands) == 2 and set(operands[0]) == set(operands[1]) and len(out) < len(operands[0]):
+    if is_batched_dot(operands, out):
         first, second = operands
         order = out + "".join(letter for letter in first if letter not in out)
         permute_first = tuple(first.index(letter) for letter in order)
@@ -75,6 +71,25 @@ def einsum_kernel(equation: str) -> Callable:
 
         return batched_dot
     return plain
+
+
+def split_multipliers(operands: list[str], out: str) -> tuple[list[int], list[int]]:
+    """``(core, multipliers)``: the operand positions ``einsum_kernel`` contracts, and those it multiplies in after.
+
+    Public so that ``circuits.costs`` counts the operations this kernel
+    actually runs (for three or more operands, without repeated letters).
+    """
+    out_letters = set(out)
+    multipliers = [i for i, op in enumerate(operands) if set(op) <= out_letters]
+    core = [i for i in range(len(operands)) if i not in multipliers]
+    if multipliers and not core:  # only multipliers: the first one is the core
+        core, multipliers = multipliers[:1], multipliers[1:]
+    return core, multipliers
+
+
+def is_batched_dot(operands: list[str], out: str) -> bool:
+    """Whether ``einsum_kernel`` runs two operands as a product then a sum (see there), not ``torch.einsum``."""
+    return len(operands) == 2 and set(operands[0]) == set(operands[1]) and len(out) < len(operands[0])
 
 
 def _aligner(letters: str, out: str) -> Callable[[torch.Tensor], torch.Tensor]:
