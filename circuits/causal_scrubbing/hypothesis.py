@@ -9,8 +9,9 @@ the parent's branch.  What the correspondence checks, and how each check fails, 
 docs/causal_scrubbing.md.
 
 Differences from rust_circuit: matchers are our ``IterativeMatcher`` (``corr_root_matcher.chain(
-"b1.a.head1")``); walks over interpretation trees are iterative; the root matcher is recognised by
-what it finds (the circuit's root, nothing below) rather than by identity.
+"b1.a.head1")``); walks over interpretation trees are iterative; the root's matcher must have
+``corr_root_matcher``'s stages (compared by ``repr``: matchers have no equality), not be that
+very object.
 """
 
 from __future__ import annotations
