@@ -1,12 +1,13 @@
 """The ``circuits`` command line.
 
     circuits print FILE [--depth N] [--shapes] [--serials]
+    circuits cost FILE [--depth N] [--by layer|head|node]
     circuits demo [--batch-size N] [--block-len N] [--seed N] [--depth N]
     circuits parity [--family gpt2|llama|all] [--size tiny|small] [--dtype float32|float64|all] [--seed N]
 
 ``print`` reads a circuit file (FORMAT.md text, with the tensor store that
 ``cc.save`` writes beside it, if there is one) and prints it back in the
-canonical form.  A mistake in the file is one message on stderr,
+canonical form; ``cost`` prints what evaluating it costs (``circuits.costs``).  A mistake in the file is one message on stderr,
 ``FILE:LINE: what is wrong`` followed by the line itself (``FILE: what is
 wrong`` when no line is at fault: a missing file, say), and exit status 1;
 usage mistakes exit with status 2 (argparse's convention).  No traceback,
@@ -20,7 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from circuits.errors import SHOWN_CHARACTERS, CircuitError, ParseError, StoreError, shown
 
@@ -33,7 +34,8 @@ MESSAGE_CHARACTERS = 4 * SHOWN_CHARACTERS
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="circuits",
-        description="Transformers as immutable circuits of small named nodes: print saved circuits, run the demo, "
+        description="Transformers as immutable circuits of small named nodes: print saved circuits and their "
+        "costs, run the demo, "
         "check gradient parity with Hugging Face.",
         epilog="Run 'circuits COMMAND --help' for a command's options.",
     )
@@ -60,6 +62,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     show.add_argument("--serials", action="store_true", help="give every node a serial number")
     show.set_defaults(run=_print_command)
+
+    costs = commands.add_parser(
+        "cost",
+        help="the static cost of evaluating a circuit file: FLOPs, bytes, peak memory",
+        description="Read a circuit file (as 'print' does; no tensors are needed) and print what evaluating it "
+        "costs, from shapes, dtypes and einsum strings alone: totals, FLOPs by kind, bytes read and written, "
+        "the peak memory of the evaluator's schedule, then a row per subtree or per group.",
+    )
+    costs.add_argument("file", metavar="FILE", help="a circuit text file (.circ), or - for standard input")
+    costs.add_argument(
+        "--depth", type=_depth, default=2, metavar="N", help="a row per subtree down to N levels (default 2)"
+    )
+    costs.add_argument(
+        "--by",
+        choices=["layer", "head", "node"],
+        default=None,
+        help="a row per layer, per head or per named node (by the model naming convention) instead",
+    )
+    costs.set_defaults(run=_cost_command)
 
     from circuits import demo
 
@@ -106,17 +127,31 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _print_command(args: argparse.Namespace) -> int:
-    from circuits.parsing import parse_many
     from circuits.printing import repr_many
+
+    return _on_file(
+        args.file, lambda roots: repr_many(roots, depth=args.depth, shapes=args.shapes, serials=args.serials)
+    )
+
+
+def _cost_command(args: argparse.Namespace) -> int:
+    from circuits.cost_groups import cost_table
+
+    return _on_file(args.file, lambda roots: cost_table(roots, depth=args.depth, by=args.by))
+
+
+def _on_file(file: str, show: Callable[[list], str]) -> int:
+    """Read the circuits of ``file`` (- for stdin) and print ``show(roots)``; a mistake is one message."""
+    from circuits.parsing import parse_many
     from circuits.saving import load_many, read_text
 
-    source = "<stdin>" if args.file == "-" else shown(args.file)
+    source = "<stdin>" if file == "-" else shown(file)
     try:
-        if args.file == "-":
+        if file == "-":
             roots = parse_many(read_text(getattr(sys.stdin, "buffer", sys.stdin), "<stdin>"))
         else:
-            roots = load_many(args.file)
-        text = repr_many(roots, depth=args.depth, shapes=args.shapes, serials=args.serials)
+            roots = load_many(file)
+        text = show(roots) if roots else ""
     except ParseError as error:
         where = f"{source}:{error.line_number}" if error.line_number is not None else source
         detail = f"\n    {shown(error.line)}" if error.line is not None else ""

@@ -39,7 +39,8 @@ def by_head(node: Circuit) -> str | None:
 
 
 def by_node(node: Circuit) -> str | None:
-    """Every named node is a group: unnamed nodes count for their nearest named parent."""
+    """A group per name (nodes sharing a name, as every head's ``a.q`` does, are one); unnamed nodes count for
+    their nearest named parent."""
     return node.name
 
 

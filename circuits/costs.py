@@ -45,7 +45,7 @@ import einops
 import opt_einsum
 import torch
 
-from circuits.errors import NodeTypeError
+from circuits.errors import NodeTypeError, shown
 from circuits.evaluation.einsum import is_batched_dot, split_multipliers
 from circuits.functions import GEN_INDEX_NAME
 from circuits.nodes import Add, Array, Circuit, Concat, Einsum, GeneralFunction, Index, Rearrange, Symbol
@@ -347,18 +347,23 @@ class CircuitCost:
         return text + (" (unknown function: 0 counted)" if own.unknown_function else "")
 
     def table(self, depth: int = 2, label: Callable[[Circuit], str | None] | None = None) -> str:
-        """The totals, the peak, then per subtree (to ``depth``) or per group (``label``, see ``grouped``)."""
+        """The totals, the peak, then per subtree (to ``depth``) or per group (``label``, see ``grouped``).
+
+        Groups that cost nothing (a weight's own group, say) are left out.
+        """
         lines = self._header()
         lines.append(f"{'':<44}{'FLOPs':>14}{'read':>12}{'written':>12}{'out':>12}")
         if label is not None:
             groups = sorted(self.grouped(label).items(), key=lambda item: _natural(item[0]))
-            rows = [(group, totals, None) for group, totals in groups]
+            rows = [
+                (group, totals, None) for group, totals in groups if totals.flop_count or totals.read_bytes
+            ]
         else:
             rows = self._tree_rows(depth)
         for text, totals, own in rows:
             out = format_bytes(own.out_bytes) if own is not None else ""
             lines.append(
-                f"{text[:43]:<44}{format_flops(totals.flop_count):>14}"
+                f"{shown(text)[:43]:<44}{format_flops(totals.flop_count):>14}"
                 f"{format_bytes(totals.read_bytes):>12}{format_bytes(totals.written_bytes):>12}{out:>12}"
             )
         return "\n".join(lines)

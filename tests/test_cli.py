@@ -199,3 +199,34 @@ def test_usage_errors_exit_2(capsys):
         main(["print", "x.circ", "--depth", "-1"])
     assert caught.value.code == 2
     assert "expected 0 or more" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ cost
+
+
+def test_cost_of_the_golden_file_without_its_tensors(capsys):
+    assert main(["cost", str(GOLDEN)]) == 0
+    out = capsys.readouterr().out
+    golden = cc.parse(GOLDEN.read_text())
+    assert out == golden.cost().table(depth=2) + "\n"
+    assert out.startswith("Peak memory: ") and "matmul" in out
+
+
+def test_cost_by_layer_head_and_node(capsys):
+    from circuits.cost_groups import cost_table
+
+    golden = cc.parse(GOLDEN.read_text())
+    for by in ("layer", "head", "node"):
+        assert main(["cost", str(GOLDEN), "--by", by, "--depth", "1"]) == 0
+        assert capsys.readouterr().out == cost_table(golden, by=by) + "\n"
+
+
+def test_cost_in_a_subprocess_and_its_errors(tmp_path):
+    result = _run("cost", str(GOLDEN), "--by", "head")
+    assert result.returncode == 0, result.stderr
+    assert "layer 1 head 7" in result.stdout.decode()
+    assert _run("cost", str(GOLDEN), "--by", "block").returncode == 2  # argparse: not a choice
+    bad = tmp_path / "bad.circ"
+    bad.write_text("'x' Einsum ab->\n")
+    result = _run("cost", str(bad))
+    assert result.returncode == 1 and b"Traceback" not in result.stderr
