@@ -48,6 +48,7 @@ import torch
 from circuits.errors import NodeTypeError, shown
 from circuits.evaluation.einsum import is_batched_dot, split_multipliers
 from circuits.functions import GEN_INDEX_NAME
+from circuits.gcpause import gc_paused
 from circuits.nodes import Add, Array, Circuit, Concat, Einsum, GeneralFunction, Index, Rearrange, Symbol
 from circuits.shapes import format_shape
 from circuits.traversal import postorder
@@ -116,7 +117,8 @@ class NodeCost(Totals):
 
     node: Circuit | None = None
     out_elements: int = 0
-    out_bytes: int = 0
+    out_bytes: int = 0  # the output's size in its dtype
+    allocated_bytes: int = 0  # new memory for it: 0 for a view or a Scalar; an Array's or input's own
     dtype: torch.dtype = torch.float32
     view: bool = False  # the output is a view of a child's storage: nothing allocated
     unknown_function: bool = False  # a user's function, counted as 0 FLOPs
@@ -129,14 +131,21 @@ def cost(circuit: Circuit | Iterable[Circuit]) -> CircuitCost:
     tensors costs the same.  See the module docstring for what is counted.
     """
     roots = [circuit] if isinstance(circuit, Circuit) else list(circuit)
+    with gc_paused():  # one NodeCost per node: no cyclic garbage, but full collections at 10^5 nodes
+        return _cost(roots)
+
+
+def _cost(roots: list[Circuit]) -> CircuitCost:
     order = postorder(roots)
     float_dtype = _float_dtype(order)
     dtypes: dict[bytes, torch.dtype] = {}
+    sizes: dict[bytes, int] = {}  # output bytes by node hash, for the parents' reads
     costs: list[NodeCost] = []
     for node in order:
-        dtype = _dtype(node, dtypes, float_dtype)
-        dtypes[node.hash] = dtype
-        costs.append(_node_cost(node, dtype, dtypes))
+        dtype = dtypes[node.hash] = _dtype(node, dtypes, float_dtype)
+        own = _node_cost(node, dtype, sizes)
+        sizes[node.hash] = own.out_bytes
+        costs.append(own)
     return CircuitCost(roots, costs)
 
 
@@ -167,21 +176,24 @@ def _dtype(node: Circuit, dtypes: dict[bytes, torch.dtype], float_dtype: torch.d
     return dtype
 
 
-def _node_cost(node: Circuit, dtype: torch.dtype, dtypes: dict[bytes, torch.dtype]) -> NodeCost:
+def _node_cost(node: Circuit, dtype: torch.dtype, sizes: dict[bytes, int]) -> NodeCost:
     elements = math.prod(node.shape)
     out_bytes = elements * dtype.itemsize
-    if not node.children:
-        held = 0 if not isinstance(node, (Array, Symbol)) else out_bytes
-        return NodeCost(node=node, out_elements=elements, out_bytes=held, dtype=dtype)
+    if not node.children:  # Scalars and constants are stride-0 views of one 0-d tensor: nothing allocated
+        held = out_bytes if isinstance(node, (Array, Symbol)) else 0
+        return NodeCost(
+            node=node, out_elements=elements, out_bytes=out_bytes, allocated_bytes=held, dtype=dtype
+        )
     flops, view, unknown = _flops(node, elements)
-    read = 0 if view else sum(math.prod(c.shape) * dtypes[c.hash].itemsize for c in node.children)
+    moved = 0 if view else out_bytes
     return NodeCost(
         flops=MappingProxyType(flops),
-        read_bytes=read,
-        written_bytes=0 if view else out_bytes,
+        read_bytes=0 if view else sum([sizes[c.hash] for c in node.children]),
+        written_bytes=moved,
         node=node,
         out_elements=elements,
-        out_bytes=0 if view else out_bytes,
+        out_bytes=out_bytes,
+        allocated_bytes=moved,
         dtype=dtype,
         view=view,
         unknown_function=unknown,
@@ -303,7 +315,7 @@ class CircuitCost:
         self.roots = roots
         self.nodes = nodes
         self.by_hash: dict[bytes, NodeCost] = {c.node.hash: c for c in nodes}
-        self.total: Totals = functools.reduce(Totals.__add__, nodes, Totals())
+        self.total: Totals = _sum(nodes)
         self.unknown_functions: list[Circuit] = [c.node for c in nodes if c.unknown_function]
         self.held_bytes, self.peak_value_bytes = _replay(nodes, roots)
         self.peak_bytes: int = self.held_bytes + self.peak_value_bytes
@@ -313,7 +325,7 @@ class CircuitCost:
 
     def subtree(self, node: Circuit) -> Totals:
         """Totals over ``node``'s subtree, each distinct node once."""
-        return functools.reduce(Totals.__add__, (self.by_hash[n.hash] for n in postorder(node)), Totals())
+        return _sum([self.by_hash[n.hash] for n in postorder(node)])
 
     def grouped(self, label: Callable[[Circuit], str | None], rest: str = "(rest)") -> dict[str, Totals]:
         """Totals per group: ``label(node)`` starts a group at a node (None: the node joins its parent's).
@@ -337,10 +349,10 @@ class CircuitCost:
     def comment(self, node: Circuit) -> str | None:
         """A node's own cost as a one-line comment: ``c.print(comment=cost(c).comment)``."""
         own = self.by_hash.get(node.hash)
-        if own is None or (not node.children and not own.out_bytes):
+        if own is None or (not node.children and not own.allocated_bytes):
             return None
         if not node.children:
-            return format_bytes(own.out_bytes)
+            return format_bytes(own.allocated_bytes)
         if own.view:
             return "view"
         text = f"{format_flops(own.flop_count)}, {format_bytes(own.out_bytes)} out"
@@ -415,11 +427,24 @@ class CircuitCost:
                     "read_bytes": c.read_bytes,
                     "written_bytes": c.written_bytes,
                     "out_bytes": c.out_bytes,
+                    "allocated_bytes": c.allocated_bytes,
                     "view": c.view,
                 }
                 for c in self.nodes
             ]
         ).fillna(0)
+
+
+def _sum(costs: Iterable[Totals]) -> Totals:
+    """The totals of ``costs``, added into one dict (not a new ``Totals`` per term)."""
+    flops: dict[str, int] = {}
+    read = written = 0
+    for c in costs:
+        for kind, count in c.flops.items():
+            flops[kind] = flops.get(kind, 0) + count
+        read += c.read_bytes
+        written += c.written_bytes
+    return Totals(flops, read, written)
 
 
 def _replay(nodes: list[NodeCost], roots: list[Circuit]) -> tuple[int, int]:
@@ -444,20 +469,20 @@ def _replay(nodes: list[NodeCost], roots: list[Circuit]) -> tuple[int, int]:
     held = live = peak = 0
     for position, c in enumerate(nodes):
         if not c.node.children:
-            held += c.out_bytes
+            held += c.allocated_bytes
             refs[position] = 1
             continue
         if c.view:
             storage[position] = storage[slot_of[c.node.children[0].hash]]
         else:
-            live += c.out_bytes
+            live += c.allocated_bytes
         refs[storage[position]] += 1
         peak = max(peak, live)
         for slot in releases.get(position, ()):
             base = storage[slot]
             refs[base] -= 1
             if refs[base] == 0 and nodes[base].node.children:
-                live -= nodes[base].out_bytes
+                live -= nodes[base].allocated_bytes
     return held, peak
 
 

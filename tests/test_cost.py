@@ -71,6 +71,7 @@ def test_permutation_is_a_view():
     einsum = cc.Einsum.from_einsum_string("ij->ji", x)
     result = cc.cost(einsum)
     assert result[einsum].view and result[einsum].flop_count == 0 and result.peak_value_bytes == 0
+    assert result[einsum].out_bytes == 48 and result[einsum].allocated_bytes == 0
 
 
 def test_adds_functions_and_data_movement():
