@@ -246,3 +246,26 @@ def test_table_by_subtree():
     lines = cc.cost(golden).table(depth=2).splitlines()
     assert any(line.startswith("'t.loss' [300]") and "GFLOP" in line for line in lines)
     assert any(line.startswith("    'log_probs'") for line in lines)
+
+
+def test_costs_and_comment_together_are_refused():
+    x = _array(2, name="x")
+    with pytest.raises(cc.PrintError, match="costs=True"):
+        x.repr(costs=True, comment=lambda node: "mine")
+
+
+def test_costs_in_the_html_view():
+    from circuits.html import to_html
+
+    golden = cc.parse(GOLDEN.read_text())
+    assert "GFLOP" in to_html(golden, comment=golden.cost().comment)
+
+
+def test_to_pandas_has_a_row_per_distinct_node():
+    pytest.importorskip("pandas")
+    golden = cc.parse(GOLDEN.read_text())
+    result = golden.cost()
+    frame = result.to_pandas()
+    assert len(frame) == len(cc.unique_nodes(golden))
+    assert frame["flops"].sum() == result.total.flop_count
+    assert frame["flops_matmul"].sum() == result.total.flops["matmul"]
