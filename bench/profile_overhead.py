@@ -38,7 +38,7 @@ def main() -> None:
 
     import circuits as cc
     from circuits.models.gpt2 import GPT2Config, build_gpt2, gpt2_random_weights
-    from circuits.profile import profile
+    from circuits.profiling import profile
 
     config = GPT2Config(
         n_layers=args.layers,

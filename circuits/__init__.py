@@ -23,6 +23,7 @@ from circuits.errors import (
 from circuits.costs import CircuitCost, NodeCost, cost
 from circuits.evaluation import evaluate, evaluate_many
 from circuits.functions import FunctionSpec, get_function, register_function, registered_names
+from circuits.profiling import Profile, profile
 from circuits.nodes import (
     Add,
     Array,
@@ -63,6 +64,7 @@ __all__ = [
     "NodeTypeError",
     "ParseError",
     "PrintError",
+    "Profile",
     "Rearrange",
     "RearrangeError",
     "Scalar",
@@ -77,6 +79,7 @@ __all__ = [
     "parse",
     "parse_many",
     "postorder",
+    "profile",
     "register_function",
     "registered_names",
     "repr_many",

@@ -2,12 +2,14 @@
 
     circuits print FILE [--depth N] [--shapes] [--serials]
     circuits cost FILE [--depth N] [--by layer|head|node]
+    circuits profile FILE [--depth N] [--top N] [--trace PATH]
     circuits demo [--batch-size N] [--block-len N] [--seed N] [--depth N]
     circuits parity [--family gpt2|llama|all] [--size tiny|small] [--dtype float32|float64|all] [--seed N]
 
 ``print`` reads a circuit file (FORMAT.md text, with the tensor store that
 ``cc.save`` writes beside it, if there is one) and prints it back in the
-canonical form; ``cost`` prints what evaluating it costs (``circuits.costs``).  A mistake in the file is one message on stderr,
+canonical form; ``cost`` prints what evaluating it costs (``circuits.costs``); ``profile``
+evaluates it timing every node (``circuits.profiling``).  A mistake in the file is one message on stderr,
 ``FILE:LINE: what is wrong`` followed by the line itself (``FILE: what is
 wrong`` when no line is at fault: a missing file, say), and exit status 1;
 usage mistakes exit with status 2 (argparse's convention).  No traceback,
@@ -63,24 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--serials", action="store_true", help="give every node a serial number")
     show.set_defaults(run=_print_command)
 
-    costs = commands.add_parser(
-        "cost",
-        help="the static cost of evaluating a circuit file: FLOPs, bytes, peak memory",
-        description="Read a circuit file (as 'print' does; no tensors are needed) and print what evaluating it "
-        "costs, from shapes, dtypes and einsum strings alone: totals, FLOPs by kind, bytes read and written, "
-        "the peak memory of the evaluator's schedule, then a row per subtree or per group.",
-    )
-    costs.add_argument("file", metavar="FILE", help="a circuit text file (.circ), or - for standard input")
-    costs.add_argument(
-        "--depth", type=_depth, default=2, metavar="N", help="a row per subtree down to N levels (default 2)"
-    )
-    costs.add_argument(
-        "--by",
-        choices=["layer", "head", "node"],
-        default=None,
-        help="a row per layer, per head or per named node (by the model naming convention) instead",
-    )
-    costs.set_defaults(run=_cost_command)
+    _add_cost(commands)
+    _add_profile(commands)
 
     from circuits import demo
 
@@ -107,6 +93,47 @@ def build_parser() -> argparse.ArgumentParser:
     _parity_module().add_arguments(parity)
     parity.set_defaults(run=lambda args: _parity_module().run(args))
     return parser
+
+
+def _add_cost(commands) -> None:
+    costs = commands.add_parser(
+        "cost",
+        help="the static cost of evaluating a circuit file: FLOPs, bytes, peak memory",
+        description="Read a circuit file (as 'print' does; no tensors are needed) and print what evaluating it "
+        "costs, from shapes, dtypes and einsum strings alone: totals, FLOPs by kind, bytes read and written, "
+        "the peak memory of the evaluator's schedule, then a row per subtree or per group.",
+    )
+    costs.add_argument("file", metavar="FILE", help="a circuit text file (.circ), or - for standard input")
+    costs.add_argument(
+        "--depth", type=_depth, default=2, metavar="N", help="a row per subtree down to N levels (default 2)"
+    )
+    costs.add_argument(
+        "--by",
+        choices=["layer", "head", "node"],
+        default=None,
+        help="a row per layer, per head or per named node (by the model naming convention) instead",
+    )
+    costs.set_defaults(run=_cost_command)
+
+
+def _add_profile(commands) -> None:
+    profiler = commands.add_parser(
+        "profile",
+        help="evaluate a circuit file timing every node: a table per node name, and the circuit with times",
+        description="Read a circuit file with its tensors (as 'print' does), evaluate it once timing every "
+        "node (circuits.profiling), and print a table per node name (self time, total time, how many nodes "
+        "of that name ran), sorted by self time, then the circuit down to --depth with each node's times as "
+        "# comments.",
+    )
+    profiler.add_argument("file", metavar="FILE", help="a circuit text file (.circ), or - for standard input")
+    profiler.add_argument(
+        "--depth", type=_depth, default=3, metavar="N", help="write the circuit down to N levels (default 3)"
+    )
+    profiler.add_argument("--top", type=_depth, default=20, metavar="N", help="table rows (default 20)")
+    profiler.add_argument(
+        "--trace", metavar="PATH", help="also write a Chrome trace (chrome://tracing) there"
+    )
+    profiler.set_defaults(run=_profile_command)
 
 
 def _parity_module():
@@ -138,6 +165,21 @@ def _cost_command(args: argparse.Namespace) -> int:
     from circuits.cost_groups import cost_table
 
     return _on_file(args.file, lambda roots: cost_table(roots, depth=args.depth, by=args.by))
+
+
+def _profile_command(args: argparse.Namespace) -> int:
+    from circuits.profiling import profile
+
+    def show(roots: list) -> str:
+        parts = []
+        for root in roots:
+            result = profile(root)
+            if args.trace:
+                result.export_chrome_trace(args.trace)
+            parts.append(result.table(top=args.top or None) + "\n\n" + result.repr(depth=args.depth))
+        return "\n\n".join(parts)
+
+    return _on_file(args.file, show)
 
 
 def _on_file(file: str, show: Callable[[list], str]) -> int:

@@ -230,3 +230,21 @@ def test_cost_in_a_subprocess_and_its_errors(tmp_path):
     bad.write_text("'x' Einsum ab->\n")
     result = _run("cost", str(bad))
     assert result.returncode == 1 and b"Traceback" not in result.stderr
+
+
+def test_profile_prints_a_table_and_the_circuit_with_times(saved, capsys, tmp_path):
+    path, circuit = saved
+    trace = tmp_path / "trace.json"
+    assert main(["profile", str(path), "--depth", "1", "--top", "2", "--trace", str(trace)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("Node") and "Self CPU total" in out[0]
+    assert len([line for line in out if line.startswith(("p ", "z ", "y "))]) == 2  # --top 2
+    assert any(line.startswith("3 nodes ran in") for line in out)
+    tree = [line for line in out if line.startswith(("'p'", "  "))]
+    assert tree[0].startswith("'p' GeneralFunction softmax  # self ") and "'z' Add  # self " in tree[1]
+    assert '"traceEvents"' in trace.read_text()
+
+
+def test_profile_of_a_file_without_tensors_says_so(capsys):
+    assert main(["profile", str(GOLDEN)]) == 1
+    assert "attn_only_2l.circ" in capsys.readouterr().err
