@@ -18,6 +18,7 @@ its last reader.  How and why, with figures: docs/rewrites.md.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import os
 import pickle
 
@@ -29,6 +30,7 @@ import torch
 
 from circuits import names
 from circuits.cache import Evaluator, check_cache_bytes
+from circuits.costs import cost
 from circuits.errors import ExperimentError, shown
 from circuits.experiments.ablation import DEFAULT_CACHE_BYTES, zero_ablate
 from circuits.experiments.metrics import Metric, mean_loss
@@ -37,7 +39,7 @@ from circuits.passes.attention import split_heads, unsplit_head_counts
 from circuits.traversal import unique_nodes
 from circuits.experiments.tables import records_frame
 
-__all__ = ["SweepResult", "head_names", "sweep"]
+__all__ = ["SweepPlan", "SweepResult", "head_names", "sweep"]
 
 
 class SweepResult(dict):
@@ -79,6 +81,49 @@ class SweepResult(dict):
         shown = ", ".join(f"{k!r}: {v:.6g}" for k, v in list(self.items())[:6])
         more = f", ... ({len(self) - 6} more)" if len(self) > 6 else ""
         return f"SweepResult({self.metric}, baseline {self.baseline:.6g}, {{{shown}{more}}})"
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepPlan:
+    """What a sweep will cost, before it runs (``sweep(..., dry_run=True)``).
+
+    ``flops``: FLOPs of every distinct node of the clean circuit and of every ablated one, each
+    once, as the planned cache computes it once (more, if ``cache_bytes`` cannot hold what later
+    circuits read).  ``peak_bytes``: the largest, over the circuits in run order, of one circuit's
+    own evaluation peak (``cc.cost``) plus the values the cache holds for later circuits then
+    (capped at ``cache_bytes``): an estimate, not a bound.  ``circuits``: how many evaluations;
+    ``cached_bytes``: the most the cache holds at once.  ``cost``: ``cc.cost`` of them all.
+    """
+
+    circuits: int
+    flops: int
+    peak_bytes: int
+    cached_bytes: int
+    cost: Any
+
+    def __str__(self) -> str:
+        return (
+            f"sweep of {self.circuits} evaluations: {self.flops / 1e9:.3f} GFLOP, peak about "
+            f"{self.peak_bytes / 2**20:.1f} MiB (cache up to {self.cached_bytes / 2**20:.1f} MiB)"
+        )
+
+
+def _plan(circuits: list[Circuit], cache_bytes: int) -> SweepPlan:
+    """The ``SweepPlan`` of evaluating ``circuits`` in order with the planned cache."""
+    together = cost(circuits)
+    reads, last_read = _reuse_plan(circuits)
+    last = {node_hash: position for position, hashes in last_read.items() for node_hash in hashes}
+    first: dict[bytes, int] = {}
+    for position, root in enumerate(circuits):
+        for node in unique_nodes(root):
+            first.setdefault(node.hash, position)
+    held = [0] * len(circuits)
+    for node_hash in reads:
+        for position in range(first[node_hash], last[node_hash] + 1):
+            held[position] += together.by_hash[node_hash].out_bytes
+    held = [min(bytes_, cache_bytes) for bytes_ in held]
+    peaks = [cost(root).peak_bytes + held[position] for position, root in enumerate(circuits)]
+    return SweepPlan(len(circuits), together.total.flop_count, max(peaks), max(held), together)
 
 
 def head_names(circuit: Circuit) -> list[str]:
@@ -236,7 +281,8 @@ def sweep(
     progress: bool = True,
     executor: concurrent.futures.Executor | None = None,
     shards: int | None = None,
-) -> SweepResult:
+    dry_run: bool = False,
+) -> SweepResult | SweepPlan:
     """Apply ``ablation`` to each target in turn and measure ``metric``; see the module docstring.
 
     - ``targets``: matcher forms (names such as ``'b3.a.head7'``, Matchers,
@@ -264,16 +310,33 @@ def sweep(
       module-level functions or ``functools.partial`` of them, not lambdas.
       The table is the local run's; every row's ``baseline`` and ``delta``
       use the first shard's baseline.
+    - ``dry_run``: build every circuit, run nothing, and return a ``SweepPlan``: the FLOPs and
+      the peak memory the sweep will need with the cache plan it would use.
 
     >>> table = sweep(circuit, head_names(circuit))        # zero each head, mean loss
     >>> table["b0.a.head1"] - table.baseline
     """
     _check_arguments(circuit, ablation, evaluator, cache_bytes, policy)
     items = _targets(targets)
+    if dry_run:
+        return _plan(_circuits(circuit, items, ablation, metric), cache_bytes)
     if executor is not None:
         return _sharded(executor, shards, circuit, items, ablation, metric, evaluator, cache_bytes, policy)
     ev = evaluator if evaluator is not None else Evaluator(cache_bytes)
     return _sweep_items(circuit, items, ablation, metric, ev, policy, progress)
+
+
+def _circuits(circuit: Circuit, items: list, ablation: Callable, metric: Any) -> list[Circuit]:
+    """The clean circuit and one ablated circuit per item, each as the metric measures it."""
+    as_metric = isinstance(metric, Metric)
+    base = _head_splitter(circuit)
+
+    def measured(c: Circuit) -> Circuit:
+        return metric.circuit(c) if as_metric else c
+
+    return [measured(circuit)] + [
+        measured(_ablated(ablation, base(target), label, target)) for label, target in items
+    ]
 
 
 def _sweep_items(
@@ -284,14 +347,8 @@ def _sweep_items(
     as_metric = isinstance(metric, Metric)
     metric_name = metric.name if as_metric else getattr(metric, "__name__", repr(metric))
 
-    def measured(c: Circuit) -> Circuit:
-        return metric.circuit(c) if as_metric else c
-
     # Every circuit first: fail fast on a bad target, and know which values later ones read.
-    base = _head_splitter(circuit)
-    circuits = [measured(circuit)] + [
-        measured(_ablated(ablation, base(target), label, target)) for label, target in items
-    ]
+    circuits = _circuits(circuit, items, ablation, metric)
     reads, last_read = _reuse_plan(circuits)
 
     def planned(node: Circuit) -> bool:
