@@ -88,7 +88,7 @@ from circuits.experiments.patching_grids import (
 )
 from circuits.experiments.plots import plot_attention, plot_grid
 from circuits.experiments.points import HEAD_KINDS, POINT_KINDS, TRANSFORMER_LENS_HOOKS, point
-from circuits.experiments.sweep import SweepResult, head_names, sweep
+from circuits.experiments.sweep import SweepPlan, SweepResult, head_names, sweep
 
 __all__ = [
     "ATTRIBUTION_KINDS",
@@ -107,6 +107,7 @@ __all__ = [
     "POINT_KINDS",
     "PatchGrid",
     "PathTerms",
+    "SweepPlan",
     "SweepResult",
     "TRANSFORMER_LENS_HOOKS",
     "act_patch_attn_head_all_pos_every",
