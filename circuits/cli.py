@@ -122,8 +122,8 @@ def _add_profile(commands) -> None:
         help="evaluate a circuit file timing every node: a table per node name, and the circuit with times",
         description="Read a circuit file with its tensors (as 'print' does), evaluate it once timing every "
         "node (circuits.profiling), and print a table per node name (self time, total time, how many nodes "
-        "of that name ran), sorted by self time, then the circuit down to --depth with each node's times as "
-        "# comments.",
+        "of that name ran), sorted by self time, then the nested table: the circuit down to --depth, a row per "
+        "node with its self and total time.",
     )
     profiler.add_argument("file", metavar="FILE", help="a circuit text file (.circ), or - for standard input")
     profiler.add_argument(
@@ -176,7 +176,7 @@ def _profile_command(args: argparse.Namespace) -> int:
             result = profile(root)
             if args.trace:
                 result.export_chrome_trace(args.trace)
-            parts.append(result.table(top=args.top or None) + "\n\n" + result.repr(depth=args.depth))
+            parts.append(result.table(top=args.top or None) + "\n\n" + result.tree(depth=args.depth))
         return "\n\n".join(parts)
 
     return _on_file(args.file, show)

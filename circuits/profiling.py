@@ -82,6 +82,36 @@ class Profile:
         lines.append(f"{len(self.nodes)} nodes ran in {_ms(self.seconds)}")
         return "\n".join(lines)
 
+    def tree(self, depth: int = 3) -> str:
+        """The reference profiler's nested table: one row per node down to ``depth``, indented
+        like the circuit (``├──``), each node written once (a shared node's later occurrences
+        are left out), with its self and total time."""
+        rows: list[tuple[str, str, str]] = []
+        seen: set[bytes] = set()
+        stack: list[tuple[Circuit, str, str]] = [(self.root, "", "")]
+        while stack:
+            node, prefix, branch = stack.pop()
+            if node.hash in seen:
+                continue
+            seen.add(node.hash)
+            label = prefix + branch + (node.name if node.name is not None else f"<{node.kind}>")
+            ran = node.hash in self.self_seconds
+            rows.append(
+                (label, _ms(self.self_seconds[node.hash]) if ran else "", _ms(self.total_seconds(node)))
+            )
+            level = len(prefix) + (1 if branch else 0)
+            if level >= depth:
+                continue
+            children = [child for child in node.children if child.hash not in seen and child.children]
+            inner = prefix + ("│" if branch == "├── " else "" if not branch else " ")
+            for position, child in reversed(list(enumerate(children))):
+                stack.append((child, inner, "└── " if position == len(children) - 1 else "├── "))
+        width = max(len(label) for label, _, _ in rows)
+        lines = [f"{'Node':{width}s} | Self CPU total | CPU total"]
+        lines.append(f"{'-' * width}-|----------------|-----------")
+        lines += [f"{label:{width}s} | {self_s:>14s} | {total:>9s}" for label, self_s, total in rows]
+        return "\n".join(lines)
+
     def chrome_trace(self) -> dict[str, Any]:
         """The run as Chrome trace events (``ph: X``, microseconds), one per node."""
         events = [

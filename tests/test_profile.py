@@ -79,3 +79,18 @@ def test_the_chrome_trace_has_one_event_per_node_in_run_order(gpt2, tmp_path):
 def test_bad_input_is_refused():
     with pytest.raises(EvaluationError, match="profile"):
         profile("not a circuit")
+
+
+def test_the_nested_table_follows_the_circuit(gpt2):
+    result = profile(gpt2)
+    lines = result.tree(depth=2).splitlines()
+    assert lines[0].split("|")[0].strip() == "Node"
+    rows = [line.split("|") for line in lines[2:]]
+    assert (
+        rows[0][0].strip() == gpt2.name and rows[0][2].strip() == f"{result.total_seconds(gpt2) * 1e3:.3f}ms"
+    )
+    inner = [child for child in gpt2.children if child.children]
+    depth_one = [row[0].strip()[4:] for row in rows if row[0].startswith(("├── ", "└── "))]
+    assert depth_one == [child.name for child in inner]
+    assert all(len(row[0]) - len(row[0].lstrip(" │")) <= 2 for row in rows)  # nothing below depth 2
+    assert lines[-1].split("|")[0].lstrip(" │").startswith("└── ")
