@@ -29,7 +29,6 @@ from circuits.errors import (
     MissingTensorError,
     NodeTypeError,
     IndexSpecError,
-    PrintError,
     RearrangeError,
     StaleTensorError,
     shown,
@@ -258,13 +257,6 @@ class Circuit:
         """
         from circuits.printing import repr_many
 
-        if costs:
-            if comment is not None:
-                raise PrintError(
-                    f"{self.describe()}.repr: costs=True writes the comments; pass comment= or costs="
-                )
-            comment = self.cost().comment
-
         return repr_many(
             [self],
             depth=depth,
@@ -274,6 +266,7 @@ class Circuit:
             traversal=traversal,
             comment=comment,
             color=color,
+            costs=costs,
         )
 
     def print(

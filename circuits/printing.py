@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from circuits.errors import PrintError
+from circuits.costs import cost
 from circuits.gcpause import gc_paused
 from circuits.nodes import Array, Circuit, Index, Scalar, Symbol
 from circuits.shapes import format_shape
@@ -113,6 +114,7 @@ def repr_many(
     traversal: Any = None,
     comment: NodeText | None = None,
     color: NodeText | None = None,
+    costs: bool = False,
 ) -> str:
     """Print several circuits together, sharing references and serial numbers.
 
@@ -131,10 +133,16 @@ def repr_many(
     name of ``ANSI_COLORS`` or None; every line of the node, repeats
     included, is wrapped in that ANSI colour.  The parser skips comments and
     colour codes, so annotated text reads back to the same circuits.
+    ``costs=True`` comments each node with its own static cost (``comment=cc.cost(circuits).comment``).
     """
+    circuits = list(circuits)
+    if costs:
+        if comment is not None:
+            raise PrintError("repr: costs=True writes the comments; pass comment= or costs=, not both")
+        comment = cost(circuits).comment
     walker = None if traversal is None else as_traversal(traversal)
     with gc_paused():
-        layout = _layout(list(circuits), depth, walker)
+        layout = _layout(circuits, depth, walker)
         return _text(layout, shapes, serials, store, comment, color)
 
 
