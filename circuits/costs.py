@@ -66,6 +66,7 @@ __all__ = [
 
 #: FLOPs per input element of each library function, by kind.  softmax: the
 #: max (compare), subtracting it and summing (add), exp, and the division.
+#: log_exp_p_1 is ``max(x, 0) + log(1 + exp(-|x|))``; min and max one compare per entry.
 FUNCTION_FLOPS: Mapping[str, Mapping[str, int]] = MappingProxyType(
     {
         "rsqrt": {"sqrt": 1, "div": 1},
@@ -85,6 +86,13 @@ FUNCTION_FLOPS: Mapping[str, Mapping[str, int]] = MappingProxyType(
         "softmax": {"compare": 1, "add": 2, "exp": 1, "div": 1},
         "log_softmax": {"compare": 1, "add": 3, "exp": 1},
         "last_dim_size": {},
+        "step": {"compare": 1},
+        "logit": {"add": 1, "div": 1, "log": 1},
+        "log_exp_p_1": {"compare": 1, "exp": 1, "log": 1, "add": 2},
+        "gaussian_pdf": {"mul": 3, "exp": 1},
+        "gaussian_cdf": {"erf": 1, "mul": 2, "add": 1},
+        "min": {"compare": 1},
+        "max": {"compare": 1},
     }
 )
 #: FLOPs per row (over the last axis) of the input, for a function's row-wise part: log_softmax's log of the sum.

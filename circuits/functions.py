@@ -9,6 +9,7 @@ set of names, so it is built on demand from the name instead of listed.
 from __future__ import annotations
 
 import functools
+import math
 import re
 from typing import Callable, Sequence
 
@@ -151,6 +152,44 @@ def _gelu_new(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.gelu(x, approximate="tanh")
 
 
+def _step(x: torch.Tensor) -> torch.Tensor:
+    """1 where ``x > 0``, else 0 (0 at 0 and at NaN), in x's dtype: rust_circuit's ``step``."""
+    return (x > 0).to(x.dtype)
+
+
+def _log_exp_p_1(x: torch.Tensor) -> torch.Tensor:
+    """``log(1 + exp(x))`` (softplus), rust_circuit's ``log_exp_p_1``.
+
+    ``logaddexp(x, 0)`` is stable at both ends and, unlike torch's
+    ``softplus``, has no threshold above which it returns ``x`` unchanged.
+    """
+    return torch.logaddexp(x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def _gaussian_pdf(x: torch.Tensor) -> torch.Tensor:
+    """The standard normal density ``exp(-x^2/2) / sqrt(2 pi)``."""
+    return torch.exp(-0.5 * x * x) * (1.0 / math.sqrt(2.0 * math.pi))
+
+
+def _last_axis_min(x: torch.Tensor) -> torch.Tensor:
+    """The minimum over the last axis.  ``min(dim=-1)`` rather than ``amin`` because,
+    like rust_circuit, its gradient goes to one of tied entries, not split between them."""
+    return torch.min(x, dim=-1).values
+
+
+def _last_axis_max(x: torch.Tensor) -> torch.Tensor:
+    """The maximum over the last axis (gradient to one of tied entries, as rust_circuit's)."""
+    return torch.max(x, dim=-1).values
+
+
+def _reduce_last_axis(shapes: Sequence[Shape]) -> Shape:
+    """min/max drop the last axis, which must have entries: an empty one has no extreme."""
+    shape = _drop_last_axis(shapes)
+    if shapes[0][-1] == 0:
+        raise ValueError("reduces the last axis, but it has size 0, so there is no value")
+    return shape
+
+
 _ELEMENTWISE: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "rsqrt": torch.rsqrt,
     "reciprocal": torch.reciprocal,
@@ -166,6 +205,12 @@ _ELEMENTWISE: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "sin": torch.sin,
     "cos": torch.cos,
     "abs": torch.abs,
+    # rust_circuit's other elementwise functions, under its names
+    "step": _step,
+    "logit": torch.logit,
+    "log_exp_p_1": _log_exp_p_1,
+    "gaussian_pdf": _gaussian_pdf,
+    "gaussian_cdf": torch.special.ndtr,
 }
 
 for _name, _fn in _ELEMENTWISE.items():
@@ -193,7 +238,24 @@ register_function(
         FunctionSpec("last_dim_size", 1, _drop_last_axis, _last_dim_size, num_non_batchable_output_dims=0)
     )
 )
+for _name, _fn in (("min", _last_axis_min), ("max", _last_axis_max)):
+    register_function(
+        _library(FunctionSpec(_name, 1, _reduce_last_axis, _fn, num_non_batchable_output_dims=0))
+    )
 
+
+def _broadcast(shapes: Sequence[Shape]) -> Shape:
+    """numpy broadcasting (shapes aligned on the right), as rust_circuit's ``pow``."""
+    try:
+        return tuple(torch.broadcast_shapes(*shapes))
+    except RuntimeError:
+        raise ValueError(f"shapes {[list(s) for s in shapes]} do not broadcast") from None
+
+
+# pow(base, exponent).  Which axes are batch axes depends on the two shapes
+# (rust_circuit works it out per node), which a FunctionSpec cannot say, so
+# it declares no batching: expand and push-down leave pow nodes alone.
+register_function(_library(FunctionSpec("pow", 2, _broadcast, torch.pow)))
 
 # ------------------------------------------------------------------- gen_index
 

@@ -33,6 +33,7 @@ import circuits as cc
 DTYPES = [torch.float32, torch.float64]
 EXACT = dict(rtol=0.0, atol=0.0)
 ELEMENTWISE_TOL = {torch.float32: dict(rtol=1e-5, atol=1e-6), torch.float64: dict(rtol=1e-12, atol=1e-12)}
+EXACT_TOL = {torch.float32: EXACT, torch.float64: EXACT}
 REDUCTION_TOL = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.float64: dict(rtol=1e-10, atol=1e-10)}
 
 
@@ -236,6 +237,27 @@ REFERENCES = {
     ),
     "log": (torch.log, 0.1, 0, ELEMENTWISE_TOL),
     "log_softmax": (_log_softmax, None, 1, REDUCTION_TOL),
+    "log_exp_p_1": (
+        lambda x: torch.where(x < 0, torch.log1p(torch.exp(x)), x + torch.log1p(torch.exp(-x))),
+        None,
+        0,
+        ELEMENTWISE_TOL,
+    ),
+    "logit": (lambda x: torch.log(x / (1 - x)), None, 0, REDUCTION_TOL),  # inputs mapped into (0, 1) below
+    "gaussian_pdf": (lambda x: torch.exp(-(x**2) / 2) / math.sqrt(2 * math.pi), None, 0, ELEMENTWISE_TOL),
+    "gaussian_cdf": (lambda x: 0.5 * (1 + torch.erf(x / math.sqrt(2.0))), None, 0, ELEMENTWISE_TOL),
+    "max": (
+        lambda x: torch.stack([r.max() for r in x.reshape(-1, x.shape[-1])]).reshape(x.shape[:-1]),
+        None,
+        1,
+        EXACT_TOL,
+    ),
+    "min": (
+        lambda x: torch.stack([r.min() for r in x.reshape(-1, x.shape[-1])]).reshape(x.shape[:-1]),
+        None,
+        1,
+        EXACT_TOL,
+    ),
     "reciprocal": (lambda x: 1.0 / x, 0.5, 0, ELEMENTWISE_TOL),
     "relu": (lambda x: torch.where(x > 0, x, torch.zeros_like(x)), None, 0, ELEMENTWISE_TOL),
     "rsqrt": (lambda x: 1.0 / torch.sqrt(x), 0.1, 0, ELEMENTWISE_TOL),
@@ -244,6 +266,7 @@ REFERENCES = {
     "sin": (torch.sin, None, 0, ELEMENTWISE_TOL),
     "softmax": (_softmax, None, 1, REDUCTION_TOL),
     "sqrt": (torch.sqrt, 0.1, 0, ELEMENTWISE_TOL),
+    "step": (lambda x: torch.where(x > 0, torch.ones_like(x), torch.zeros_like(x)), None, 0, EXACT_TOL),
     "tanh": (torch.tanh, None, 0, ELEMENTWISE_TOL),
 }
 
@@ -254,6 +277,7 @@ def test_every_function_the_library_registers_has_a_reference_here():
         name
         for name in cc.registered_names()
         if cc.get_function(name).shape_fn.__module__ == "circuits.functions"
+        and cc.get_function(name).num_inputs == 1  # pow: tests/test_rust_functions.py
     }
     assert library == set(REFERENCES)
 
@@ -268,6 +292,8 @@ def test_registered_function(name, dtype, data, seed):
     value = rand(seed, shape, dtype, low=low)
     if name == "reciprocal":
         value = value * torch.where(rand(seed + 1, shape, dtype) < 0, -1.0, 1.0).to(dtype)
+    if name == "logit":
+        value = torch.sigmoid(value)
     node = cc.GeneralFunction.new_by_name(cc.Array(value, name="x"), spec_name=name, name="f")
     close(node.evaluate(), reference(value), tol[dtype])
 

@@ -1,0 +1,213 @@
+"""The GeneralFunctions rust_circuit registers, under its names, with its semantics.
+
+rust_circuit's list is ``gf_gen!`` in ``circuit_base/src/generalfunction.rs``
+(redwoodresearch/rust_circuit_public) plus its ``pow`` spec; the values are
+its ``py_types.py`` ``generalfunctions`` table.  The references here are
+written out with plain torch, independently of ``circuits.functions``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import circuits as cc
+from circuits.costs import FUNCTION_FLOPS
+
+# gf_gen! in generalfunction.rs: name -> (num_non_batchable_output_dims, removed_from_end).
+RUST_SIMPLE_SPECS = {
+    "sin": (0, 0),
+    "cos": (0, 0),
+    "sigmoid": (0, 0),
+    "tanh": (0, 0),
+    "rsqrt": (0, 0),
+    "gelu": (0, 0),
+    "gelu_new": (0, 0),
+    "relu": (0, 0),
+    "step": (0, 0),
+    "reciprocal": (0, 0),
+    "log_exp_p_1": (0, 0),
+    "gaussian_pdf": (0, 0),
+    "gaussian_cdf": (0, 0),
+    "softmax": (1, 0),
+    "log_softmax": (1, 0),
+    "min": (0, 1),
+    "max": (0, 1),
+    "last_dim_size": (0, 1),
+    "abs": (0, 0),
+    "exp": (0, 0),
+    "log": (0, 0),
+    "logit": (0, 0),
+}
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(-1, x.shape[-1])
+
+
+# The functions this module adds: name -> reference over float64.
+REFERENCES = {
+    "step": lambda x: torch.tensor(
+        [1.0 if v > 0 else 0.0 for v in x.flatten().tolist()], dtype=x.dtype
+    ).reshape(x.shape),
+    "logit": lambda x: torch.log(x) - torch.log1p(-x),
+    "log_exp_p_1": lambda x: torch.where(x < 0, torch.log1p(torch.exp(x)), x + torch.log1p(torch.exp(-x))),
+    "gaussian_pdf": lambda x: torch.exp(-(x**2) / 2) / math.sqrt(2 * math.pi),
+    "gaussian_cdf": lambda x: 0.5 * torch.erfc(-x / math.sqrt(2.0)),
+    "min": lambda x: torch.stack([min(r.tolist()) * torch.ones((), dtype=x.dtype) for r in _rows(x)]).reshape(
+        x.shape[:-1]
+    ),
+    "max": lambda x: torch.stack([max(r.tolist()) * torch.ones((), dtype=x.dtype) for r in _rows(x)]).reshape(
+        x.shape[:-1]
+    ),
+}
+
+# Points where a function is easy to get wrong: step's 0 and NaN, logit's ends, far tails.
+EDGES = {
+    "step": ([0.0, -0.0, 1e-300, -1e-300, math.inf, -math.inf, math.nan], [0, 0, 1, 0, 1, 0, 0]),
+    "logit": ([0.0, 1.0, 0.5], [-math.inf, math.inf, 0.0]),
+    "log_exp_p_1": (
+        [1000.0, -1000.0, 0.0, 30.0],
+        [1000.0, 0.0, math.log(2.0), 30.0 + math.log1p(math.exp(-30.0))],
+    ),
+    "gaussian_pdf": ([0.0, 40.0, -math.inf], [1 / math.sqrt(2 * math.pi), 0.0, 0.0]),
+    "gaussian_cdf": ([0.0, -math.inf, math.inf, 40.0], [0.5, 0.0, 1.0, 1.0]),
+    "min": ([-math.inf, 2.0, 3.0], -math.inf),
+    "max": ([math.inf, 2.0, 3.0], math.inf),
+}
+
+
+def _input(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return torch.sigmoid(x) if name == "logit" else x * 3
+
+
+def test_every_rust_function_is_registered_with_its_shape_rule():
+    """Each name in rust_circuit's list builds a node on a batched input with rust's output shape."""
+    x = cc.Symbol((2, 3, 4), name="x")
+    for name, (non_batchable, removed) in RUST_SIMPLE_SPECS.items():
+        node = cc.GeneralFunction(x, spec=name, name="f")
+        assert node.shape == (2, 3, 4)[: 3 - removed], name
+        assert cc.get_function(name).num_non_batchable_output_dims == non_batchable, name
+    assert "pow" in cc.registered_names()
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCES))
+@pytest.mark.parametrize("shape", [(5,), (2, 3, 4), (1, 7)])
+def test_values_against_torch(name, shape):
+    value = _input(name, shape, seed=len(shape))
+    node = cc.GeneralFunction(cc.Array(value, name="x"), spec=name, name="f")
+    expected = REFERENCES[name](value)
+    assert node.shape == expected.shape
+    torch.testing.assert_close(node.evaluate(), expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", sorted(EDGES))
+def test_edge_values(name):
+    inputs, outputs = EDGES[name]
+    node = cc.GeneralFunction(
+        cc.Array(torch.tensor(inputs, dtype=torch.float64), name="x"), spec=name, name="f"
+    )
+    expected = torch.tensor(outputs, dtype=torch.float64)
+    torch.testing.assert_close(node.evaluate(), expected, rtol=1e-15, atol=0.0)
+
+
+def test_step_keeps_the_input_dtype():
+    for dtype in (torch.float32, torch.float64):
+        node = cc.GeneralFunction(cc.Array(torch.tensor([-1.0, 2.0], dtype=dtype), name="x"), spec="step")
+        assert node.evaluate().dtype == dtype
+
+
+@pytest.mark.parametrize("name", ["min", "max"])
+def test_min_max_refuse_inputs_without_entries_on_the_last_axis(name):
+    for shape in [(), (3, 0)]:
+        with pytest.raises(cc.FunctionSpecError, match=name):
+            cc.GeneralFunction(cc.Symbol(shape, name="x"), spec=name, name="f")
+
+
+def test_min_max_gradient_goes_to_one_tied_entry():
+    """As rust_circuit's ``torch.min(x, dim=-1)[0]``: the whole gradient to one of the tied entries."""
+    x = torch.tensor([[1.0, 1.0, 3.0]], dtype=torch.float64, requires_grad=True)
+    grad = torch.autograd.grad(cc.get_function("min").function(x).sum(), x)[0]
+    assert sorted(grad.flatten().tolist()) == [0.0, 0.0, 1.0]
+
+
+@pytest.mark.parametrize(
+    "base_shape, exponent_shape, out_shape",
+    [((2, 3), (), (2, 3)), ((3,), (2, 3), (2, 3)), ((2, 1), (1, 4), (2, 4)), ((), (), ())],
+)
+def test_pow_broadcasts_like_numpy(base_shape, exponent_shape, out_shape):
+    g = torch.Generator().manual_seed(0)
+    base = torch.rand(base_shape, generator=g, dtype=torch.float64) + 0.5
+    exponent = torch.randn(exponent_shape, generator=g, dtype=torch.float64)
+    node = cc.GeneralFunction(cc.Array(base, name="b"), cc.Array(exponent, name="e"), spec="pow", name="p")
+    assert node.shape == out_shape
+    expected = torch.exp(exponent * torch.log(base))
+    torch.testing.assert_close(node.evaluate(), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_pow_by_a_scalar_and_refused_shapes():
+    x = torch.tensor([-2.0, 0.0, 3.0], dtype=torch.float64)
+    node = cc.GeneralFunction(cc.Array(x, name="x"), cc.Scalar(2.0, name="two"), spec="pow", name="sq")
+    torch.testing.assert_close(node.evaluate(), torch.tensor([4.0, 0.0, 9.0], dtype=torch.float64))
+    with pytest.raises(cc.FunctionSpecError, match="broadcast"):
+        cc.GeneralFunction(cc.Symbol((2, 3), name="a"), cc.Symbol((4,), name="b"), spec="pow", name="p")
+    with pytest.raises(cc.FunctionSpecError):
+        cc.GeneralFunction(cc.Symbol((2,), name="a"), spec="pow", name="p")
+
+
+def _nodes() -> list[cc.Circuit]:
+    x = cc.Array(_input("x", (2, 3), seed=1), name="x")
+    p = cc.Array(_input("logit", (2, 3), seed=2), name="p")
+    nodes = [
+        cc.GeneralFunction(p if name == "logit" else x, spec=name, name=f"f_{name}") for name in REFERENCES
+    ]
+    return nodes + [cc.GeneralFunction(p, x, spec="pow", name="f_pow")]
+
+
+@pytest.mark.parametrize("node", _nodes(), ids=lambda n: n.name)
+def test_prints_under_rust_name_and_parses_back(node, tmp_path):
+    store = cc.TensorStore(tmp_path)
+    text = node.repr(store=store)
+    assert text.splitlines()[0] == f"'{node.name}' GeneralFunction {node.spec.name}"
+    again = cc.parse(text, store=store)
+    assert again == node
+    torch.testing.assert_close(again.evaluate(), node.evaluate(), rtol=0.0, atol=0.0)
+
+
+def test_rust_printed_text_parses():
+    """A circuit as rust_circuit prints it (shapes on every line), using the new names."""
+    text = """'m' [2] GeneralFunction max
+  'p' [2,3] GeneralFunction pow
+    's' [2,3] GeneralFunction step
+      'x' [2,3] Scalar 1.5
+    'two' [] Scalar 2"""
+    node = cc.parse(text)
+    torch.testing.assert_close(node.evaluate(), torch.ones(2))
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCES))
+def test_flops_from_the_table(name):
+    node = cc.GeneralFunction(cc.Array(torch.rand(3, 4), name="x"), spec=name, name="f")
+    result = cc.cost(node)
+    assert dict(result[node].flops) == {kind: 12 * count for kind, count in FUNCTION_FLOPS[name].items()}
+    assert not result[node].unknown_function
+
+
+def test_pow_flops_are_listed_as_unknown_rather_than_guessed():
+    """Per-input-element counting cannot see a broadcast base, so pow has no table entry."""
+    node = cc.GeneralFunction(
+        cc.Array(torch.rand(3), name="x"), cc.Array(torch.rand(2, 3), name="e"), spec="pow"
+    )
+    assert "pow" not in FUNCTION_FLOPS
+    assert cc.cost(node).unknown_functions == [node]
+
+
+def test_rust_functions_we_do_not_have_are_refused_by_name():
+    for name in ["q_from_qr", "multinomial_[3]", "explicit_index_at_0_x_non_b_1"]:
+        with pytest.raises(
+            cc.FunctionSpecError, match=r"no GeneralFunction named .*registered: .*gaussian_cdf"
+        ):
+            cc.get_function(name)
