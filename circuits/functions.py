@@ -24,6 +24,27 @@ _SPEC_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
 GEN_INDEX_NAME = re.compile(
     r"gen_index_at_(?P<dim>-?\d+)(?P<batch_x>_batch_x)?(?P<no_batch_index>_no_batch_index)?(?P<check>_c)?"
 )
+# rust_circuit's casts: ``cast_from_{device:D,dtype:T}_to_{device:D,dtype:T}``, each D
+# and T a name or None (None: no requirement on the input, or left as it is).
+_CAST_DTYPES = {
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "int8": torch.int8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+_CAST_PART = r"\{device:(?P<%s_device>None|cpu|cuda(?::\d+)?),dtype:(?P<%s_dtype>None|%s)\}"
+CAST_NAME = re.compile(
+    "cast_from_"
+    + _CAST_PART % ("in", "in", "|".join(_CAST_DTYPES))
+    + "_to_"
+    + _CAST_PART % ("out", "out", "|".join(_CAST_DTYPES))
+)
 
 
 @attrs.frozen
@@ -54,16 +75,21 @@ class FunctionSpec:
     def __reduce__(self):
         """Pickled by name when the name gives this spec back (registered, or a gen_index),
         since specs hold functions that pickle cannot carry (closures, lambdas)."""
-        if GEN_INDEX_NAME.fullmatch(self.name) or _REGISTRY.get(self.name) is self:
+        if _is_family_name(self.name) or _REGISTRY.get(self.name) is self:
             return get_function, (self.name,)
         return super().__reduce__()
 
     def __attrs_post_init__(self):
-        if not _SPEC_NAME.fullmatch(self.name):
+        if not (_SPEC_NAME.fullmatch(self.name) or CAST_NAME.fullmatch(self.name)):
             raise FunctionSpecError(
                 f"function name {self.name!r} must be letters, digits, '_', '.' or '-' "
                 "(it is printed bare in the text format)"
             )
+
+
+def _is_family_name(name: str) -> bool:
+    """Whether ``name`` belongs to a family built on demand from the name (gen_index, casts)."""
+    return bool(GEN_INDEX_NAME.fullmatch(name) or CAST_NAME.fullmatch(name))
 
 
 _REGISTRY: dict[str, FunctionSpec] = {}
@@ -89,8 +115,8 @@ def register_function(spec: FunctionSpec, *, replace: bool = False) -> FunctionS
         raise FunctionSpecError(
             f"a different function is already registered as {spec.name!r}; pass replace=True to override it"
         )
-    if GEN_INDEX_NAME.fullmatch(spec.name):
-        raise FunctionSpecError(f"{spec.name!r} is reserved for the gen_index family")
+    if _is_family_name(spec.name):
+        raise FunctionSpecError(f"{spec.name!r} is reserved for the gen_index or cast family")
     _REGISTRY[spec.name] = spec
     return spec
 
@@ -108,9 +134,12 @@ def get_function(name: str) -> FunctionSpec:
             batch_index=not match["no_batch_index"],
             check_index=bool(match["check"]),
         )
+    if CAST_NAME.fullmatch(name):
+        return cast_spec(name)
     raise FunctionSpecError(
         f"no GeneralFunction named {name!r}; registered: {', '.join(sorted(_REGISTRY))}, "
-        "and gen_index_at_D[_batch_x][_no_batch_index][_c]"
+        "gen_index_at_D[_batch_x][_no_batch_index][_c] "
+        "and cast_from_{device:D,dtype:T}_to_{device:D,dtype:T}"
     )
 
 
@@ -256,6 +285,39 @@ def _broadcast(shapes: Sequence[Shape]) -> Shape:
 # (rust_circuit works it out per node), which a FunctionSpec cannot say, so
 # it declares no batching: expand and push-down leave pow nodes alone.
 register_function(_library(FunctionSpec("pow", 2, _broadcast, torch.pow)))
+
+# ------------------------------------------------------------------------ cast
+
+
+def _device_matches(device: torch.device, name: str) -> bool:
+    """Whether ``device`` is the one rust_circuit names ``name`` (``cuda`` is any GPU)."""
+    wanted = torch.device(name)
+    return device.type == wanted.type and (wanted.index is None or device.index == wanted.index)
+
+
+@functools.lru_cache(maxsize=None)  # one object per name, like the gen_index family
+def cast_spec(name: str) -> FunctionSpec:
+    """rust_circuit's cast (its ``GeneralFunctionSetDDSpec``) named ``name``.
+
+    The ``from`` part is a requirement on the input, checked at evaluation
+    (rust_circuit checks it on construction, from device and dtype it tracks
+    and we do not); the ``to`` part is what ``tensor.to`` is given.
+    """
+    match = CAST_NAME.fullmatch(name)
+    need_device, need_dtype, device, dtype = match.group("in_device", "in_dtype", "out_device", "out_dtype")
+
+    def function(x: torch.Tensor) -> torch.Tensor:
+        if need_dtype != "None" and x.dtype != _CAST_DTYPES[need_dtype]:
+            raise ValueError(f"{name} needs a {need_dtype} input, got {x.dtype}")
+        if need_device != "None" and not _device_matches(x.device, need_device):
+            raise ValueError(f"{name} needs an input on {need_device}, got one on {x.device}")
+        return x.to(
+            device=None if device == "None" else device,
+            dtype=None if dtype == "None" else _CAST_DTYPES[dtype],
+        )
+
+    return _library(FunctionSpec(name, 1, _same_shape, function, num_non_batchable_output_dims=0))
+
 
 # ------------------------------------------------------------------- gen_index
 

@@ -9,6 +9,7 @@ written out with plain torch, independently of ``circuits.functions``.
 from __future__ import annotations
 
 import math
+import pickle
 
 import pytest
 import torch
@@ -211,3 +212,67 @@ def test_rust_functions_we_do_not_have_are_refused_by_name():
             cc.FunctionSpecError, match=r"no GeneralFunction named .*registered: .*gaussian_cdf"
         ):
             cc.get_function(name)
+
+
+# ------------------------------------------------------------------------ casts
+
+
+def _cast(source: str, target: str) -> str:
+    """A cast's name as rust_circuit prints it (``{:?}`` of two TorchDeviceDtypeOps)."""
+    (d_in, t_in), (d_out, t_out) = source.split("/"), target.split("/")
+    return f"cast_from_{{device:{d_in},dtype:{t_in}}}_to_{{device:{d_out},dtype:{t_out}}}"
+
+
+@pytest.mark.parametrize(
+    "source, target, dtype",
+    [
+        ("None/None", "None/float64", torch.float64),
+        ("cpu/float32", "cpu/float16", torch.float16),
+        ("None/float32", "None/int64", torch.int64),
+        ("None/None", "None/bool", torch.bool),
+        ("None/None", "cpu/None", torch.float32),
+    ],
+)
+def test_cast_values_shape_and_round_trip(source, target, dtype, tmp_path):
+    value = torch.tensor([[-1.5, 0.0, 2.7], [3.2, -0.4, 1.0]], dtype=torch.float32)
+    name = _cast(source, target)
+    node = cc.GeneralFunction(cc.Array(value, name="x"), spec=name, name="c")
+    assert node.shape == (2, 3)
+    out = node.evaluate()
+    assert out.dtype == dtype
+    assert torch.equal(out, value.to(dtype))
+    store = cc.TensorStore(tmp_path)
+    text = node.repr(store=store)
+    assert text.splitlines()[0] == f"'c' GeneralFunction {name}"
+    again = cc.parse(text, store=store)
+    assert again == node and torch.equal(again.evaluate(), out)
+
+
+def test_cast_on_a_batched_input_is_elementwise():
+    node = cc.GeneralFunction(cc.Symbol((4, 2, 3), name="x"), spec=_cast("None/None", "None/float64"))
+    assert node.shape == (4, 2, 3) and node.spec.num_non_batchable_output_dims == 0
+
+
+def test_cast_checks_its_input_requirement_at_evaluation():
+    value = torch.zeros(2, dtype=torch.float32)
+    node = cc.GeneralFunction(cc.Array(value, name="x"), spec=_cast("None/float64", "None/float32"), name="c")
+    with pytest.raises(cc.EvaluationError, match="needs a float64 input, got torch.float32"):
+        node.evaluate()
+
+
+def test_cast_names_outside_rust_grammar_are_refused_clearly():
+    for name in [_cast("None/float33", "None/float32"), _cast("tpu/None", "None/None"), "cast_from_x_to_y"]:
+        with pytest.raises(cc.FunctionSpecError, match=r"no GeneralFunction named .*cast_from_\{device:D"):
+            cc.get_function(name)
+
+
+def test_cast_names_are_reserved_and_pickle_by_name():
+    name = _cast("None/None", "None/float64")
+    assert pickle.loads(pickle.dumps(cc.get_function(name))) is cc.get_function(name)
+    with pytest.raises(cc.FunctionSpecError, match="reserved"):
+        cc.register_function(cc.FunctionSpec(name, 1, lambda s: s[0], torch.exp))
+
+
+def test_casts_count_as_unknown_in_costs():
+    node = cc.GeneralFunction(cc.Array(torch.zeros(3), name="x"), spec=_cast("None/None", "None/float64"))
+    assert cc.cost(node).unknown_functions == [node]
