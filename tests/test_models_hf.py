@@ -258,9 +258,9 @@ def test_unknown_architecture(tmp_path):
     with pytest.raises(cm.ModelError, match="expected GPT2LMHeadModel"):
         cm.from_hf(gpt2(True).transformer, tokens_for(False))
     (tmp_path / "config.json").write_text(
-        json.dumps({"model_type": "mistral", "architectures": ["MistralForCausalLM"]})
+        json.dumps({"model_type": "t5", "architectures": ["T5ForConditionalGeneration"]})
     )
-    with pytest.raises(cm.ModelError, match=r"'mistral' \(MistralForCausalLM\)"):
+    with pytest.raises(cm.ModelError, match=r"'t5' \(T5ForConditionalGeneration\)"):
         cm.load_hf_checkpoint(tmp_path, tokens_for(False))
     with pytest.raises(cm.ModelError, match="no config.json"):
         cm.load_hf_checkpoint(tmp_path / "nowhere")

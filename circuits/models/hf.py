@@ -1,12 +1,13 @@
 """Hugging Face models in memory and state dicts: ``from_hf``, ``from_hf_state_dict``, ``hf_to_weights``.
 
-- ``from_hf(model, tokens)``: an in-memory ``GPT2LMHeadModel`` or
-  ``LlamaForCausalLM`` (the config is read from the model).
+- ``from_hf(model, tokens)``: an in-memory ``GPT2LMHeadModel``,
+  ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` or ``MistralForCausalLM`` (the
+  config is read from the model; the last three are ``build_llama`` circuits).
 - ``from_hf_state_dict(config, state_dict, tokens)``: the same from a config
   (object or ``config.json`` dict) and a state dict.
 
-The per-family conversions are in ``hf_gpt2`` and ``hf_llama``; a checkpoint
-directory is read by ``checkpoint.load_hf_checkpoint``.  Weights are copied
+The per-family conversions are in ``hf_gpt2`` and ``hf_llama`` (Qwen2 and
+Mistral too); a checkpoint directory is read by ``checkpoint.load_hf_checkpoint``.  Weights are copied
 (so later changes to the model do not make the circuit's array hashes stale)
 and converted to the builders' layouts.  With ``attach=True`` they are not
 copied: every weight array holds a view of the model's parameter (a transpose,
@@ -33,6 +34,7 @@ from circuits.models.common import CONVENTIONS, checked_options
 from circuits.models.gpt2 import build_gpt2
 from circuits.models.hf_gpt2 import gpt2_config_from_hf, gpt2_weights_from_hf
 from circuits.models.hf_llama import (
+    FAMILY_NAMES,
     hf_rope_tables,
     llama_config_from_hf,
     llama_weights_from_hf,
@@ -44,7 +46,12 @@ from circuits.models.reading import check_attach, get_field
 from circuits.models.text import token_ids
 from circuits.nodes import Circuit
 
-SUPPORTED_HF = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
+SUPPORTED_HF = {
+    "gpt2": "GPT2LMHeadModel",
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "mistral": "MistralForCausalLM",
+}
 
 
 def _positions(tokens: Any, seq_len: int | None, convention: str) -> int | None:
@@ -82,16 +89,20 @@ def _model_type(config: Any) -> str:
 
 
 def config_for(config: Any) -> tuple[str, Any]:
-    """``(family, builder config)`` from a Hugging Face config, every field checked."""
-    if _model_type(config) == "gpt2":
-        return "gpt2", gpt2_config_from_hf(config)
-    return "llama", llama_config_from_hf(config)
+    """``(model_type, builder config)`` from a Hugging Face config, every field checked.
+
+    Every model_type but ``'gpt2'`` has a ``LlamaConfig`` (Qwen2 and Mistral are Llama variants).
+    """
+    model_type = _model_type(config)
+    if model_type == "gpt2":
+        return model_type, gpt2_config_from_hf(config)
+    return model_type, llama_config_from_hf(config, model_type)
 
 
 def hf_to_weights(
     config: Any, state_dict: Mapping[str, Any], attach: bool = False
 ) -> tuple[str, Any, dict[str, torch.Tensor]]:
-    """``(family, builder config, weights)`` from a Hugging Face config (object or dict) and state dict.
+    """``(model_type, builder config, weights)`` from a Hugging Face config (object or dict) and state dict.
 
     The weights are copies, or views of the state dict's tensors with ``attach``.
     """
@@ -100,7 +111,7 @@ def hf_to_weights(
         raise ModelError(f"a state dict must map str keys to tensors, got {type(state_dict).__name__}")
     if family == "gpt2":
         return family, ours, gpt2_weights_from_hf(ours, state_dict, attach)
-    return family, ours, llama_weights_from_hf(ours, state_dict, attach)
+    return family, ours, llama_weights_from_hf(ours, state_dict, attach, FAMILY_NAMES[family])
 
 
 @checked_options()
@@ -138,7 +149,7 @@ def from_hf_state_dict(
     }
     if family == "gpt2":
         if rope is not None:
-            raise ModelError("rope= applies to Llama models only")
+            raise ModelError("rope= applies to Llama-style models (llama, qwen2, mistral) only")
         return build_gpt2(ours, weights, tokens, **options)
     if rope is None and rope_type(config) != "default":
         seq = _positions(tokens, seq_len, convention)
@@ -166,7 +177,8 @@ def from_hf(
     attach: bool = False,
     tokenizer: Any = None,
 ) -> Circuit:
-    """A circuit equal to an in-memory ``GPT2LMHeadModel`` or ``LlamaForCausalLM``.
+    """A circuit equal to an in-memory ``GPT2LMHeadModel``, ``LlamaForCausalLM``, ``Qwen2ForCausalLM``
+    or ``MistralForCausalLM``.
 
     ``tokens``: an int tensor ``[S+1]`` or ``[B,S+1]`` (inputs all but the
     last, targets all but the first; copied), or None with ``seq_len=`` (and
@@ -177,7 +189,7 @@ def from_hf(
     every weight array a view of the model's parameter, so that a backward
     pass through the circuit fills ``model.parameters()``'s ``.grad``
     (rebuild the circuit after an optimizer step: see the module docstring).
-    A Llama model's rotary tables are its own.  The root is the per-token
+    A Llama-style model's rotary tables are its own.  The root is the per-token
     loss ``'t.loss'``; the logits are ``'t.call'``.
     """
     tokens = token_ids(tokens, tokenizer)
@@ -191,7 +203,7 @@ def from_hf(
             f"from_hf: got a {type(model).__name__} ({model_type}); expected {expected} (a model with its LM head)"
         )
     rope = None
-    if model_type == "llama":
+    if model_type != "gpt2":
         seq = _positions(tokens, seq_len, convention)
         rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
         if seq is not None and rotary is not None:

@@ -1,4 +1,9 @@
-"""Hugging Face Llama (``LlamaForCausalLM``): its config, state dict and rotary tables in the builder's terms."""
+"""Hugging Face Llama and its relatives: config, state dict and rotary tables in the builder's terms.
+
+``LlamaForCausalLM`` (model_type ``llama``), ``Qwen2ForCausalLM`` (``qwen2``:
+biases on the query, key and value projections) and ``MistralForCausalLM``
+(``mistral``: sliding-window attention) all become ``build_llama`` circuits.
+"""
 
 from __future__ import annotations
 
@@ -41,16 +46,40 @@ def _rope_theta(config: Any) -> float:
     return number_field("Llama", config, "rope_theta", 10000.0, positive=True)
 
 
-def llama_config_from_hf(config: Any) -> LlamaConfig:
-    """Our ``LlamaConfig`` from a Hugging Face one (object or ``config.json`` dict), each field checked."""
-    family = "Llama"
+#: model_type -> the family's name in messages
+FAMILY_NAMES = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral"}
+
+# Options of each family's Hugging Face model that change its forward and that the builder lacks.
+_UNSUPPORTED_FLAGS = {
+    "llama": ("attention_bias", "mlp_bias"),
+    "qwen2": ("use_sliding_window",),  # per-layer windows (layers >= max_window_layers)
+    "mistral": (),
+}
+
+
+def _check_supported(config: Any, model_type: str) -> None:
+    """Refuse, naming them, the options whose model the builder would not reproduce."""
+    family = FAMILY_NAMES[model_type]
     problems = [
         f"{option}=True"
-        for option in ("attention_bias", "mlp_bias")
+        for option in _UNSUPPORTED_FLAGS[model_type]
         if typed_field(family, config, option, False, bool)
     ]
+    if model_type == "qwen2":  # MistralForCausalLM ignores layer_types; Qwen2 windows its sliding layers
+        layer_types = typed_field(family, config, "layer_types", [], list)
+        if any(kind != "full_attention" for kind in layer_types):
+            problems.append(f"layer_types={shown(repr(layer_types))} (sliding-window layers)")
     if problems:
-        raise ModelError(f"Llama config options not supported: {', '.join(problems)}")
+        raise ModelError(f"{family} config options not supported: {', '.join(problems)}")
+
+
+def llama_config_from_hf(config: Any, model_type: str = "llama") -> LlamaConfig:
+    """Our ``LlamaConfig`` from a Hugging Face one (object or ``config.json`` dict), each field checked.
+
+    ``model_type`` is one of ``FAMILY_NAMES``: Qwen2 adds the QKV biases, Mistral its sliding window.
+    """
+    family = FAMILY_NAMES[model_type]
+    _check_supported(config, model_type)
     _rope_params(config)
     heads = int_field(family, config, "num_attention_heads")
     ours = LlamaConfig(
@@ -66,22 +95,27 @@ def llama_config_from_hf(config: Any) -> LlamaConfig:
         rope_theta=_rope_theta(config),
         act=typed_field(family, config, "hidden_act", "silu", str),
         tie_word_embeddings=typed_field(family, config, "tie_word_embeddings", False, bool),
+        qkv_bias=model_type == "qwen2",
+        sliding_window=optional_int(family, config, "sliding_window") if model_type == "mistral" else None,
     )
     if heads % ours.kv_heads:
         raise ModelError(
-            f"Llama config: 'num_attention_heads' {heads} is not a multiple of 'num_key_value_heads' {ours.kv_heads}"
+            f"{family} config: 'num_attention_heads' {heads} is not a multiple of 'num_key_value_heads' {ours.kv_heads}"
         )
     if ours.d_head is None and ours.d_model % heads:
         raise ModelError(
-            f"Llama config: 'hidden_size' {ours.d_model} is not divisible by 'num_attention_heads' {heads}"
+            f"{family} config: 'hidden_size' {ours.d_model} is not divisible by 'num_attention_heads' {heads}"
         )
     return ours
 
 
 def llama_weights_from_hf(
-    config: LlamaConfig, state_dict: Mapping[str, Any], attach: bool = False
+    config: LlamaConfig, state_dict: Mapping[str, Any], attach: bool = False, family: str = "Llama"
 ) -> dict[str, torch.Tensor]:
-    """Hugging Face Llama (``nn.Linear`` ``[out, in]`` weights) -> the builder's names and layouts (views)."""
+    """Hugging Face Llama (``nn.Linear`` ``[out, in]`` weights) -> the builder's names and layouts (views).
+
+    With ``config.qkv_bias`` (Qwen2) the projections' biases become ``[heads, 1, d_head]``.
+    """
     d, h, g, c, v, m = (
         config.d_model,
         config.n_heads,
@@ -90,7 +124,7 @@ def llama_weights_from_hf(
         config.vocab_size,
         config.d_mlp,
     )
-    r = Reader("Llama", state_dict, attach)
+    r = Reader(family, state_dict, attach)
     out: dict[str, Any] = {names.TOK_EMBEDS_WEIGHT: r.take("model.embed_tokens.weight", (v, d))}
     for layer in range(config.n_layers):
         p = f"model.layers.{layer}."
@@ -99,6 +133,11 @@ def llama_weights_from_hf(
         for which, heads in (("q", h), ("k", g), ("v", g)):
             weight = r.take(p + f"self_attn.{which}_proj.weight", (heads * c, d))
             out[names.attn_weight(layer, which)] = None if weight is None else weight.reshape(heads, c, d)
+            if config.qkv_bias:
+                bias = r.take(p + f"self_attn.{which}_proj.bias", (heads * c,))
+                out[names.attn_weight(layer, f"{which}_bias")] = (
+                    None if bias is None else bias.reshape(heads, 1, c)
+                )
         o = r.take(p + "self_attn.o_proj.weight", (d, h * c))
         out[names.attn_weight(layer, "o")] = None if o is None else o.reshape(d, h, c).permute(1, 0, 2)
         mlp_scale = names.norm_weight(names.mlp_prefix(layer), "scale", names.RMS)

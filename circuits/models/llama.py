@@ -11,6 +11,12 @@ head axis over ``'a.k_kv'``/``'a.v_kv'``, so every attention Einsum keeps one
 head axis.  The ``1/sqrt(d_head)`` scale is read off ``'a{L}.w.q'``.  Causal by
 default, in the golden file's masked form.  The layer written out as a tree:
 docs/models.md.
+
+Two relatives are the same builder with a config field: Qwen2 (``qkv_bias``:
+``'a.q_unrot'``, ``'a.k_unrot'`` and ``'a.v'`` (or ``'a.v_kv'``) are Adds of
+``'a.q_nobias'`` etc. and the ``[heads, 1, d_head]`` biases ``'a{L}.w.q_bias'``
+etc., as in GPT-2) and Mistral (``sliding_window``: the mask
+``'t.a.c.causal_mask'`` also hides keys ``sliding_window`` or more positions back).
 """
 
 from __future__ import annotations
@@ -44,13 +50,24 @@ class LlamaConfig:
     rope_theta: float = 10000.0
     act: str = "silu"
     tie_word_embeddings: bool = False
+    qkv_bias: bool = False  # Qwen2: biases on the query, key and value projections
+    sliding_window: int | None = None  # Mistral: each query sees its last sliding_window keys
 
     def __post_init__(self):
         common.check_config(
             self,
-            ("n_heads", "d_model", "d_mlp", "vocab_size", "n_kv_heads", "d_head", "max_positions"),
+            (
+                "n_heads",
+                "d_model",
+                "d_mlp",
+                "vocab_size",
+                "n_kv_heads",
+                "d_head",
+                "max_positions",
+                "sliding_window",
+            ),
             epsilons=("rms_eps",),
-            flags=("tie_word_embeddings",),
+            flags=("tie_word_embeddings", "qkv_bias"),
         )
         theta = self.rope_theta
         if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta < float("inf"):
@@ -87,6 +104,9 @@ class LlamaConfig:
             shapes[names.attn_weight(layer, "k")] = (g, c, d)
             shapes[names.attn_weight(layer, "v")] = (g, c, d)
             shapes[names.attn_weight(layer, "o")] = (h, d, c)
+            if self.qkv_bias:
+                for which, count in (("q", h), ("k", g), ("v", g)):
+                    shapes[names.attn_weight(layer, f"{which}_bias")] = (count, 1, c)
             shapes[names.norm_weight(names.mlp_prefix(layer), "scale", names.RMS)] = (d,)
             shapes[names.mlp_weight(layer, "gate")] = (m, d)
             shapes[names.mlp_weight(layer, "up")] = (m, d)
@@ -149,6 +169,26 @@ def _rope_arrays(config: LlamaConfig, rope: Any, seq: int, dtype: torch.dtype) -
     return Array(cos_t, name=names.ROPE_COS), Array(sin_t, name=names.ROPE_SIN)
 
 
+def sliding_window_mask_array(seq_len: int, window: int, dtype: torch.dtype | None = None) -> Array:
+    """The causal mask that also hides keys ``window`` or more positions back (Mistral).
+
+    Query ``q`` sees keys ``k`` with ``0 <= q - k < window``, as transformers'
+    ``sliding_window_overlay`` (``kv_idx > q_idx - sliding_window``).  Named
+    ``'t.a.c.causal_mask'`` like the plain one (and like any mask the
+    ``causal_mask`` pass is given): it is the model's attention mask, and a
+    window at least ``seq_len`` long gives exactly the plain causal mask.
+    """
+    offsets = torch.arange(seq_len)[:, None] - torch.arange(seq_len)[None, :]
+    allowed = (offsets >= 0) & (offsets < window)
+    return Array(allowed.to(torch.get_default_dtype() if dtype is None else dtype), name=names.CAUSAL_MASK)
+
+
+def _mask(seq_len: int, window: int | None, dtype: torch.dtype) -> Array:
+    if window is None:
+        return causal_mask_array(seq_len, dtype)
+    return sliding_window_mask_array(seq_len, window, dtype)
+
+
 def _rotate(x: Circuit, cos: Circuit, sin: Circuit, name: str) -> Add:
     """``x * cos + rotate_half(x) * sin`` (Hugging Face's ``apply_rotary_pos_emb``)."""
     with_cos = einsum("hqc,qc->hqc", x, cos, name=names.rope_part(name, "cos"))
@@ -209,7 +249,7 @@ def build_llama(
     )
     seq = toks.seq_len
     rotary = _rope_arrays(config, rope, seq, dtype)
-    mask = causal_mask_array(seq, dtype) if causal else None
+    mask = _mask(seq, config.sliding_window, dtype) if causal else None
     act = ACTIVATIONS[config.act]
     group = heads // kv_heads
     repeat = torch.arange(kv_heads).repeat_interleave(group) if group > 1 else None
@@ -242,19 +282,37 @@ def _attention(
     cos, sin = rotary
     scale = w[names.norm_weight(names.attn_prefix(layer), "scale", names.RMS)]
     norm = common.rms_norm(resid, scale, eps, name=names.attn_norm(layer))
-    q_unrot = einsum("qd,hcd->hqc", norm, w[names.attn_weight(layer, "q")], name=names.Q_UNROTATED)
-    q = _rotate(q_unrot, cos, sin, names.Q)
-    k_unrot = einsum("kd,hcd->hkc", norm, w[names.attn_weight(layer, "k")], name=names.K_UNROTATED)
+    q = _rotate(_project(w, norm, layer, "q", names.Q_UNROTATED), cos, sin, names.Q)
+    k_unrot = _project(w, norm, layer, "k", names.K_UNROTATED)
     if head_pick is None:
         k = _rotate(k_unrot, cos, sin, names.K)
-        v = einsum("kd,hVd->hkV", norm, w[names.attn_weight(layer, "v")], name=names.V)
+        v = _project(w, norm, layer, "v", names.V)
     else:
         k = Index(_rotate(k_unrot, cos, sin, names.K_KV), head_pick, name=names.K)
-        v_kv = einsum("kd,hVd->hkV", norm, w[names.attn_weight(layer, "v")], name=names.V_KV)
-        v = Index(v_kv, head_pick, name=names.V)
+        v = Index(_project(w, norm, layer, "v", names.V_KV), head_pick, name=names.V)
     div = common.div_head_size(w[names.attn_weight(layer, "q")])
     out = common.attend(q, k, v, div, w[names.attn_weight(layer, "o")], layer, mask, neg_inf)
     return Add(out, resid, name=names.resid_mid(layer))
+
+
+# The Einsum of each projection (the Llama builder's letters) and its name before a bias.
+_PROJECTIONS = {
+    "q": ("qd,hcd->hqc", names.Q_NOBIAS),
+    "k": ("kd,hcd->hkc", names.K_NOBIAS),
+    "v": ("kd,hVd->hkV", names.V_NOBIAS),
+}
+
+
+def _project(w: Mapping[str, Circuit], norm: Circuit, layer: int, which: str, name: str) -> Circuit:
+    """The ``which`` projection ``[h, s, c]`` named ``name``: the Einsum, or (with QKV biases, Qwen2)
+    an Add of the Einsum ``'a.{which}_nobias'`` and the ``[h, 1, c]`` bias, as GPT-2 writes it, so
+    that ``name`` is the same activation whether or not the family has biases."""
+    spec, unbiased = _PROJECTIONS[which]
+    weight = w[names.attn_weight(layer, which)]
+    bias = w.get(names.attn_weight(layer, f"{which}_bias"))
+    if bias is None:
+        return einsum(spec, norm, weight, name=name)
+    return Add(einsum(spec, norm, weight, name=unbiased), bias, name=name)
 
 
 def _mlp(w: Mapping[str, Circuit], resid_mid: Circuit, layer: int, eps: float, act: str) -> Circuit:
