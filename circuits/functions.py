@@ -2,8 +2,10 @@
 
 A spec is looked up by its registered name, which is what the text format
 prints; so a user's own function round-trips through text once registered.
-The ``gen_index_at_D[_batch_x][_no_batch_index][_c]`` family is an infinite
-set of names, so it is built on demand from the name instead of listed.
+The ``gen_index_at_D[_batch_x][_no_batch_index][_c]``,
+``explicit_index_at_D_x_non_b_N[_c]`` and ``cast_from_{...}_to_{...}``
+families are infinite sets of names, so they are built on demand from the
+name instead of listed.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ _SPEC_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
 GEN_INDEX_NAME = re.compile(
     r"gen_index_at_(?P<dim>-?\d+)(?P<batch_x>_batch_x)?(?P<no_batch_index>_no_batch_index)?(?P<check>_c)?"
 )
+# rust_circuit's explicit index: axis D of x's last N axes looked up per batch element.
+EXPLICIT_INDEX_NAME = re.compile(r"explicit_index_at_(?P<dim>-?\d+)_x_non_b_(?P<non_batch>\d+)(?P<check>_c)?")
 # rust_circuit's casts: ``cast_from_{device:D,dtype:T}_to_{device:D,dtype:T}``, each D
 # and T a name or None (None: no requirement on the input, or left as it is).
 _CAST_DTYPES = {
@@ -88,8 +92,8 @@ class FunctionSpec:
 
 
 def _is_family_name(name: str) -> bool:
-    """Whether ``name`` belongs to a family built on demand from the name (gen_index, casts)."""
-    return bool(GEN_INDEX_NAME.fullmatch(name) or CAST_NAME.fullmatch(name))
+    """Whether ``name`` belongs to a family built on demand from the name (indexes, casts)."""
+    return any(family.fullmatch(name) for family in (GEN_INDEX_NAME, EXPLICIT_INDEX_NAME, CAST_NAME))
 
 
 _REGISTRY: dict[str, FunctionSpec] = {}
@@ -116,7 +120,7 @@ def register_function(spec: FunctionSpec, *, replace: bool = False) -> FunctionS
             f"a different function is already registered as {spec.name!r}; pass replace=True to override it"
         )
     if _is_family_name(spec.name):
-        raise FunctionSpecError(f"{spec.name!r} is reserved for the gen_index or cast family")
+        raise FunctionSpecError(f"{spec.name!r} is reserved for the gen_index, explicit_index or cast family")
     _REGISTRY[spec.name] = spec
     return spec
 
@@ -134,11 +138,16 @@ def get_function(name: str) -> FunctionSpec:
             batch_index=not match["no_batch_index"],
             check_index=bool(match["check"]),
         )
+    match = EXPLICIT_INDEX_NAME.fullmatch(name)
+    if match:
+        return explicit_index_spec(
+            int(match["dim"]), int(match["non_batch"]), check_index=bool(match["check"])
+        )
     if CAST_NAME.fullmatch(name):
         return cast_spec(name)
     raise FunctionSpecError(
         f"no GeneralFunction named {name!r}; registered: {', '.join(sorted(_REGISTRY))}, "
-        "gen_index_at_D[_batch_x][_no_batch_index][_c] "
+        "gen_index_at_D[_batch_x][_no_batch_index][_c], explicit_index_at_D_x_non_b_N[_c] "
         "and cast_from_{device:D,dtype:T}_to_{device:D,dtype:T}"
     )
 
@@ -414,3 +423,64 @@ def _gather(x: torch.Tensor, index: torch.Tensor, layout: GenIndexLayout, batch_
         expand[axis] = 1
     gathered = torch.gather(x, axis, index.reshape(view).expand(expand))
     return gathered if looked_up else gathered.squeeze(axis)
+
+
+# -------------------------------------------------------------- explicit_index
+
+
+def explicit_index_layout(x_shape: Shape, index_shape: Shape, dim: int, non_batch: int) -> GenIndexLayout:
+    """``explicit_index_at_D_x_non_b_N(x, index)``: x's axes before its last N are a batch
+    that the index's leading axes must equal; axis D of the last N is looked up, and the
+    output is ``index.shape`` followed by x's other non-batch axes (rust_circuit's rule)."""
+    if non_batch < 1:
+        raise ValueError("x_non_b must be at least 1: the looked-up axis is one of them")
+    if len(x_shape) < non_batch:
+        raise ValueError(f"x has rank {len(x_shape)}, fewer than its {non_batch} non-batch axes")
+    if not -non_batch <= dim < non_batch:
+        raise ValueError(f"axis {dim} is out of range for x's {non_batch} non-batch axes")
+    batch_rank = len(x_shape) - non_batch
+    if tuple(index_shape[:batch_rank]) != tuple(x_shape[:batch_rank]):
+        raise ValueError(
+            f"the index's leading axes {list(index_shape[:batch_rank])} must equal "
+            f"x's batch axes {list(x_shape[:batch_rank])}"
+        )
+    axis = batch_rank + dim % non_batch
+    out = tuple(index_shape) + tuple(x_shape[batch_rank:axis]) + tuple(x_shape[axis + 1 :])
+    return GenIndexLayout(batch_rank, axis, out)
+
+
+@functools.lru_cache(maxsize=None)
+def explicit_index_spec(dim: int, non_batch: int, check_index: bool) -> FunctionSpec:
+    """The spec for one member of the explicit_index family.
+
+    ``_c`` checks indices as gen_index's does (out of ``[0, size)`` is an
+    error); without it negative indices count from the end.  Which output
+    axes are batch axes depends on the index's rank, which a FunctionSpec
+    cannot say, so it declares no batching.
+    """
+    name = f"explicit_index_at_{dim}_x_non_b_{non_batch}" + ("_c" if check_index else "")
+
+    def shape_fn(shapes: Sequence[Shape]) -> Shape:
+        x_shape, index_shape = shapes
+        return explicit_index_layout(x_shape, index_shape, dim, non_batch).out_shape
+
+    def function(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        layout = explicit_index_layout(tuple(x.shape), tuple(index.shape), dim, non_batch)
+        b, size = layout.batch_rank, x.shape[layout.axis]
+        if index.dtype.is_floating_point or index.dtype == torch.bool:
+            raise ValueError(f"index tensor has dtype {index.dtype}, not an integer type")
+        index = index.long()
+        if check_index:
+            bad = (index < 0) | (index >= size)
+            if bool(bad.any()):
+                raise ValueError(f"index values {index[bad][:8].tolist()} are out of range [0, {size})")
+        moved = x.movedim(layout.axis, b)  # batch, looked-up axis, the other non-batch axes
+        rest = moved.shape[b + 1 :]
+        batch = math.prod(x.shape[:b])
+        looked_up = math.prod(index.shape[b:])
+        flat = moved.reshape((batch, size) + tuple(rest))
+        rows = torch.arange(batch, device=x.device)[:, None]
+        picked = flat[rows, index.reshape(batch, looked_up)]
+        return picked.reshape(tuple(index.shape) + tuple(rest))
+
+    return _library(FunctionSpec(name, 2, shape_fn, function))

@@ -8,6 +8,7 @@ written out with plain torch, independently of ``circuits.functions``.
 
 from __future__ import annotations
 
+import itertools
 import math
 import pickle
 
@@ -207,7 +208,7 @@ def test_pow_flops_are_listed_as_unknown_rather_than_guessed():
 
 
 def test_rust_functions_we_do_not_have_are_refused_by_name():
-    for name in ["q_from_qr", "multinomial_[3]", "explicit_index_at_0_x_non_b_1"]:
+    for name in ["q_from_qr", "multinomial_[3]", "Gelu", "explicit_index_at_0"]:
         with pytest.raises(
             cc.FunctionSpecError, match=r"no GeneralFunction named .*registered: .*gaussian_cdf"
         ):
@@ -276,3 +277,94 @@ def test_cast_names_are_reserved_and_pickle_by_name():
 def test_casts_count_as_unknown_in_costs():
     node = cc.GeneralFunction(cc.Array(torch.zeros(3), name="x"), spec=_cast("None/None", "None/float64"))
     assert cc.cost(node).unknown_functions == [node]
+
+
+# --------------------------------------------------------------- explicit_index
+
+
+def _explicit_index_by_loops(x, index, dim, non_batch):
+    """rust_circuit's rule written as loops: out[b, i, r] = x[b, r_before, index[b, i], r_after]."""
+    b = x.ndim - non_batch
+    axis = b + dim % non_batch
+    rest = x.shape[b:axis] + x.shape[axis + 1 :]
+    out = torch.zeros(tuple(index.shape) + tuple(rest), dtype=x.dtype)
+    for position in itertools.product(*[range(s) for s in out.shape]):
+        bpos, ipos, rpos = position[:b], position[: index.ndim], position[index.ndim :]
+        k = int(index[ipos]) % x.shape[axis]
+        before, after = rpos[: axis - b], rpos[axis - b :]
+        out[position] = x[tuple(bpos) + tuple(before) + (k,) + tuple(after)]
+    return out
+
+
+@pytest.mark.parametrize(
+    "x_shape, index_shape, dim, non_batch",
+    [
+        ((5,), (3,), 0, 1),
+        ((5, 4), (2, 3), 0, 2),
+        ((5, 4), (2,), -1, 2),
+        ((2, 5, 3), (2, 4), 0, 2),
+        ((2, 5, 3), (2,), 1, 2),
+        ((2, 3, 5), (2, 3, 4, 2), -1, 1),
+        ((2, 3, 5), (2, 3), 0, 1),
+    ],
+)
+def test_explicit_index_against_loops(x_shape, index_shape, dim, non_batch, tmp_path):
+    g = torch.Generator().manual_seed(len(x_shape) + len(index_shape))
+    x = torch.randn(x_shape, generator=g, dtype=torch.float64)
+    size = x_shape[len(x_shape) - non_batch + dim % non_batch]
+    index = torch.randint(-size, size, index_shape, generator=g)
+    name = f"explicit_index_at_{dim}_x_non_b_{non_batch}"
+    node = cc.GeneralFunction(cc.Array(x, name="x"), cc.Array(index, name="i"), spec=name, name="e")
+    expected = _explicit_index_by_loops(x, index, dim, non_batch)
+    assert node.shape == expected.shape
+    assert torch.equal(node.evaluate(), expected)
+    store = cc.TensorStore(tmp_path)
+    again = cc.parse(node.repr(store=store), store=store)
+    assert again == node and torch.equal(again.evaluate(), expected)
+
+
+def test_explicit_index_checked_refuses_out_of_range():
+    x = cc.Array(torch.randn(2, 5), name="x")
+    good = cc.Array(torch.tensor([[0, 4]]).expand(2, 2).clone(), name="good")
+    bad = cc.Array(torch.tensor([[0, -1], [1, 2]]), name="bad")
+    checked = "explicit_index_at_0_x_non_b_1_c"
+    assert cc.GeneralFunction(x, good, spec=checked).evaluate().shape == (2, 2)
+    with pytest.raises(cc.EvaluationError, match=r"out of range \[0, 5\)"):
+        cc.GeneralFunction(x, bad, spec=checked, name="e").evaluate()
+    floats = cc.Array(torch.zeros(2, 2), name="floats")
+    with pytest.raises(cc.EvaluationError, match="not an integer type"):
+        cc.GeneralFunction(x, floats, spec=checked, name="e").evaluate()
+
+
+@pytest.mark.parametrize(
+    "name, x_shape, index_shape, reason",
+    [
+        ("explicit_index_at_0_x_non_b_0", (3,), (3,), "at least 1"),
+        ("explicit_index_at_2_x_non_b_2", (3, 4), (2,), "out of range"),
+        ("explicit_index_at_0_x_non_b_3", (3, 4), (2,), "fewer than"),
+        ("explicit_index_at_0_x_non_b_1", (3, 4), (2, 4), "must equal"),
+        ("explicit_index_at_0_x_non_b_1", (3, 4), (), "must equal"),
+    ],
+)
+def test_explicit_index_shapes_that_do_not_fit(name, x_shape, index_shape, reason):
+    x, index = cc.Symbol(x_shape, name="x"), cc.Symbol(index_shape, name="i")
+    with pytest.raises(cc.FunctionSpecError, match=reason):
+        cc.GeneralFunction(x, index, spec=name, name="e")
+
+
+def test_explicit_index_names_are_reserved_and_pickle_by_name():
+    spec = cc.get_function("explicit_index_at_-1_x_non_b_2_c")
+    assert pickle.loads(pickle.dumps(spec)) is spec and spec.num_non_batchable_output_dims is None
+    with pytest.raises(cc.FunctionSpecError, match="reserved"):
+        cc.register_function(cc.FunctionSpec(spec.name, 2, lambda s: s[0], torch.add))
+
+
+def test_explicit_index_is_gen_index_batch_x_when_the_index_is_the_batch():
+    """rust_circuit computes gen_index_at_D_batch_x as explicit_index_at_D_x_non_b_(x.ndim - index.ndim)."""
+    g = torch.Generator().manual_seed(3)
+    x = cc.Array(torch.randn(2, 3, 5, 4, generator=g), name="x")
+    index = cc.Array(torch.randint(0, 5, (2, 3), generator=g), name="i")
+    explicit = cc.GeneralFunction(x, index, spec="explicit_index_at_0_x_non_b_2")
+    gen = cc.GeneralFunction(x, index, spec="gen_index_at_0_batch_x")
+    assert explicit.shape == gen.shape == (2, 3, 4)
+    assert torch.equal(explicit.evaluate(), gen.evaluate())
