@@ -31,6 +31,7 @@ from circuits.nodes import (
     Scalar,
     Symbol,
 )
+from circuits.shapes import EINSUM_LETTERS
 from circuits.store import TensorStore
 
 _INDENT = re.compile(r" *")
@@ -38,7 +39,7 @@ _SERIAL = re.compile(r"\d+")
 _NAME = re.compile(r"'((?:[^'\\]|\\.)*)'")
 _ESCAPE = re.compile(r"\\(.)")
 _ESCAPES = {"\\": "\\", "'": "'", "n": "\n", "r": "\r"}
-_SHAPE = re.compile(r"\[([0-9 ,]*)\]")
+_SHAPE = re.compile(r"\[([^\[\]]*)\]")
 _VARIANT = re.compile(r"[A-Za-z]+")
 # Exactly what the printer writes: [serial] ['name'] [ [shape]] [ Variant [extra]].
 _PRINTED_LINE = re.compile(
@@ -54,9 +55,19 @@ _INT_LIST = re.compile(r"-?\d+(,-?\d+)*")
 _INDEX_PART = re.compile(r"\[[^\[\]]*\]|[^,]+")
 # An ANSI colour code, or a quoted name (kept whole: codes inside a name are part of it).
 _COLOUR_OR_NAME = re.compile(r"'(?:[^'\\]|\\.)*'|\x1b\[[0-9;]*m")
+# rust_circuit's symbolic sizes: "0s", "2*1s" (a product of integers and numbered symbols)
+_SYMBOLIC_SIZE = re.compile(r"[\d*]*\d+s[\d*s]*")
+# rust_circuit's arrows=True tree drawing before a line, and its only-child marker line
+_TREE_START = "│├└‣─▼|"
+_TREE_DRAWING = re.compile(r"[ │├└‣─]*")
+_ONLY_CHILD_MARKER = re.compile(r"(?:▼|\|/) *(?:#.*)?")
 _SIZE = re.compile(r"\s*([^\W\d]\w*)\s*=\s*(\d+)\s*")  # einops axis names are identifiers
 
 LEAF_KINDS = ("Array", "Scalar", "Symbol")
+# node types rust_circuit prints that this library does not have
+_UNSUPPORTED_KINDS = frozenset(
+    ("Module", "Tag", "Scatter", "Cumulant", "DiscreteVar", "StoredCumulantVar", "SetSymbolicShape", "Conv")
+)
 
 
 @attrs.define
@@ -64,18 +75,15 @@ class _Line:
     """One parsed line, waiting for its children (if it is not a repeat)."""
 
     number: int
-    spaces: int
+    spaces: int  # the line's own indent, for showing it in errors
+    depth: int  # from the indent beyond the block's first line
     body: str
     serial: int | None
     name: str | None
-    depth: int = attrs.field(init=False)
     shape: tuple[int, ...] | None = None
     kind: str | None = None
     extra: str = ""
     children: list[Circuit] = attrs.field(factory=list)
-
-    def __attrs_post_init__(self):
-        self.depth = self.spaces // 2
 
     @property
     def is_repeat(self) -> bool:
@@ -87,35 +95,31 @@ class _Line:
 
 def parse(text: str, store: TensorStore | None = None) -> Circuit:
     """Read exactly one circuit."""
-    roots = parse_many(text, store=store)
+    reader = _read(text, store)
+    roots = reader.roots
     if len(roots) > 1:
-        number, line = _top_level_lines(text)[1]
-        raise ParseError(
+        second = reader.root_lines[1]
+        raise second.error(
             f"expected one circuit, found {len(roots)} top-level circuits; the second starts here "
-            "(use parse_many to read several)",
-            number,
-            line,
+            "(use parse_many to read several)"
         )
     if not roots:
         raise ParseError("expected one circuit, found none (the text is empty or all comments)")
     return roots[0]
 
 
-def _top_level_lines(text: str) -> list[tuple[int, str]]:
-    """(line number, line) of each unindented line that is not blank or a comment."""
-    return [
-        (number, line)
-        for number, line in enumerate(text.split("\n"), start=1)
-        if line.strip() and not line.startswith((" ", "#"))
-    ]
-
-
 def parse_many(text: str, store: TensorStore | None = None) -> list[Circuit]:
     """Read every top-level circuit in ``text``, in order."""
+    return _read(text, store).roots
+
+
+def _read(text: str, store: TensorStore | None) -> _Reader:
     if not isinstance(text, str):
         raise ParseError(f"expected text (str), got {type(text).__name__}")
+    reader = _Reader(store)
     with gc_paused():
-        return _Reader(store).read(text)
+        reader.read(text)
+    return reader
 
 
 class _Reader:
@@ -125,12 +129,23 @@ class _Reader:
         self.pending: list[_Line] = []
         self.by_serial: dict[int, Circuit | _Line] = {}
         self.by_name: dict[str, dict[bytes, Circuit]] = {}
+        # the line that starts each top-level circuit, for parse's error on a second one
+        self.root_lines: list[_Line] = []
+        # (number, indent, text) of an only-child marker whose child line is still to come
+        self.marker: tuple[int, int, str] | None = None
+        self.base = 0  # the indent of the text's first node line, which is depth 0
 
-    def read(self, text: str) -> list[Circuit]:
+    def read(self, text: str) -> None:
         last: _Line | None = None
-        for number, spaces, body in _lines(text):
+        self.base = _base_indent(text)
+        lines = _lines(text)
+        for number, spaces, body in _dedent_checked(lines, self.base) if self.base else lines:
             line = self._split(number, spaces, body)
             if line is None:
+                continue
+            if self.marker is not None:
+                self._only_child(line, last)
+                last = line
                 continue
             if last is not None and last.is_repeat and line.depth > last.depth:
                 raise line.error(f"indented under line {last.number}, a repeat, which has no children")
@@ -144,17 +159,56 @@ class _Reader:
             if line.depth and self.pending[-1].kind in LEAF_KINDS:
                 parent = self.pending[-1]
                 raise line.error(f"indented under line {parent.number}, a {parent.kind}, which is a leaf")
+            if not self.pending:
+                self.root_lines.append(line)
             if line.is_repeat:
                 self._attach(self._resolve(line))
             else:
-                if line.serial is not None:
-                    if line.serial in self.by_serial:
-                        raise line.error(f"serial number {line.serial} is already used")
-                    self.by_serial[line.serial] = line
-                self.pending.append(line)
+                self._open(line)
             last = line
+        if self.marker is not None:
+            number, spaces, body = self.marker
+            raise ParseError(
+                "the text ends after an only-child marker; its child is missing",
+                number,
+                _shown_line(spaces, body),
+            )
         self._close_to(0)
-        return self.roots
+
+    def _open(self, line: _Line) -> None:
+        """Make ``line`` the node whose children the next deeper lines are."""
+        if line.serial is not None:
+            if line.serial in self.by_serial:
+                raise line.error(f"serial number {line.serial} is already used")
+            self.by_serial[line.serial] = line
+        self.pending.append(line)
+
+    def _only_child(self, line: _Line, last: _Line | None) -> None:
+        """Place the line after rust_circuit's only-child marker (``▼``, ``|/``).
+
+        With ``only_child_below`` rust_circuit prints an only child at its
+        parent's indent, below a marker line; so this line is a child of the
+        line above the marker, not its sibling.  Lines indented deeper are
+        its own children; the next line at this indent or less closes both.
+        """
+        number, spaces, body = self.marker
+        self.marker = None
+        if last is None or last.is_repeat or last.kind in LEAF_KINDS:
+            raise ParseError(
+                "an only-child marker must follow a line that opens a node with children "
+                "(not a repeat or a leaf)",
+                number,
+                _shown_line(spaces, body),
+            )
+        if not spaces == last.spaces == line.spaces:
+            raise line.error(
+                f"after the only-child marker on line {number}, the child is indented like its "
+                f"parent on line {last.number} and like the marker"
+            )
+        if line.is_repeat:
+            self._attach(self._resolve(line))
+        else:
+            self._open(line)
 
     # ------------------------------------------------------------ lines
 
@@ -167,13 +221,15 @@ class _Reader:
         if not body.strip() or body.startswith("#"):
             return None
         match = _PRINTED_LINE.fullmatch(body)
-        if match is None or spaces % 2:
+        indent = spaces - self.base
+        if match is None or indent % 2:
             if "\x1b" in body:  # coloured text (printed with color=): read it without the codes
                 spaces, body = _without_colours(spaces, body)
+                indent = spaces - self.base
                 if not body.strip() or body.startswith("#"):
                     return None
                 match = _PRINTED_LINE.fullmatch(body)
-            if match is None or spaces % 2:
+            if match is None or indent % 2:
                 return self._split_slowly(number, spaces, body)
         serial, name, shape, kind, extra = match.group("serial", "name", "shape", "kind", "extra")
         if name is not None and "\\" in name:
@@ -182,6 +238,7 @@ class _Reader:
         line = _Line(
             number,
             spaces,
+            indent // 2,
             body,
             None if serial is None else _integer(serial, "serial number", number, raw),
             name,
@@ -195,12 +252,26 @@ class _Reader:
             self._check_variant(line)
         return line
 
-    def _split_slowly(self, number: int, spaces: int, body: str) -> _Line:
+    def _split_slowly(self, number: int, spaces: int, body: str) -> _Line | None:
+        if body[0] in _TREE_START:  # rust_circuit's arrows=True drawing or only-child marker
+            drawing = _TREE_DRAWING.match(body).end()
+            spaces, body = spaces + drawing, body[drawing:]
+            if _ONLY_CHILD_MARKER.fullmatch(body):
+                self._mark_only_child(number, spaces, body)
+                return None
+            if not body or body.startswith("#"):
+                return None
         raw = _shown_line(spaces, body)
-        if spaces % 2:
-            raise ParseError(f"indented by {spaces} spaces; indent is two spaces per depth", number, raw)
         if body[0] == "\t":
-            raise ParseError("indent with spaces, not tabs", number, raw)
+            raise ParseError(
+                "a tab in the indentation; indent with spaces (two per depth), not tabs", number, raw
+            )
+        indent = spaces - self.base
+        if indent % 2:
+            beyond = " beyond the block's first line" if self.base else ""
+            raise ParseError(
+                f"indented by {indent} spaces{beyond}; indent is two spaces per depth", number, raw
+            )
         position = 0
         serial = None
         match = _SERIAL.match(body)
@@ -223,7 +294,7 @@ class _Reader:
         if serial is None and name is None:
             raise ParseError("expected a reference: a serial number, a 'quoted name', or both", number, raw)
         rest = body[position:].split("#", 1)[0].rstrip()
-        line = _Line(number, spaces, body, serial, name)
+        line = _Line(number, spaces, indent // 2, body, serial, name)
         if not rest:
             return line
         if not rest.startswith(" ") and name is not None:
@@ -241,8 +312,20 @@ class _Reader:
         self._check_variant(line)
         return line
 
+    def _mark_only_child(self, number: int, spaces: int, body: str) -> None:
+        if self.marker is not None:
+            raise ParseError(
+                f"two only-child markers in a row (lines {self.marker[0]} and {number}); "
+                "expected the child's line after the first",
+                number,
+                _shown_line(spaces, body),
+            )
+        self.marker = (number, spaces, body)
+
     @staticmethod
     def _check_variant(line: _Line) -> None:
+        if line.kind in _UNSUPPORTED_KINDS:
+            raise line.error(f"rust_circuit's {line.kind} is not supported: this library has no such node")
         if line.kind not in _BUILDERS:
             raise line.error(f"unknown variant {line.kind!r}; expected one of {', '.join(_BUILDERS)}")
         if line.kind in LEAF_KINDS and line.shape is None:
@@ -263,6 +346,13 @@ class _Reader:
     @staticmethod
     def _shape(text: str, line: _Line) -> tuple[int, ...]:
         parts = [part.strip() for part in text.split(",")] if text.strip() else []
+        for part in parts:
+            if _SYMBOLIC_SIZE.fullmatch(part):
+                raise line.error(
+                    f"symbolic size {part!r} in [{text}] is not supported: sizes must be integers"
+                )
+            if ":" in part:
+                raise line.error(f"named axis {part!r} in [{text}] is not supported: sizes must be integers")
         if any(not part.isdigit() for part in parts):
             raise line.error(f"malformed shape [{text}]: expected comma-separated sizes like [300,256]")
         return tuple(
@@ -334,6 +424,31 @@ class _Reader:
                 "name; refer to one by its serial number"
             )
         return next(iter(candidates.values()))
+
+
+def _base_indent(text: str) -> int:
+    """The indent of the first node line: depth 0.
+
+    Text pasted from an indented Python string is indented as a whole; only
+    the indent beyond the first line's says the depth.
+    """
+    return next((spaces for _, spaces, body in _lines(text) if body.strip() and body[0] != "#"), 0)
+
+
+def _dedent_checked(lines, base: int):
+    """Refuse a line indented less than the first node line (blank and comment lines aside).
+
+    Only indented blocks pay for this check; unindented text does not pass here.
+    """
+    for number, spaces, body in lines:
+        if spaces < base and body.strip() and body[0] != "#":
+            raise ParseError(
+                f"indented by {spaces} spaces, less than the {base} of the block's first line; "
+                "a block is indented as a whole",
+                number,
+                _shown_line(spaces, body),
+            )
+        yield number, spaces, body
 
 
 def _lines(text: str):
@@ -437,7 +552,40 @@ def _build_symbol(line: _Line, store: TensorStore | None) -> Circuit:
 
 
 def _build_einsum(line: _Line, store: TensorStore | None) -> Circuit:
-    return Einsum.from_einsum_string(line.extra, *line.children, name=line.name)
+    if not line.children:
+        raise line.error(
+            "an Einsum without operands (rust_circuit's `Einsum ->`, the scalar 1) is not supported; "
+            "write `[] Scalar 1`"
+        )
+    spec = line.extra
+    if spec.startswith(_FANCY):
+        spec = _fancy_to_letters(spec[len(_FANCY) :], line)
+    return Einsum.from_einsum_string(spec, *line.children, name=line.name)
+
+
+_FANCY = "fancy:"
+
+
+def _fancy_to_letters(fancy: str, line: _Line) -> str:
+    """rust_circuit's named-axis einsum (``first second, first -> first``) in letters.
+
+    Axes are words separated by spaces and operands by commas; each distinct
+    word becomes a letter, in order of first appearance.
+    """
+    if fancy.count("->") != 1:
+        raise line.error(f"fancy einsum {fancy.strip()!r} needs exactly one '->'")
+    inputs, output = fancy.split("->")
+    letters: dict[str, str] = {}
+
+    def spell(operand: str) -> str:
+        for word in operand.split():
+            if word not in letters:
+                if len(letters) == len(EINSUM_LETTERS):
+                    raise line.error(f"fancy einsum names more than {len(EINSUM_LETTERS)} distinct axes")
+                letters[word] = EINSUM_LETTERS[len(letters)]
+        return "".join(letters[word] for word in operand.split())
+
+    return ",".join(spell(operand) for operand in inputs.split(",")) + "->" + spell(output)
 
 
 def _build_add(line: _Line, store: TensorStore | None) -> Circuit:

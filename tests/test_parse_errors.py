@@ -37,7 +37,7 @@ BAD_TEXTS = {
     "one space": ("'a' Add\n  'x' [3,4] Symbol\n 'y' [3,4] Symbol", 3),
     "jump two levels": ("'a' Add\n    'x' [3,4] Symbol", 2),
     "jump two levels later": ("'a' Add\n  'b' Add\n    'x' [3,4] Symbol\n        'y' [3,4] Symbol", 4),
-    "first line indented": ("  'x' [3,4] Symbol", 1),
+    "dedent below an indented block's first line": ("  'a' Add\n    'x' [3,4] Symbol\n 'y' [3,4] Symbol", 3),
     "tab indent": ("'a' Add\n\t'x' [3,4] Symbol", 2),
     "child of a repeat": ("'a' Add\n" + X + "\n  'x'\n    'y' [3,4] Symbol", 4),
     "child of a leaf": ("'a' Add\n" + X + "\n    'y' [3,4] Symbol", 3),
