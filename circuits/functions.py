@@ -3,9 +3,9 @@
 A spec is looked up by its registered name, which is what the text format
 prints; so a user's own function round-trips through text once registered.
 The ``gen_index_at_D[_batch_x][_no_batch_index][_c]``,
-``explicit_index_at_D_x_non_b_N[_c]`` and ``cast_from_{...}_to_{...}``
-families are infinite sets of names, so they are built on demand from the
-name instead of listed.
+``explicit_index_at_D_x_non_b_N[_c]``, ``cast_from_{...}_to_{...}`` and
+``multinomial[_no_replace]_[sizes]`` families are infinite sets of names,
+so they are built on demand from the name instead of listed.
 """
 
 from __future__ import annotations
@@ -28,6 +28,10 @@ GEN_INDEX_NAME = re.compile(
 )
 # rust_circuit's explicit index: axis D of x's last N axes looked up per batch element.
 EXPLICIT_INDEX_NAME = re.compile(r"explicit_index_at_(?P<dim>-?\d+)_x_non_b_(?P<non_batch>\d+)(?P<check>_c)?")
+# rust_circuit's sampler: ``multinomial[_no_replace]_[3, 4]`` draws that many indices per row.
+MULTINOMIAL_NAME = re.compile(
+    r"multinomial(?P<no_replace>_no_replace)?_\[\s*(?P<shape>(?:\d+\s*,\s*)*(?:\d+\s*)?)\]"
+)
 # rust_circuit's casts: ``cast_from_{device:D,dtype:T}_to_{device:D,dtype:T}``, each D
 # and T a name or None (None: no requirement on the input, or left as it is).
 _CAST_DTYPES = {
@@ -84,7 +88,11 @@ class FunctionSpec:
         return super().__reduce__()
 
     def __attrs_post_init__(self):
-        if not (_SPEC_NAME.fullmatch(self.name) or CAST_NAME.fullmatch(self.name)):
+        if not (
+            _SPEC_NAME.fullmatch(self.name)
+            or CAST_NAME.fullmatch(self.name)
+            or MULTINOMIAL_NAME.fullmatch(self.name)
+        ):
             raise FunctionSpecError(
                 f"function name {self.name!r} must be letters, digits, '_', '.' or '-' "
                 "(it is printed bare in the text format)"
@@ -93,7 +101,10 @@ class FunctionSpec:
 
 def _is_family_name(name: str) -> bool:
     """Whether ``name`` belongs to a family built on demand from the name (indexes, casts)."""
-    return any(family.fullmatch(name) for family in (GEN_INDEX_NAME, EXPLICIT_INDEX_NAME, CAST_NAME))
+    return any(
+        family.fullmatch(name)
+        for family in (GEN_INDEX_NAME, EXPLICIT_INDEX_NAME, CAST_NAME, MULTINOMIAL_NAME)
+    )
 
 
 _REGISTRY: dict[str, FunctionSpec] = {}
@@ -120,7 +131,9 @@ def register_function(spec: FunctionSpec, *, replace: bool = False) -> FunctionS
             f"a different function is already registered as {spec.name!r}; pass replace=True to override it"
         )
     if _is_family_name(spec.name):
-        raise FunctionSpecError(f"{spec.name!r} is reserved for the gen_index, explicit_index or cast family")
+        raise FunctionSpecError(
+            f"{spec.name!r} is reserved for the gen_index, explicit_index, cast or multinomial family"
+        )
     _REGISTRY[spec.name] = spec
     return spec
 
@@ -145,10 +158,14 @@ def get_function(name: str) -> FunctionSpec:
         )
     if CAST_NAME.fullmatch(name):
         return cast_spec(name)
+    match = MULTINOMIAL_NAME.fullmatch(name)
+    if match:
+        shape = tuple(int(size) for size in match["shape"].replace(",", " ").split())
+        return multinomial_spec(shape, replacement=not match["no_replace"])
     raise FunctionSpecError(
         f"no GeneralFunction named {name!r}; registered: {', '.join(sorted(_REGISTRY))}, "
-        "gen_index_at_D[_batch_x][_no_batch_index][_c], explicit_index_at_D_x_non_b_N[_c] "
-        "and cast_from_{device:D,dtype:T}_to_{device:D,dtype:T}"
+        "gen_index_at_D[_batch_x][_no_batch_index][_c], explicit_index_at_D_x_non_b_N[_c], "
+        "cast_from_{device:D,dtype:T}_to_{device:D,dtype:T} and multinomial[_no_replace]_[sizes]"
     )
 
 
@@ -326,6 +343,39 @@ def cast_spec(name: str) -> FunctionSpec:
         )
 
     return _library(FunctionSpec(name, 1, _same_shape, function, num_non_batchable_output_dims=0))
+
+
+# ----------------------------------------------------------------- multinomial
+
+
+def _multinomial_shape(shapes: Sequence[Shape], shape: Shape) -> Shape:
+    probs, seed = shapes
+    if len(seed) != 0:
+        raise ValueError(f"the seed must be rank 0, got shape {list(seed)}")
+    if len(probs) == 0:
+        raise ValueError("the probabilities must have rank >= 1 (their last axis is sampled)")
+    return tuple(probs[:-1]) + shape
+
+
+@functools.lru_cache(maxsize=None)
+def multinomial_spec(shape: Shape, replacement: bool) -> FunctionSpec:
+    """rust_circuit's ``multinomial[_no_replace]_[sizes]`` over ``(probs, seed)``.
+
+    Each row of ``probs`` (its last axis) gives ``prod(sizes)`` int64 indices,
+    laid out as ``sizes``, drawn by ``torch.multinomial`` from a generator
+    seeded with ``seed``: rust_circuit's very call, so the same seed gives the
+    same draws.  The draws of a row depend on the rows before it, so it
+    declares no batching.  The name is printed as rust_circuit prints it.
+    """
+    name = f"multinomial{'' if replacement else '_no_replace'}_[{', '.join(map(str, shape))}]"
+
+    def function(probs: torch.Tensor, seed: torch.Tensor) -> torch.Tensor:
+        generator = torch.Generator(device=probs.device).manual_seed(int(seed))
+        rows = probs.reshape(math.prod(probs.shape[:-1]), probs.shape[-1])
+        draws = torch.multinomial(rows, math.prod(shape), replacement=replacement, generator=generator)
+        return draws.reshape(tuple(probs.shape[:-1]) + shape)
+
+    return _library(FunctionSpec(name, 2, functools.partial(_multinomial_shape, shape=shape), function))
 
 
 # ------------------------------------------------------------------- gen_index

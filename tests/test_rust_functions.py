@@ -208,7 +208,7 @@ def test_pow_flops_are_listed_as_unknown_rather_than_guessed():
 
 
 def test_rust_functions_we_do_not_have_are_refused_by_name():
-    for name in ["q_from_qr", "multinomial_[3]", "Gelu", "explicit_index_at_0"]:
+    for name in ["q_from_qr", "multinomial_[3", "multinomial_[-1]", "Gelu", "explicit_index_at_0"]:
         with pytest.raises(
             cc.FunctionSpecError, match=r"no GeneralFunction named .*registered: .*gaussian_cdf"
         ):
@@ -368,3 +368,50 @@ def test_explicit_index_is_gen_index_batch_x_when_the_index_is_the_batch():
     gen = cc.GeneralFunction(x, index, spec="gen_index_at_0_batch_x")
     assert explicit.shape == gen.shape == (2, 3, 4)
     assert torch.equal(explicit.evaluate(), gen.evaluate())
+
+
+# ------------------------------------------------------------------ multinomial
+
+
+@pytest.mark.parametrize(
+    "name, printed, sizes, replacement",
+    [
+        ("multinomial_[3, 4]", "multinomial_[3, 4]", (3, 4), True),
+        ("multinomial_[ 3,4, ]", "multinomial_[3, 4]", (3, 4), True),
+        ("multinomial_no_replace_[4]", "multinomial_no_replace_[4]", (4,), False),
+        ("multinomial_[]", "multinomial_[]", (), True),
+    ],
+)
+def test_multinomial_draws_as_rust_circuit_does(name, printed, sizes, replacement, tmp_path):
+    """The same torch call rust_circuit makes, so the same seed gives the same indices."""
+    probs = torch.softmax(torch.randn(2, 3, 6, generator=torch.Generator().manual_seed(0)), dim=-1)
+    node = cc.GeneralFunction(cc.Array(probs, name="p"), cc.Array(torch.tensor(11), name="seed"), spec=name)
+    assert node.spec.name == printed and node.shape == (2, 3) + sizes
+    generator = torch.Generator().manual_seed(11)
+    expected = torch.multinomial(probs.reshape(6, 6), math.prod(sizes), replacement, generator=generator)
+    out = node.evaluate()
+    assert out.dtype == torch.int64 and torch.equal(out, expected.reshape((2, 3) + sizes))
+    if not replacement:
+        assert all(len(set(row.tolist())) == len(row) for row in out.reshape(6, -1))
+    store = cc.TensorStore(tmp_path)
+    again = cc.parse(node.repr(store=store), store=store)
+    assert again == node and torch.equal(again.evaluate(), out)
+
+
+def test_multinomial_seed_may_be_a_scalar_and_shapes_that_do_not_fit():
+    probs = cc.Array(torch.tensor([0.0, 1.0, 0.0]), name="p")
+    node = cc.GeneralFunction(probs, cc.Scalar(3.0, name="seed"), spec="multinomial_[2]")
+    assert node.evaluate().tolist() == [1, 1]
+    with pytest.raises(cc.FunctionSpecError, match="seed must be rank 0"):
+        cc.GeneralFunction(probs, cc.Symbol((1,), name="seed"), spec="multinomial_[2]", name="m")
+    with pytest.raises(cc.FunctionSpecError, match="rank >= 1"):
+        cc.GeneralFunction(
+            cc.Symbol((), name="p"), cc.Symbol((), name="seed"), spec="multinomial_[2]", name="m"
+        )
+
+
+def test_multinomial_names_are_reserved_and_pickle_by_name():
+    spec = cc.get_function("multinomial_no_replace_[2, 2]")
+    assert pickle.loads(pickle.dumps(spec)) is spec and spec.num_non_batchable_output_dims is None
+    with pytest.raises(cc.FunctionSpecError, match="reserved"):
+        cc.register_function(cc.FunctionSpec("multinomial_[2]", 2, lambda s: s[0], torch.add))
