@@ -415,3 +415,44 @@ def test_multinomial_names_are_reserved_and_pickle_by_name():
     assert pickle.loads(pickle.dumps(spec)) is spec and spec.num_non_batchable_output_dims is None
     with pytest.raises(cc.FunctionSpecError, match="reserved"):
         cc.register_function(cc.FunctionSpec("multinomial_[2]", 2, lambda s: s[0], torch.add))
+
+
+# ------------------------------------------- batching declarations, used by passes
+
+ONE_INPUT = sorted(REFERENCES) + [_cast("None/None", "None/float64")]
+
+
+@pytest.mark.parametrize("name", ONE_INPUT)
+def test_an_index_pushed_below_a_one_input_function_keeps_the_value(name):
+    value = _input(name, (3, 4, 5), seed=4)
+    node = cc.Index(
+        cc.GeneralFunction(cc.Array(value, name="x"), spec=name, name="f"), (1, slice(0, 2)), name="i"
+    )
+    pushed = cc.push_down_index(node)
+    assert isinstance(pushed, cc.GeneralFunction) and pushed.spec.name == name
+    torch.testing.assert_close(
+        pushed.evaluate(), node.evaluate(), rtol=1e-15, atol=0.0
+    )  # vector kernels may round
+
+
+@pytest.mark.parametrize("name", ONE_INPUT)
+def test_expand_batches_a_one_input_function(name):
+    node = cc.GeneralFunction(cc.Array(_input(name, (4, 5), seed=5), name="x"), spec=name, name="f")
+    batch = _input(name, (2, 4, 5), seed=6)
+    expanded = cc.expand(node, {"x": cc.Array(batch, name="x")})
+    assert expanded.shape == (2,) + node.shape
+    for b in range(2):
+        single = cc.GeneralFunction(cc.Array(batch[b], name="x"), spec=name, name="f")
+        torch.testing.assert_close(expanded.evaluate()[b], single.evaluate(), rtol=1e-15, atol=0.0)
+
+
+@pytest.mark.parametrize("name", ["pow", "explicit_index_at_0_x_non_b_1", "multinomial_[2]"])
+def test_functions_without_declared_batching_are_left_alone_or_refused(name):
+    spec = cc.get_function(name)
+    assert spec.num_non_batchable_output_dims is None
+    x = cc.Symbol((3, 4), name="x")
+    second = cc.Symbol((3, 2) if name.startswith("explicit") else (), name="y")
+    node = cc.Index(cc.GeneralFunction(x, second, spec=name, name="f"), (0,), name="i")
+    assert cc.push_down_index(node) == node
+    with pytest.raises(cc.ExpandError, match="declares no batching"):
+        cc.expand(node, {"x": cc.Symbol((2, 3, 4), name="x")})
