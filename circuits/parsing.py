@@ -552,7 +552,7 @@ def _build_symbol(line: _Line, store: TensorStore | None) -> Circuit:
 
 
 def _build_einsum(line: _Line, store: TensorStore | None) -> Circuit:
-    if not line.children:
+    if not line.children and line.extra.replace(" ", "") == "->":
         raise line.error(
             "an Einsum without operands (rust_circuit's `Einsum ->`, the scalar 1) is not supported; "
             "write `[] Scalar 1`"
