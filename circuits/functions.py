@@ -162,6 +162,12 @@ def get_function(name: str) -> FunctionSpec:
     if match:
         shape = tuple(int(size) for size in match["shape"].replace(",", " ").split())
         return multinomial_spec(shape, replacement=not match["no_replace"])
+    if " at " in name:
+        raise FunctionSpecError(
+            f"{name!r} is rust_circuit's 'NAME at PYTHON_PATH' spelling, which imports and runs a class "
+            "from a module or file; that is not supported: register the function with cc.register_function "
+            "and refer to it by name"
+        )
     raise FunctionSpecError(
         f"no GeneralFunction named {name!r}; registered: {', '.join(sorted(_REGISTRY))}, "
         "gen_index_at_D[_batch_x][_no_batch_index][_c], explicit_index_at_D_x_non_b_N[_c], "

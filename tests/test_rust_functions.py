@@ -456,3 +456,10 @@ def test_functions_without_declared_batching_are_left_alone_or_refused(name):
     assert cc.push_down_index(node) == node
     with pytest.raises(cc.ExpandError, match="declares no batching"):
         cc.expand(node, {"x": cc.Symbol((2, 3, 4), name="x")})
+
+
+def test_rust_python_class_functions_are_refused_with_the_reason():
+    """rust_circuit's ``NAME at module:Class`` imports code; we name the spelling and say what to do."""
+    text = "'f' [3] GeneralFunction rotary at rust_circuit.generalfuncs.rotary_pos_emb:RotarySpec\n  'x' [3] Scalar 1"
+    with pytest.raises(cc.ParseError, match="NAME at PYTHON_PATH.*register_function"):
+        cc.parse(text)
