@@ -177,3 +177,16 @@ def test_broken_inputs_name_the_field():
         cm.from_hf_state_dict(dict(config, sliding_window=0), {})
     with pytest.raises(ModelError, match="sliding_window='4'"):
         cm.LlamaConfig(n_layers=1, n_heads=4, d_model=16, d_mlp=24, vocab_size=13, sliding_window="4")
+
+
+def test_causal_mask_pass_with_the_window_keeps_the_value():
+    """The pass given the window's mask keeps the value; given none it writes the plain causal mask."""
+    model = mistral().to(torch.float64)
+    tokens = tokens_for(True)
+    circuit = cm.from_hf(model, tokens)
+    window = circuit.get_unique(names.CAUSAL_MASK).value
+    remasked = cc.causal_mask(circuit, mask=window)
+    torch.testing.assert_close(remasked.evaluate(), circuit.evaluate(), rtol=1e-12, atol=1e-12)
+    plain = cc.causal_mask(circuit)
+    assert torch.equal(plain.get_unique(names.CAUSAL_MASK).value, causal_mask_array(12).value)
+    assert (plain.evaluate() - circuit.evaluate()).abs().max().item() > 1e-3

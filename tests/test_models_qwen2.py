@@ -136,6 +136,7 @@ def test_split_heads_and_points_and_a_zeroed_head(monkeypatch):
     circuit = cm.from_hf(model, tokens)
     split = cc.split_heads(circuit)
     torch.testing.assert_close(split.evaluate(), circuit.evaluate(), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(cc.causal_mask(circuit).evaluate(), circuit.evaluate(), rtol=1e-12, atol=1e-12)
     ablated = ex.zero_ablate(split, names.head(1, 2))
     d_head = model.config.hidden_size // model.config.num_attention_heads
 
