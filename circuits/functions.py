@@ -81,7 +81,7 @@ class FunctionSpec:
     input_batchability: tuple[bool, ...] | None = None
 
     def __reduce__(self):
-        """Pickled by name when the name gives this spec back (registered, or a gen_index),
+        """Pickled by name when the name gives this spec back (registered, or of a family),
         since specs hold functions that pickle cannot carry (closures, lambdas)."""
         if _is_family_name(self.name) or _REGISTRY.get(self.name) is self:
             return get_function, (self.name,)
@@ -100,7 +100,7 @@ class FunctionSpec:
 
 
 def _is_family_name(name: str) -> bool:
-    """Whether ``name`` belongs to a family built on demand from the name (indexes, casts)."""
+    """Whether ``name`` belongs to a family built on demand from the name (indexes, casts, samplers)."""
     return any(
         family.fullmatch(name)
         for family in (GEN_INDEX_NAME, EXPLICIT_INDEX_NAME, CAST_NAME, MULTINOMIAL_NAME)
