@@ -198,3 +198,14 @@ def test_the_builder_config_and_random_weights():
         )
     with pytest.raises(ModelError, match="qkv_bias"):
         cm.LlamaConfig(n_layers=1, n_heads=4, d_model=16, d_mlp=24, vocab_size=13, qkv_bias="yes")
+
+
+def test_a_window_size_without_use_sliding_window_is_ignored_as_qwen2_does():
+    """Hub configs (e.g. Qwen2-0.5B) carry ``sliding_window`` with ``use_sliding_window: false``:
+    Qwen2's attention is then full, and so is ours."""
+    model = qwen2()
+    tokens = tokens_for(True, length=14)
+    config = dict(model.config.to_dict(), sliding_window=3, use_sliding_window=False)
+    circuit = cm.from_hf_state_dict(config, model.state_dict(), tokens)
+    assert circuit == cm.from_hf(model, tokens)
+    assert (logits_of(circuit) - hf_logits(model, tokens[..., :-1])).abs().max().item() < 1e-5
