@@ -180,13 +180,17 @@ def test_broken_inputs_name_the_field():
 
 
 def test_causal_mask_pass_with_the_window_keeps_the_value():
-    """The pass given the window's mask keeps the value; given none it writes the plain causal mask."""
+    """The pass given the window's mask keeps the value; given none it refuses to replace the
+    window by the plain causal mask (that would change the model silently); given the causal mask
+    on purpose it writes it."""
     model = mistral().to(torch.float64)
     tokens = tokens_for(True)
     circuit = cm.from_hf(model, tokens)
     window = circuit.get_unique(names.CAUSAL_MASK).value
     remasked = cc.causal_mask(circuit, mask=window)
     torch.testing.assert_close(remasked.evaluate(), circuit.evaluate(), rtol=1e-12, atol=1e-12)
-    plain = cc.causal_mask(circuit)
+    with pytest.raises(cc.PassError, match="not the causal mask"):
+        cc.causal_mask(circuit)
+    plain = cc.causal_mask(circuit, mask=causal_mask_array(12).value)
     assert torch.equal(plain.get_unique(names.CAUSAL_MASK).value, causal_mask_array(12).value)
     assert (plain.evaluate() - circuit.evaluate()).abs().max().item() > 1e-3

@@ -46,6 +46,8 @@ def causal_mask(circuit: Circuit, mask: MaskSpec = None, neg_inf: float = NEG_IN
     def masked(scores: Circuit) -> Circuit:
         raw = _unmasked(scores)
         heads, queries, keys = raw.shape[-3:]
+        if mask is None:
+            _check_only_causal(scores, queries, keys)
         mask_node = _mask_node(mask, scores, heads, queries, keys)
         letters = raw.out_axes[-3:] if mask_node.rank == 3 else raw.out_axes[-2:]
         with_mask = Einsum(
@@ -58,6 +60,21 @@ def causal_mask(circuit: Circuit, mask: MaskSpec = None, neg_inf: float = NEG_IN
 
     # update works bottom-up, so a later layer's scores are rebuilt over the earlier, masked ones
     return circuit.update(names.SCORES, masked)
+
+
+def _check_only_causal(scores: Circuit, queries: int, keys: int) -> None:
+    """Replacing a mask by the causal one is a no-op unless the mask was something else (a
+    sliding window, a knockout): refused then, rather than silently changing the model."""
+    if not (isinstance(scores, Add) and scores.children and scores.children[0].name == names.RAW_SCORES):
+        return
+    existing = scores.children[0].children[-1]
+    if not isinstance(existing, Array) or existing.value is None or existing.rank != 2:
+        return
+    if not torch.equal(existing.value.bool(), torch.ones(queries, keys, dtype=torch.bool).tril()):
+        raise PassError(
+            f"causal_mask: {scores.describe()} is already masked with {existing.describe()}, which is not "
+            "the causal mask (a sliding window or a knockout); pass mask= to replace it on purpose"
+        )
 
 
 def _unmasked(scores: Circuit) -> Einsum:
