@@ -9,6 +9,7 @@ number, the line, and what was expected.
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import re
 from typing import Callable
@@ -64,6 +65,8 @@ _ONLY_CHILD_MARKER = re.compile(r"(?:▼|\|/) *(?:#.*)?")
 _SIZE = re.compile(r"\s*([^\W\d]\w*)\s*=\s*(\d+)\s*")  # einops axis names are identifiers
 
 LEAF_KINDS = ("Array", "Scalar", "Symbol")
+# leaves whose shape must be printed: as in rust_circuit, only an Array loaded by hash may omit it
+_SHAPED_KINDS = ("Scalar", "Symbol")
 # node types rust_circuit prints that this library does not have
 _UNSUPPORTED_KINDS = frozenset(
     ("Module", "Tag", "Scatter", "Cumulant", "DiscreteVar", "StoredCumulantVar", "SetSymbolicShape", "Conv")
@@ -93,9 +96,14 @@ class _Line:
         return ParseError(message, self.number, _shown_line(self.spaces, self.body))
 
 
-def parse(text: str, store: TensorStore | None = None) -> Circuit:
-    """Read exactly one circuit."""
-    reader = _read(text, store)
+def parse(text: str, store: TensorStore | None = None, tensors_as_random: bool = False) -> Circuit:
+    """Read exactly one circuit.
+
+    ``tensors_as_random=True`` (rust_circuit's option) reads every Array as
+    a seeded random array of its printed shape, for texts whose weights are
+    not at hand (see ``_random_array`` for the seed rule).
+    """
+    reader = _read(text, store, tensors_as_random)
     roots = reader.roots
     if len(roots) > 1:
         second = reader.root_lines[1]
@@ -108,23 +116,25 @@ def parse(text: str, store: TensorStore | None = None) -> Circuit:
     return roots[0]
 
 
-def parse_many(text: str, store: TensorStore | None = None) -> list[Circuit]:
-    """Read every top-level circuit in ``text``, in order."""
-    return _read(text, store).roots
+def parse_many(text: str, store: TensorStore | None = None, tensors_as_random: bool = False) -> list[Circuit]:
+    """Read every top-level circuit in ``text``, in order (options as for ``parse``)."""
+    return _read(text, store, tensors_as_random).roots
 
 
-def _read(text: str, store: TensorStore | None) -> _Reader:
+def _read(text: str, store: TensorStore | None, tensors_as_random: bool) -> _Reader:
     if not isinstance(text, str):
         raise ParseError(f"expected text (str), got {type(text).__name__}")
-    reader = _Reader(store)
+    reader = _Reader(store, tensors_as_random)
     with gc_paused():
         reader.read(text)
     return reader
 
 
 class _Reader:
-    def __init__(self, store: TensorStore | None):
+    def __init__(self, store: TensorStore | None, tensors_as_random: bool = False):
         self.store = store
+        # swapping the Array builder costs the other nodes nothing
+        self.builders = {**_BUILDERS, "Array": _random_array} if tensors_as_random else _BUILDERS
         self.roots: list[Circuit] = []
         self.pending: list[_Line] = []
         self.by_serial: dict[int, Circuit | _Line] = {}
@@ -328,7 +338,7 @@ class _Reader:
             raise line.error(f"rust_circuit's {line.kind} is not supported: this library has no such node")
         if line.kind not in _BUILDERS:
             raise line.error(f"unknown variant {line.kind!r}; expected one of {', '.join(_BUILDERS)}")
-        if line.kind in LEAF_KINDS and line.shape is None:
+        if line.shape is None and line.kind in _SHAPED_KINDS:
             raise line.error(f"{line.kind} needs its shape, e.g. [300,256], before the variant")
 
     @staticmethod
@@ -379,7 +389,7 @@ class _Reader:
             self.roots.append(node)
 
     def _build(self, line: _Line) -> Circuit:
-        builder = _BUILDERS[line.kind]
+        builder = self.builders[line.kind]
         try:
             node = builder(line, self.store)
         except ParseError:
@@ -515,10 +525,19 @@ def _no_extra(line: _Line) -> None:
 
 
 def _build_array(line: _Line, store: TensorStore | None) -> Circuit:
+    if line.extra == _RANDOM:
+        return _random_array(line, store)
     _no_children(line)
     if not _HEX.fullmatch(line.extra):
-        raise line.error(f"Array needs a {PRINTED_HEX_DIGITS}-hex content hash, found {line.extra!r}")
+        raise line.error(
+            f"Array needs a {PRINTED_HEX_DIGITS}-hex content hash (or rand), found {line.extra!r}"
+        )
     if store is None:
+        if line.shape is None:
+            raise line.error(
+                f"this Array has no shape, so it needs its tensor: parse with store= to load "
+                f"{line.extra} (or print the shape, e.g. [300,256], before the variant)"
+            )
         return Array.from_hash(line.shape, line.extra, name=line.name)
     tensor = store.load(line.extra)
     node = Array(tensor, name=line.name)
@@ -527,6 +546,30 @@ def _build_array(line: _Line, store: TensorStore | None) -> Circuit:
             f"the store's tensor hashes to {node.content_hash[:PRINTED_HEX_DIGITS]}, not {line.extra}"
         )
     return node
+
+
+_RANDOM = "rand"
+
+
+def _random_array(line: _Line, store: TensorStore | None) -> Circuit:
+    """``Array rand`` (and every Array under ``tensors_as_random``): seeded normal values.
+
+    rust_circuit draws fresh values each time; here the seed is the SHA-256
+    of the line's serial number, name, shape and hash (or ``rand``), so the
+    same text always gives the same arrays, and two lines that differ in
+    any of these get different ones.  The values are float32 standard
+    normals (``torch.randn``).  The printed hash, if any, is not checked:
+    the array is a stand-in, and reprints with its own hash.
+    """
+    _no_children(line)
+    if line.shape is None:
+        raise line.error("a random Array needs its shape, e.g. [300,256], before the variant")
+    if line.extra != _RANDOM and not _HEX.fullmatch(line.extra):
+        raise line.error(f"Array needs a {PRINTED_HEX_DIGITS}-hex content hash or rand, found {line.extra!r}")
+    seed_text = f"{line.serial}|{line.name!r}|{list(line.shape)}|{line.extra}"
+    seed = int.from_bytes(hashlib.sha256(seed_text.encode()).digest()[:8], "little") >> 1
+    generator = torch.Generator().manual_seed(seed)
+    return Array(torch.randn(line.shape, generator=generator), name=line.name)
 
 
 def _build_scalar(line: _Line, store: TensorStore | None) -> Circuit:
@@ -602,14 +645,56 @@ def _build_function(line: _Line, store: TensorStore | None) -> Circuit:
 def _build_index(line: _Line, store: TensorStore | None) -> Circuit:
     if len(line.children) != 1:
         raise line.error(f"Index takes one child, found {len(line.children)}")
-    return Index(line.children[0], _parse_index(line), name=line.name)
+    return Index(line.children[0], _parse_index(line, store), name=line.name)
 
 
-def _parse_index(line: _Line) -> tuple:
+def _parse_index(line: _Line, store: TensorStore | None) -> tuple:
+    text = line.extra.replace(" ", "")
     try:
-        return _index_items(line.extra.replace(" ", ""))
+        if _TENSOR_ITEM.search(text):
+            return _index_items_with_tensors(text, store)
+        return _index_items(text)
     except ValueError as error:
         raise line.error(str(error)) from None
+
+
+# rust_circuit's index item that is a tensor by hash: t + 10 hex digits, then its length ("t292d9fdb22 [6]")
+_TENSOR_ITEM = re.compile(r"(?:^\[|,)t[0-9a-f]")
+_TENSOR_BY_HASH = re.compile(r"t([0-9a-f]+)(?:\[(\d+)\])?")
+
+
+def _index_items_with_tensors(text: str, store: TensorStore | None) -> tuple:
+    """An index with tensors by hash, loaded from the store like Arrays.
+
+    There is no placeholder for a missing index tensor (an Index's shape
+    and checks need its values), so without the store it is an error that
+    names the hash.  Other items read as in ``_index_items``.
+    """
+    if not (text.startswith("[") and text.endswith("]")):
+        raise ValueError(f"Index needs [...] after the variant, found {text!r}")
+    parts = _INDEX_PART.findall(text[1:-1])
+    if ",".join(parts) != text[1:-1]:
+        raise ValueError(f"malformed index {text!r}: empty item or stray comma")
+    items = []
+    for part in parts:
+        match = _TENSOR_BY_HASH.fullmatch(part)
+        if match is None:
+            items.extend(_index_items(f"[{part}]"))
+            continue
+        prefix, length = match.groups()
+        if store is None:
+            raise ValueError(
+                f"index tensor t{prefix} is not at hand: parse with store= holding the tensor "
+                f"whose hash starts with {prefix}"
+            )
+        tensor = store.load(prefix)
+        if length is not None and tuple(tensor.shape) != (int(length),):
+            raise ValueError(
+                f"index tensor t{prefix} is printed with length [{length}] but the store's has "
+                f"shape {list(tensor.shape)}"
+            )
+        items.append(tensor)
+    return tuple(items)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -652,7 +737,40 @@ def _build_rearrange(line: _Line, store: TensorStore | None) -> Circuit:
         if not match:
             raise line.error(f"malformed axis size {text.strip()!r}: expected name=int")
         sizes[match.group(1)] = int(match.group(2))
+    if ":" in pattern:
+        pattern = _sized_axes(pattern, sizes, line)
     return Rearrange(line.children[0], pattern, name=line.name, sizes=sizes)
+
+
+# rust_circuit's sized axis in a rearrange spec: "a:2", the size written at any occurrence
+_SIZED_AXIS = re.compile(r"(\w*):([\w*]*)")
+
+
+def _sized_axes(pattern: str, sizes: dict[str, int], line: _Line) -> str:
+    """rust_circuit's ``(a:2 b) -> a:2 b``: the einops pattern, with each size put in ``sizes``.
+
+    rust_circuit writes an axis's size after a colon where it appears; einops
+    takes sizes as keywords, which our Rearrange keeps.  An axis given two
+    different sizes is an error, as is a symbolic size (``a:0s``).
+    """
+
+    def strip_size(match: re.Match) -> str:
+        axis, size = match.groups()
+        if not _AXIS_NAME.fullmatch(axis):
+            raise line.error(f"malformed sized axis {match.group()!r}: expected a name, e.g. a:2")
+        if _SYMBOLIC_SIZE.fullmatch(size):
+            raise line.error(f"symbolic size {match.group()!r} is not supported: sizes must be integers")
+        if not size.isdigit():
+            raise line.error(f"malformed sized axis {match.group()!r}: expected an int size, e.g. a:2")
+        value = _integer(size, "size", line.number, _shown_line(line.spaces, line.body))
+        if sizes.setdefault(axis, value) != value:
+            raise line.error(f"axis {axis!r} is given two sizes, {sizes[axis]} and {value}")
+        return axis
+
+    return _SIZED_AXIS.sub(strip_size, pattern)
+
+
+_AXIS_NAME = re.compile(r"[^\W\d]\w*")
 
 
 def _build_concat(line: _Line, store: TensorStore | None) -> Circuit:
