@@ -53,6 +53,8 @@ def saved(store: cc.TensorStore, tensor: torch.Tensor) -> str:
         ("a -> a c:4", "a -> a c", {"c": 4}),  # a new axis, sized where it appears
         ("a -> (c:2 a)", "a -> (c a)", {"c": 2}),
         ("( a:3 b ) -> b a", "(a b) -> b a", {"a": 3}),
+        ("a -> 3 a", "a -> 3 a", {}),  # anonymous sized axes read as einops reads them
+        ("(a:3 b) -> a 1 b", "(a b) -> a 1 b", {"a": 3}),
     ],
 )
 def test_rearrange_with_sized_axes(store, spec, einops_pattern, sizes):
