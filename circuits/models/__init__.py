@@ -1,13 +1,13 @@
 """Transformer builders and weight loaders (``import circuits.models``).
 
-Builders (``attn_only``, ``gpt2``, ``llama``, sharing ``common``) take a
+Builders (``attn_only``, ``gpt2``, ``llama``, ``neox``, sharing ``common``) take a
 config, a dict of weight tensors named as in the circuit, and the tokens, and
 return a circuit whose root is the per-token loss ``'t.loss'``; the logits are
 ``'t.call'``, the token input ``'toks_int_var'`` (every name is built by
 ``circuits.names``).  With ``convention="prompt"`` the tokens are a prompt
 alone (no next token to predict) and the root is the logits.  Loaders, one module per source: ``hf`` (in-memory
-Hugging Face models and state dicts, converted by ``hf_gpt2`` and
-``hf_llama``), ``checkpoint`` (a local checkpoint directory) and
+Hugging Face models and state dicts, converted by ``hf_gpt2``,
+``hf_llama`` and ``hf_neox``), ``checkpoint`` (a local checkpoint directory) and
 ``transformer_lens`` (TransformerLens state dicts), sharing ``reading``.
 ``transformers`` is only needed by ``from_hf`` (it is imported there, lazily).
 """
@@ -19,6 +19,7 @@ from circuits.models.common import CONVENTIONS
 from circuits.models.demo_model import load_demo_model
 from circuits.models.gpt2 import GPT2Config, build_gpt2, gpt2_random_weights
 from circuits.models.llama import LlamaConfig, build_llama, llama_random_weights, rope_cos_sin
+from circuits.models.neox import NeoXConfig, build_neox
 from circuits.models.checkpoint import load_hf_checkpoint
 from circuits.models.hf import from_hf, from_hf_state_dict, hf_to_weights
 from circuits.models.transformer_lens import TRANSFORMER_LENS_KEYS, from_transformer_lens
@@ -32,10 +33,12 @@ __all__ = [
     "GPT2Config",
     "LlamaConfig",
     "ModelError",
+    "NeoXConfig",
     "attn_only_random_weights",
     "build_attn_only",
     "build_gpt2",
     "build_llama",
+    "build_neox",
     "from_hf",
     "from_hf_state_dict",
     "from_transformer_lens",

@@ -500,17 +500,23 @@ def random_weights(
     return out
 
 
-def rotate_half(x: Circuit, name: str) -> Concat:
+def rotate_half(x: Circuit, name: str, dims: int | None = None) -> Concat:
     """``cat(-x2, x1)`` over the last axis (Hugging Face's ``rotate_half``), from Index/Einsum/Concat.
 
     ``x`` is ``[h,q,c]`` (or ``[B,h,q,c]``); the negation is an Einsum with the
-    Scalar -1, exact in floating point.
+    Scalar -1, exact in floating point.  With ``dims`` (partial rotary, GPT-NeoX)
+    only the first ``dims`` entries are rotated and the rest follow unchanged,
+    so that tables with cos 1 and sin 0 there leave them exactly as they were.
     """
-    size = x.shape[-1]
+    size = x.shape[-1] if dims is None else dims
     if size % 2:
-        raise ModelError(f"rotary embedding needs an even head size, got {size}")
+        raise ModelError(f"rotary embedding needs an even number of rotated dims, got {size}")
     half = size // 2
-    second = last_axis_index(x, slice(half, None))
+    whole = size == x.shape[-1]
+    second = last_axis_index(x, slice(half, None if whole else size))
     first = last_axis_index(x, slice(None, half))
     negated = einsum("hqc,->hqc", second, Scalar(-1.0, name=names.NEG_ONE))
-    return Concat(negated, first, axis=x.rank - 1, name=name)
+    if whole:
+        return Concat(negated, first, axis=x.rank - 1, name=name)
+    rest = last_axis_index(x, slice(size, None))
+    return Concat(negated, first, rest, axis=x.rank - 1, name=name)

@@ -41,7 +41,9 @@ from circuits.models.hf_llama import (
     rope_from_transformers,
     rope_type,
 )
+from circuits.models.hf_neox import neox_config_from_hf, neox_weights_from_hf
 from circuits.models.llama import build_llama
+from circuits.models.neox import build_neox
 from circuits.models.reading import check_attach, get_field
 from circuits.models.text import token_ids
 from circuits.nodes import Circuit
@@ -51,6 +53,7 @@ SUPPORTED_HF = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "mistral": "MistralForCausalLM",
+    "gpt_neox": "GPTNeoXForCausalLM",
 }
 
 
@@ -96,6 +99,8 @@ def config_for(config: Any) -> tuple[str, Any]:
     model_type = _model_type(config)
     if model_type == "gpt2":
         return model_type, gpt2_config_from_hf(config)
+    if model_type == "gpt_neox":
+        return model_type, neox_config_from_hf(config)
     return model_type, llama_config_from_hf(config, model_type)
 
 
@@ -111,6 +116,8 @@ def hf_to_weights(
         raise ModelError(f"a state dict must map str keys to tensors, got {type(state_dict).__name__}")
     if family == "gpt2":
         return family, ours, gpt2_weights_from_hf(ours, state_dict, attach)
+    if family == "gpt_neox":
+        return family, ours, neox_weights_from_hf(ours, state_dict, attach)
     return family, ours, llama_weights_from_hf(ours, state_dict, attach, FAMILY_NAMES[family])
 
 
@@ -147,10 +154,11 @@ def from_hf_state_dict(
         "neg_inf": neg_inf,
         "attach": attach,
     }
-    if family == "gpt2":
+    if family in ("gpt2", "gpt_neox"):
         if rope is not None:
             raise ModelError("rope= applies to Llama-style models (llama, qwen2, mistral) only")
-        return build_gpt2(ours, weights, tokens, **options)
+        build = build_gpt2 if family == "gpt2" else build_neox
+        return build(ours, weights, tokens, **options)
     if rope is None and rope_type(config) != "default":
         seq = _positions(tokens, seq_len, convention)
         if seq is None:
@@ -203,7 +211,7 @@ def from_hf(
             f"from_hf: got a {type(model).__name__} ({model_type}); expected {expected} (a model with its LM head)"
         )
     rope = None
-    if model_type != "gpt2":
+    if model_type not in ("gpt2", "gpt_neox"):
         seq = _positions(tokens, seq_len, convention)
         rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
         if seq is not None and rotary is not None:
