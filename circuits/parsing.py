@@ -549,6 +549,8 @@ def _build_array(line: _Line, store: TensorStore | None) -> Circuit:
 
 
 _RANDOM = "rand"
+#: a typo in a printed shape must not make the parser fill the machine's memory
+_MAX_RANDOM_ELEMENTS = 2**30
 
 
 def _random_array(line: _Line, store: TensorStore | None) -> Circuit:
@@ -566,6 +568,11 @@ def _random_array(line: _Line, store: TensorStore | None) -> Circuit:
         raise line.error("a random Array needs its shape, e.g. [300,256], before the variant")
     if line.extra != _RANDOM and not _HEX.fullmatch(line.extra):
         raise line.error(f"Array needs a {PRINTED_HEX_DIGITS}-hex content hash or rand, found {line.extra!r}")
+    if math.prod(line.shape) > _MAX_RANDOM_ELEMENTS:
+        raise line.error(
+            f"a random Array of shape {list(line.shape)} has more than {_MAX_RANDOM_ELEMENTS} elements "
+            "(4 GiB of float32): refused rather than filling memory"
+        )
     seed_text = f"{line.serial}|{line.name!r}|{list(line.shape)}|{line.extra}"
     seed = int.from_bytes(hashlib.sha256(seed_text.encode()).digest()[:8], "little") >> 1
     generator = torch.Generator().manual_seed(seed)

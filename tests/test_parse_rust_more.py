@@ -171,6 +171,11 @@ def test_tensors_as_random_reads_arrays_by_hash_without_their_tensors():
         cc.parse(text).evaluate()  # without the option, the hash stays a placeholder
 
 
+def test_a_huge_random_array_is_refused_not_allocated():
+    error = parse_error("'w' [100000,100000] Array rand")
+    assert "more than" in str(error) and error.line_number == 1
+
+
 def test_random_array_needs_its_shape():
     assert "needs its shape" in str(parse_error("'w' Array rand"))
     with pytest.raises(cc.ParseError, match="needs its shape"):
