@@ -1,13 +1,14 @@
 """Hugging Face models in memory and state dicts: ``from_hf``, ``from_hf_state_dict``, ``hf_to_weights``.
 
 - ``from_hf(model, tokens)``: an in-memory ``GPT2LMHeadModel``,
-  ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` or ``MistralForCausalLM`` (the
-  config is read from the model; the last three are ``build_llama`` circuits).
+  ``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``MistralForCausalLM`` (these
+  three are ``build_llama`` circuits) or ``GPTNeoXForCausalLM`` (Pythia,
+  ``build_neox``); the config is read from the model.
 - ``from_hf_state_dict(config, state_dict, tokens)``: the same from a config
   (object or ``config.json`` dict) and a state dict.
 
-The per-family conversions are in ``hf_gpt2`` and ``hf_llama`` (Qwen2 and
-Mistral too); a checkpoint directory is read by ``checkpoint.load_hf_checkpoint``.  Weights are copied
+The per-family conversions are in ``hf_gpt2``, ``hf_llama`` (Qwen2 and
+Mistral too) and ``hf_neox``; a checkpoint directory is read by ``checkpoint.load_hf_checkpoint``.  Weights are copied
 (so later changes to the model do not make the circuit's array hashes stale)
 and converted to the builders' layouts.  With ``attach=True`` they are not
 copied: every weight array holds a view of the model's parameter (a transpose,
@@ -94,7 +95,8 @@ def _model_type(config: Any) -> str:
 def config_for(config: Any) -> tuple[str, Any]:
     """``(model_type, builder config)`` from a Hugging Face config, every field checked.
 
-    Every model_type but ``'gpt2'`` has a ``LlamaConfig`` (Qwen2 and Mistral are Llama variants).
+    ``'gpt2'`` has a ``GPT2Config``, ``'gpt_neox'`` a ``NeoXConfig``, every other model_type a
+    ``LlamaConfig`` (Qwen2 and Mistral are Llama variants).
     """
     model_type = _model_type(config)
     if model_type == "gpt2":
@@ -138,7 +140,7 @@ def from_hf_state_dict(
 ) -> Circuit:
     """A circuit from a Hugging Face config (object or ``config.json`` dict) and a state dict.
 
-    The options are the builder's (``build_gpt2`` or ``build_llama``, whose
+    The options are the builder's (``build_gpt2``, ``build_llama`` or ``build_neox``, whose
     defaults agree), as in ``from_hf``; with ``attach`` the arrays are views
     of the state dict's tensors (see the module docstring).  ``rope``
     (Llama only): the rotary ``(cos, sin)`` tables; by default the builder
@@ -185,13 +187,13 @@ def from_hf(
     attach: bool = False,
     tokenizer: Any = None,
 ) -> Circuit:
-    """A circuit equal to an in-memory ``GPT2LMHeadModel``, ``LlamaForCausalLM``, ``Qwen2ForCausalLM``
-    or ``MistralForCausalLM``.
+    """A circuit equal to an in-memory ``GPT2LMHeadModel``, ``LlamaForCausalLM``, ``Qwen2ForCausalLM``,
+    ``MistralForCausalLM`` or ``GPTNeoXForCausalLM``.
 
     ``tokens``: an int tensor ``[S+1]`` or ``[B,S+1]`` (inputs all but the
     last, targets all but the first; copied), or None with ``seq_len=`` (and
     ``batch_size=``) for a placeholder, or text with ``tokenizer=``.  The other options are the builders'
-    (``build_gpt2``, ``build_llama``): ``convention="golden"`` for ``[S+2]``
+    (``build_gpt2``, ``build_llama``, ``build_neox``): ``convention="golden"`` for ``[S+2]``
     tokens, ``causal`` (the masked form, as the model computes it),
     ``neg_inf`` (the masked scores' value), and ``attach=True`` to make
     every weight array a view of the model's parameter, so that a backward
