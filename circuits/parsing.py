@@ -87,13 +87,14 @@ class _Line:
     kind: str | None = None
     extra: str = ""
     children: list[Circuit] = attrs.field(factory=list)
+    shown: str | None = None  # the line as written, when that is not its indent and body
 
     @property
     def is_repeat(self) -> bool:
         return self.kind is None
 
     def error(self, message: str) -> ParseError:
-        return ParseError(message, self.number, _shown_line(self.spaces, self.body))
+        return ParseError(message, self.number, self.shown or _shown_line(self.spaces, self.body))
 
 
 def parse(text: str, store: TensorStore | None = None, tensors_as_random: bool = False) -> Circuit:
@@ -141,7 +142,7 @@ class _Reader:
         self.by_name: dict[str, dict[bytes, Circuit]] = {}
         # the line that starts each top-level circuit, for parse's error on a second one
         self.root_lines: list[_Line] = []
-        # (number, indent, text) of an only-child marker whose child line is still to come
+        # (number, indent, line as written) of an only-child marker whose child line is still to come
         self.marker: tuple[int, int, str] | None = None
         self.base = 0  # the indent of the text's first node line, which is depth 0
 
@@ -177,12 +178,8 @@ class _Reader:
                 self._open(line)
             last = line
         if self.marker is not None:
-            number, spaces, body = self.marker
-            raise ParseError(
-                "the text ends after an only-child marker; its child is missing",
-                number,
-                _shown_line(spaces, body),
-            )
+            number, _, shown = self.marker
+            raise ParseError("the text ends after an only-child marker; its child is missing", number, shown)
         self._close_to(0)
 
     def _open(self, line: _Line) -> None:
@@ -201,14 +198,14 @@ class _Reader:
         line above the marker, not its sibling.  Lines indented deeper are
         its own children; the next line at this indent or less closes both.
         """
-        number, spaces, body = self.marker
+        number, spaces, shown = self.marker
         self.marker = None
         if last is None or last.is_repeat or last.kind in LEAF_KINDS:
             raise ParseError(
                 "an only-child marker must follow a line that opens a node with children "
                 "(not a repeat or a leaf)",
                 number,
-                _shown_line(spaces, body),
+                shown,
             )
         if not spaces == last.spaces == line.spaces:
             raise line.error(
@@ -263,15 +260,15 @@ class _Reader:
         return line
 
     def _split_slowly(self, number: int, spaces: int, body: str) -> _Line | None:
+        raw = _shown_line(spaces, body)  # errors show the line as written, tree drawing included
         if body[0] in _TREE_START:  # rust_circuit's arrows=True drawing or only-child marker
             drawing = _TREE_DRAWING.match(body).end()
             spaces, body = spaces + drawing, body[drawing:]
             if _ONLY_CHILD_MARKER.fullmatch(body):
-                self._mark_only_child(number, spaces, body)
+                self._mark_only_child(number, spaces, raw)
                 return None
             if not body or body.startswith("#"):
                 return None
-        raw = _shown_line(spaces, body)
         if body[0] == "\t":
             raise ParseError(
                 "a tab in the indentation; indent with spaces (two per depth), not tabs", number, raw
@@ -304,7 +301,7 @@ class _Reader:
         if serial is None and name is None:
             raise ParseError("expected a reference: a serial number, a 'quoted name', or both", number, raw)
         rest = body[position:].split("#", 1)[0].rstrip()
-        line = _Line(number, spaces, indent // 2, body, serial, name)
+        line = _Line(number, spaces, indent // 2, body, serial, name, shown=raw)
         if not rest:
             return line
         if not rest.startswith(" ") and name is not None:
@@ -322,15 +319,15 @@ class _Reader:
         self._check_variant(line)
         return line
 
-    def _mark_only_child(self, number: int, spaces: int, body: str) -> None:
+    def _mark_only_child(self, number: int, spaces: int, shown: str) -> None:
         if self.marker is not None:
             raise ParseError(
                 f"two only-child markers in a row (lines {self.marker[0]} and {number}); "
                 "expected the child's line after the first",
                 number,
-                _shown_line(spaces, body),
+                shown,
             )
-        self.marker = (number, spaces, body)
+        self.marker = (number, spaces, shown)
 
     @staticmethod
     def _check_variant(line: _Line) -> None:
