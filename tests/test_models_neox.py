@@ -86,11 +86,13 @@ def test_equals_hugging_face_forward(parallel, batched, dtype):
 
 
 @pytest.mark.parametrize("rotary_pct", [0.0, 1.0], ids=["no-rotary", "full-rotary"])
-def test_rotary_extremes_and_tied_embeddings(rotary_pct):
-    model = neox(rotary_pct=rotary_pct, tied=True).to(torch.float64)
+def test_rotary_extremes_tied_embeddings_and_no_attention_bias(rotary_pct):
+    model = neox(rotary_pct=rotary_pct, tied=True, attention_bias=False).to(torch.float64)
     tokens = tokens_for(True)
-    got = logits_of(cm.from_hf(model, tokens))
-    assert (got - hf_logits(model, tokens[..., :-1])).abs().max().item() < 1e-10
+    circuit = cm.from_hf(model, tokens)
+    assert not circuit.get(names.Q_NOBIAS) and not circuit.get(names.attn_weight(1, "o_bias"))
+    assert circuit.get(names.Q_UNROTATED) and circuit.get(names.V)
+    assert (logits_of(circuit) - hf_logits(model, tokens[..., :-1])).abs().max().item() < 1e-10
 
 
 def test_a_wrong_rotary_fraction_or_residual_layout_differs():
@@ -170,16 +172,31 @@ def test_split_heads_causal_mask_and_a_zeroed_head():
     "change,match",
     [
         (dict(rope_parameters={"rope_type": "linear", "factor": 2.0}), "rotary variant 'linear'"),
-        (dict(attention_bias=False), "attention_bias=False"),
         (dict(rope_parameters={"rope_type": "default", "partial_rotary_factor": 0.25}), "rotary_pct=0.25"),
         (dict(hidden_act="gelu_fast"), "activation 'gelu_fast'"),
         (dict(use_parallel_residual="yes"), "'use_parallel_residual' is 'yes'"),
+        (dict(head_dim=8), "'head_dim' 8 is not"),
     ],
 )
 def test_unsupported_configs_name_the_field(change, match):
-    """Refused, naming the field: a scaled rotary variant, no attention biases, an odd number
-    of rotated dims (0.25 of 12 is 3), an activation the builders lack, a flag of the wrong kind."""
+    """Refused, naming the field: a scaled rotary variant, an odd number
+    of rotated dims (0.25 of 12 is 3), an activation the builders lack, a flag of the wrong kind,
+    a ``head_dim`` other than the head size (transformers' rotary would read it, its attention not)."""
     model = neox()
     config = dict(model.config.to_dict(), **change)
     with pytest.raises(ModelError, match=match):
         cm.from_hf_state_dict(config, model.state_dict(), tokens_for(False))
+
+
+def test_attached_gradients_equal_hugging_face_backward():
+    """With ``attach=True`` the fused ``query_key_value`` and ``dense`` views pass the gradient
+    back to the model's parameters, equal to its own backward."""
+    model = neox(parallel=False).to(torch.float64)
+    tokens = tokens_for(True)
+    logits = model(input_ids=tokens[:, :-1]).logits  # (its own loss is computed in float32)
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+    want = torch.autograd.grad(loss, list(model.parameters()))
+    circuit = cm.from_hf(model, tokens, attach=True)
+    got = torch.autograd.grad(cc.evaluate(circuit).mean(), list(model.parameters()))
+    for (name, _), g, w in zip(model.named_parameters(), got, want):
+        torch.testing.assert_close(g, w, rtol=1e-8, atol=1e-10, msg=name)

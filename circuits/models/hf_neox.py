@@ -53,8 +53,6 @@ def _rope(config: Any) -> tuple[float, float]:
 
 def neox_config_from_hf(config: Any) -> NeoXConfig:
     """Our ``NeoXConfig`` from a Hugging Face one (object or ``config.json`` dict), each field checked."""
-    if not typed_field(FAMILY, config, "attention_bias", True, bool):
-        raise ModelError(f"{FAMILY} config options not supported: attention_bias=False")
     pct, theta = _rope(config)
     ours = NeoXConfig(
         n_layers=int_field(FAMILY, config, "num_hidden_layers", low=0),
@@ -68,12 +66,18 @@ def neox_config_from_hf(config: Any) -> NeoXConfig:
         rope_theta=theta,
         act=typed_field(FAMILY, config, "hidden_act", "gelu", str),
         parallel_residual=typed_field(FAMILY, config, "use_parallel_residual", True, bool),
+        attention_bias=typed_field(FAMILY, config, "attention_bias", True, bool),
         tie_word_embeddings=typed_field(FAMILY, config, "tie_word_embeddings", False, bool),
     )
     if ours.d_model % ours.n_heads:
         raise ModelError(
             f"{FAMILY} config: 'hidden_size' {ours.d_model} is not divisible by "
             f"'num_attention_heads' {ours.n_heads}"
+        )
+    head_dim = optional_int(FAMILY, config, "head_dim")
+    if head_dim not in (None, ours.d_head):  # transformers' attention ignores it, its rotary does not
+        raise ModelError(
+            f"{FAMILY} config: 'head_dim' {head_dim} is not 'hidden_size' / 'num_attention_heads' {ours.d_head}"
         )
     return ours
 
@@ -98,7 +102,8 @@ def neox_weights_from_hf(
         out[names.norm_weight(a, "scale")] = r.take(p + "input_layernorm.weight", (d,))
         out[names.norm_weight(a, "bias")] = r.take(p + "input_layernorm.bias", (d,))
         qkv = r.take(p + "attention.query_key_value.weight", (3 * d, d))
-        qkv_bias = r.take(p + "attention.query_key_value.bias", (3 * d,))
+        biased = config.attention_bias
+        qkv_bias = r.take(p + "attention.query_key_value.bias", (3 * d,)) if biased else None
         for i, which in enumerate("qkv"):
             if qkv is not None:
                 out[names.attn_weight(layer, which)] = qkv.reshape(h, 3, c, d)[:, i]
@@ -107,7 +112,8 @@ def neox_weights_from_hf(
         dense = r.take(p + "attention.dense.weight", (d, d))
         if dense is not None:  # [out, head * c + j] -> [head, out, j]
             out[names.attn_weight(layer, "o")] = dense.reshape(d, h, c).permute(1, 0, 2)
-        out[names.attn_weight(layer, "o_bias")] = r.take(p + "attention.dense.bias", (d,))
+        if biased:
+            out[names.attn_weight(layer, "o_bias")] = r.take(p + "attention.dense.bias", (d,))
         out[names.norm_weight(m_, "scale")] = r.take(p + "post_attention_layernorm.weight", (d,))
         out[names.norm_weight(m_, "bias")] = r.take(p + "post_attention_layernorm.bias", (d,))
         out[names.mlp_weight(layer, "proj_in")] = r.take(p + "mlp.dense_h_to_4h.weight", (m, d))

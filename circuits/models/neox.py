@@ -16,8 +16,9 @@ and ``'a.q'`` is ``Add('a.q_cos', 'a.q_sin')`` over the rotary tables
 the first ``rotary_dims`` entries of each head are rotated (``rotary_pct``):
 the tables hold cos 1 and sin 0 beyond them, and ``'a.q_rot_half'`` carries
 those entries unchanged, so they pass through exactly (``x * 1 + x * 0``)
-while every node keeps Llama's name and shape.  The layer written out as a
-tree: docs/models.md.
+while every node keeps Llama's name and shape.  With ``attention_bias=False``
+the projections are the bare Einsums, named as their biased Adds would be.
+The layer written out as a tree: docs/models.md.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class NeoXConfig:
     rope_theta: float = 10000.0
     act: str = "gelu"
     parallel_residual: bool = True
+    attention_bias: bool = True  # biases on the query, key, value and output projections
     tie_word_embeddings: bool = False
 
     def __post_init__(self):
@@ -57,7 +59,7 @@ class NeoXConfig:
             self,
             ("n_heads", "d_model", "d_mlp", "vocab_size", "max_positions"),
             epsilons=("ln_eps",),
-            flags=("parallel_residual", "tie_word_embeddings"),
+            flags=("parallel_residual", "attention_bias", "tie_word_embeddings"),
         )
         pct, theta = self.rotary_pct, self.rope_theta
         if isinstance(pct, bool) or not isinstance(pct, (int, float)) or not 0 <= pct <= 1:
@@ -91,9 +93,11 @@ class NeoXConfig:
             shapes[names.norm_weight(a, "bias")] = (d,)
             for which in "qkv":
                 shapes[names.attn_weight(layer, which)] = (h, c, d)
-                shapes[names.attn_weight(layer, f"{which}_bias")] = (h, 1, c)
+                if self.attention_bias:
+                    shapes[names.attn_weight(layer, f"{which}_bias")] = (h, 1, c)
             shapes[names.attn_weight(layer, "o")] = (h, d, c)
-            shapes[names.attn_weight(layer, "o_bias")] = (d,)
+            if self.attention_bias:
+                shapes[names.attn_weight(layer, "o_bias")] = (d,)
             shapes[names.norm_weight(m_, "scale")] = (d,)
             shapes[names.norm_weight(m_, "bias")] = (d,)
             shapes[names.mlp_weight(layer, "proj_in")] = (m, d)
@@ -194,21 +198,27 @@ def _attention(
     mask: Circuit | None,
     neg_inf: float,
 ) -> Add:
-    """``'b{L}.resid_mid'``: the residual plus layer ``L``'s attention and its output bias."""
+    """``'b{L}.resid_mid'``: the residual plus layer ``L``'s attention and its output bias (if any)."""
     norm = common.layer_norm(
         resid, *common.norm_weights(w, names.attn_prefix(layer)), eps, name=names.attn_norm(layer)
     )
 
-    def projected(spec: str, which: str, unbiased: str, biased: str) -> Add:
+    def projected(spec: str, which: str, unbiased: str, biased: str) -> Circuit:
+        """The projection named ``biased`` whether or not it has a bias (as Llama's ``_project``)."""
+        bias = w.get(names.attn_weight(layer, f"{which}_bias"))
+        if bias is None:
+            return einsum(spec, norm, w[names.attn_weight(layer, which)], name=biased)
         product = einsum(spec, norm, w[names.attn_weight(layer, which)], name=unbiased)
-        return Add(product, w[names.attn_weight(layer, f"{which}_bias")], name=biased)
+        return Add(product, bias, name=biased)
 
     q = _rotate(projected("qd,hcd->hqc", "q", names.Q_NOBIAS, names.Q_UNROTATED), rotary, names.Q)
     k = _rotate(projected("kd,hcd->hkc", "k", names.K_NOBIAS, names.K_UNROTATED), rotary, names.K)
     v = projected("kd,hVd->hkV", "v", names.V_NOBIAS, names.V)
     div = common.div_head_size(w[names.attn_weight(layer, "q")])
     out = common.attend(q, k, v, div, w[names.attn_weight(layer, "o")], layer, mask, neg_inf)
-    return Add(out, w[names.attn_weight(layer, "o_bias")], resid, name=names.resid_mid(layer))
+    o_bias = w.get(names.attn_weight(layer, "o_bias"))
+    added = (out, resid) if o_bias is None else (out, o_bias, resid)
+    return Add(*added, name=names.resid_mid(layer))
 
 
 def _rotate(x: Circuit, rotary: tuple[Circuit, Circuit, int], name: str) -> Add:
