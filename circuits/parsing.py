@@ -50,6 +50,7 @@ _PRINTED_LINE = re.compile(
 )
 _HEX = re.compile(f"[0-9a-f]{{{PRINTED_HEX_DIGITS},{FULL_HEX_DIGITS}}}")
 _INT = re.compile(r"-?\d+")
+_DIGITS = re.compile(r"[0-9]+")  # not str.isdigit, which takes "²" that int() refuses
 _DECIMAL = re.compile(r"-?(\d+(\.\d*)?|\.\d+|inf|nan)")
 _SLICE = re.compile(r"(-?\d+)?:(-?\d+)?")
 _INT_LIST = re.compile(r"-?\d+(,-?\d+)*")
@@ -360,7 +361,7 @@ class _Reader:
                 )
             if ":" in part:
                 raise line.error(f"named axis {part!r} in [{text}] is not supported: sizes must be integers")
-        if any(not part.isdigit() for part in parts):
+        if any(not _DIGITS.fullmatch(part) for part in parts):
             raise line.error(f"malformed shape [{text}]: expected comma-separated sizes like [300,256]")
         return tuple(
             _integer(part, "size", line.number, _shown_line(line.spaces, line.body)) for part in parts
@@ -764,7 +765,7 @@ def _sized_axes(pattern: str, sizes: dict[str, int], line: _Line) -> str:
             raise line.error(f"malformed sized axis {match.group()!r}: expected a name, e.g. a:2")
         if _SYMBOLIC_SIZE.fullmatch(size):
             raise line.error(f"symbolic size {match.group()!r} is not supported: sizes must be integers")
-        if not size.isdigit():
+        if not _DIGITS.fullmatch(size):
             raise line.error(f"malformed sized axis {match.group()!r}: expected an int size, e.g. a:2")
         value = _integer(size, "size", line.number, _shown_line(line.spaces, line.body))
         if sizes.setdefault(axis, value) != value:

@@ -81,6 +81,7 @@ def test_rearrange_size_in_both_spellings_agrees():
         ("(a:2 b) -> a b, a=3", "two sizes"),
         ("(a:0s b) -> a b", "symbolic size"),
         ("(a:x b) -> a b", "int size"),
+        ("(a:² b) -> a b", "int size"),
         ("(1a:2 b) -> a b", "expected a name"),
     ],
 )
