@@ -171,9 +171,13 @@ def test_split_heads_causal_mask_and_a_zeroed_head():
 @pytest.mark.parametrize(
     "change,match",
     [
-        (dict(rope_parameters={"rope_type": "linear", "factor": 2.0}), "rotary variant 'linear'"),
+        (
+            dict(rope_parameters={"rope_type": "linear", "factor": 2.0}),
+            "'rope_parameters' asks for the rotary variant 'linear'",
+        ),
         (dict(rope_parameters={"rope_type": "default", "partial_rotary_factor": 0.25}), "rotary_pct=0.25"),
         (dict(hidden_act="gelu_fast"), "activation 'gelu_fast'"),
+        (dict(rope_parameters=None, rope_scaling={"type": "dynamic"}), "'rope_scaling' asks for .*'dynamic'"),
         (dict(use_parallel_residual="yes"), "'use_parallel_residual' is 'yes'"),
         (dict(head_dim=8), "'head_dim' 8 is not"),
     ],

@@ -40,7 +40,8 @@ def _rope(config: Any) -> tuple[float, float]:
     kind = typed_field(FAMILY, params, "rope_type", typed_field(FAMILY, params, "type", "default", str), str)
     if kind != "default":
         raise ModelError(
-            f"{FAMILY} config: rotary variant {shown(repr(kind))} (rope_scaling) is not supported"
+            f"{FAMILY} config: {key!r} asks for the rotary variant {shown(repr(kind))}; only 'default' "
+            "is supported"
         )
     pct = number_field(FAMILY, config, "rotary_pct", 0.25)
     theta = number_field(FAMILY, config, "rotary_emb_base", 10000.0, positive=True)
