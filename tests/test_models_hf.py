@@ -242,19 +242,11 @@ def test_llama_gqa_layout():
 
 
 def test_unknown_architecture(tmp_path):
-    opt = transformers.OPTForCausalLM(
-        transformers.OPTConfig(
-            vocab_size=50,
-            hidden_size=16,
-            num_hidden_layers=1,
-            ffn_dim=32,
-            num_attention_heads=2,
-            word_embed_proj_dim=16,
-            max_position_embeddings=32,
-        )
+    bloom = transformers.BloomForCausalLM(
+        transformers.BloomConfig(vocab_size=50, hidden_size=16, n_layer=1, n_head=2)
     )
-    with pytest.raises(cm.ModelError, match=r"unsupported architecture: model_type 'opt'.*'gpt2'.*'llama'"):
-        cm.from_hf(opt, tokens_for(False))
+    with pytest.raises(cm.ModelError, match=r"unsupported architecture: model_type 'bloom'.*'gpt2'.*'llama'"):
+        cm.from_hf(bloom, tokens_for(False))
     with pytest.raises(cm.ModelError, match="expected GPT2LMHeadModel"):
         cm.from_hf(gpt2(True).transformer, tokens_for(False))
     (tmp_path / "config.json").write_text(

@@ -7,7 +7,7 @@ return a circuit whose root is the per-token loss ``'t.loss'``; the logits are
 ``circuits.names``).  With ``convention="prompt"`` the tokens are a prompt
 alone (no next token to predict) and the root is the logits.  Loaders, one module per source: ``hf`` (in-memory
 Hugging Face models and state dicts, converted by ``hf_gpt2``,
-``hf_llama`` and ``hf_neox``), ``checkpoint`` (a local checkpoint directory) and
+``hf_llama``, ``hf_neox`` and ``hf_opt``), ``checkpoint`` (a local checkpoint directory) and
 ``transformer_lens`` (TransformerLens state dicts), sharing ``reading``.
 ``transformers`` is only needed by ``from_hf`` (it is imported there, lazily).
 """

@@ -2,13 +2,14 @@
 
 - ``from_hf(model, tokens)``: an in-memory ``GPT2LMHeadModel``,
   ``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``MistralForCausalLM`` (these
-  three are ``build_llama`` circuits) or ``GPTNeoXForCausalLM`` (Pythia,
-  ``build_neox``); the config is read from the model.
+  three are ``build_llama`` circuits), ``GPTNeoXForCausalLM`` (Pythia,
+  ``build_neox``) or ``OPTForCausalLM`` (a ``build_gpt2`` circuit: ``hf_opt``);
+  the config is read from the model.
 - ``from_hf_state_dict(config, state_dict, tokens)``: the same from a config
   (object or ``config.json`` dict) and a state dict.
 
 The per-family conversions are in ``hf_gpt2``, ``hf_llama`` (Qwen2 and
-Mistral too) and ``hf_neox``; a checkpoint directory is read by ``checkpoint.load_hf_checkpoint``.  Weights are copied
+Mistral too), ``hf_neox`` and ``hf_opt``; a checkpoint directory is read by ``checkpoint.load_hf_checkpoint``.  Weights are copied
 (so later changes to the model do not make the circuit's array hashes stale)
 and converted to the builders' layouts.  With ``attach=True`` they are not
 copied: every weight array holds a view of the model's parameter (a transpose,
@@ -43,6 +44,7 @@ from circuits.models.hf_llama import (
     rope_type,
 )
 from circuits.models.hf_neox import neox_config_from_hf, neox_weights_from_hf
+from circuits.models.hf_opt import opt_config_from_hf, opt_weights_from_hf
 from circuits.models.llama import build_llama
 from circuits.models.neox import build_neox
 from circuits.models.reading import check_attach, get_field
@@ -55,7 +57,11 @@ SUPPORTED_HF = {
     "qwen2": "Qwen2ForCausalLM",
     "mistral": "MistralForCausalLM",
     "gpt_neox": "GPTNeoXForCausalLM",
+    "opt": "OPTForCausalLM",
 }
+
+#: model_types built by ``build_gpt2`` (OPT is GPT-2 with its positions offset: ``hf_opt``).
+GPT2_LIKE = ("gpt2", "opt")
 
 
 def _positions(tokens: Any, seq_len: int | None, convention: str) -> int | None:
@@ -95,12 +101,14 @@ def _model_type(config: Any) -> str:
 def config_for(config: Any) -> tuple[str, Any]:
     """``(model_type, builder config)`` from a Hugging Face config, every field checked.
 
-    ``'gpt2'`` has a ``GPT2Config``, ``'gpt_neox'`` a ``NeoXConfig``, every other model_type a
+    ``'gpt2'`` and ``'opt'`` have a ``GPT2Config``, ``'gpt_neox'`` a ``NeoXConfig``, every other model_type a
     ``LlamaConfig`` (Qwen2 and Mistral are Llama variants).
     """
     model_type = _model_type(config)
     if model_type == "gpt2":
         return model_type, gpt2_config_from_hf(config)
+    if model_type == "opt":
+        return model_type, opt_config_from_hf(config)
     if model_type == "gpt_neox":
         return model_type, neox_config_from_hf(config)
     return model_type, llama_config_from_hf(config, model_type)
@@ -118,6 +126,8 @@ def hf_to_weights(
         raise ModelError(f"a state dict must map str keys to tensors, got {type(state_dict).__name__}")
     if family == "gpt2":
         return family, ours, gpt2_weights_from_hf(ours, state_dict, attach)
+    if family == "opt":
+        return family, ours, opt_weights_from_hf(ours, state_dict, attach)
     if family == "gpt_neox":
         return family, ours, neox_weights_from_hf(ours, state_dict, attach)
     return family, ours, llama_weights_from_hf(ours, state_dict, attach, FAMILY_NAMES[family])
@@ -156,10 +166,10 @@ def from_hf_state_dict(
         "neg_inf": neg_inf,
         "attach": attach,
     }
-    if family in ("gpt2", "gpt_neox"):
+    if family in (*GPT2_LIKE, "gpt_neox"):
         if rope is not None:
             raise ModelError("rope= applies to Llama-style models (llama, qwen2, mistral) only")
-        build = build_gpt2 if family == "gpt2" else build_neox
+        build = build_gpt2 if family in GPT2_LIKE else build_neox
         return build(ours, weights, tokens, **options)
     if rope is None and rope_type(config) != "default":
         seq = _positions(tokens, seq_len, convention)
@@ -188,7 +198,7 @@ def from_hf(
     tokenizer: Any = None,
 ) -> Circuit:
     """A circuit equal to an in-memory ``GPT2LMHeadModel``, ``LlamaForCausalLM``, ``Qwen2ForCausalLM``,
-    ``MistralForCausalLM`` or ``GPTNeoXForCausalLM``.
+    ``MistralForCausalLM``, ``GPTNeoXForCausalLM`` or ``OPTForCausalLM``.
 
     ``tokens``: an int tensor ``[S+1]`` or ``[B,S+1]`` (inputs all but the
     last, targets all but the first; copied), or None with ``seq_len=`` (and
@@ -213,7 +223,7 @@ def from_hf(
             f"from_hf: got a {type(model).__name__} ({model_type}); expected {expected} (a model with its LM head)"
         )
     rope = None
-    if model_type not in ("gpt2", "gpt_neox"):
+    if model_type not in (*GPT2_LIKE, "gpt_neox"):
         seq = _positions(tokens, seq_len, convention)
         rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
         if seq is not None and rotary is not None:
