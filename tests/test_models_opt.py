@@ -207,3 +207,12 @@ def test_broken_state_dicts_name_the_key():
         ModelError, match=r"embed_positions.weight' has shape \[40, 39\], expected \[42, 39\]"
     ):
         cm.from_hf_state_dict(config, short, tokens_for(False))
+
+
+def test_a_state_dict_without_the_model_prefix():
+    """A bare ``OPTModel``'s keys (``decoder.layers.0...``, as some hub checkpoints have them) read alike."""
+    model = opt()
+    tokens = tokens_for(True)
+    state = {k.removeprefix("model."): v for k, v in model.state_dict().items()}
+    assert "decoder.embed_tokens.weight" in state
+    assert cm.from_hf_state_dict(model.config, state, tokens) == cm.from_hf(model, tokens)

@@ -87,7 +87,9 @@ def opt_weights_from_hf(
     ``attach`` no weight is copied.
     """
     lm_head = state_dict.get("lm_head.weight")
-    state = strip_prefix({k: v for k, v in state_dict.items() if k != "lm_head.weight"}, "model.decoder.")
+    # OPTForCausalLM keys start 'model.decoder.', a bare OPTModel's (some hub checkpoints) 'decoder.'
+    rest = strip_prefix({k: v for k, v in state_dict.items() if k != "lm_head.weight"}, "model.")
+    state = strip_prefix(rest, "decoder.")
     if lm_head is not None:
         state["lm_head.weight"] = lm_head
     d, h, c, v, m = config.d_model, config.n_heads, config.d_head, config.vocab_size, config.mlp_size
