@@ -206,3 +206,16 @@ def test_array_printed_shape_must_match_the_stored_tensor(store):
 @pytest.mark.parametrize("kind", ["Scalar 1", "Symbol"])
 def test_scalars_and_symbols_need_their_shape_as_in_rust_circuit(kind):
     assert "needs its shape" in str(parse_error(f"'s' {kind}"))
+
+
+def test_the_golden_file_reads_with_random_weights(golden_text):
+    """The use case: a printed model whose weights are not at hand gets stand-ins of the same shapes."""
+    random = cc.parse(golden_text, tensors_as_random=True)
+    placeholders = cc.parse(golden_text)
+
+    def leaves(circuit: cc.Circuit) -> list:
+        return sorted((array.name, array.shape) for array in circuit.get(cc.Array))
+
+    assert leaves(random) == leaves(placeholders)
+    assert all(array.value is not None for array in random.get(cc.Array))
+    assert random.shape == placeholders.shape
