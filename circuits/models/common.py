@@ -42,6 +42,7 @@ _BATCH_LETTERS = "bBxXyYzZ" + string.ascii_letters
 ACTIVATIONS = {
     "gelu_new": "gelu_new",
     "gelu": "gelu",
+    "gelu_pytorch_tanh": "gelu_new",  # the same tanh approximation (torch's own kernel: Gemma)
     "relu": "relu",
     "silu": "silu",
     "swish": "silu",

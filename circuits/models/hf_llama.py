@@ -2,7 +2,9 @@
 
 ``LlamaForCausalLM`` (model_type ``llama``), ``Qwen2ForCausalLM`` (``qwen2``:
 biases on the query, key and value projections) and ``MistralForCausalLM``
-(``mistral``: sliding-window attention) all become ``build_llama`` circuits.
+(``mistral``: sliding-window attention) and ``GemmaForCausalLM`` (``gemma``: ``(1 + w)``
+RMSNorms, embeddings times ``sqrt(d_model)``, a GeGLU MLP, usually tied embeddings) all become
+``build_llama`` circuits.
 """
 
 from __future__ import annotations
@@ -47,13 +49,14 @@ def _rope_theta(config: Any) -> float:
 
 
 #: model_type -> the family's name in messages
-FAMILY_NAMES = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral"}
+FAMILY_NAMES = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral", "gemma": "Gemma"}
 
 # Options of each family's Hugging Face model that change its forward and that the builder lacks.
 _UNSUPPORTED_FLAGS = {
     "llama": ("attention_bias", "mlp_bias"),
     "qwen2": ("use_sliding_window",),  # per-layer windows (layers >= max_window_layers)
     "mistral": (),
+    "gemma": ("attention_bias", "use_bidirectional_attention"),
 }
 
 
@@ -73,10 +76,17 @@ def _check_supported(config: Any, model_type: str) -> None:
         raise ModelError(f"{family} config options not supported: {', '.join(problems)}")
 
 
+def _activation(config: Any, model_type: str) -> str:
+    """``hidden_act``; Gemma's legacy ``'gelu'`` means the tanh approximation, as ``GemmaConfig`` rewrites it."""
+    act = typed_field(FAMILY_NAMES[model_type], config, "hidden_act", "silu", str)
+    return "gelu_pytorch_tanh" if model_type == "gemma" and act == "gelu" else act
+
+
 def llama_config_from_hf(config: Any, model_type: str = "llama") -> LlamaConfig:
     """Our ``LlamaConfig`` from a Hugging Face one (object or ``config.json`` dict), each field checked.
 
-    ``model_type`` is one of ``FAMILY_NAMES``: Qwen2 adds the QKV biases, Mistral its sliding window.
+    ``model_type`` is one of ``FAMILY_NAMES``: Qwen2 adds the QKV biases, Mistral its sliding window,
+    Gemma its ``(1 + w)`` RMSNorms and ``sqrt(d_model)`` embedding scale.
     """
     family = FAMILY_NAMES[model_type]
     _check_supported(config, model_type)
@@ -93,10 +103,12 @@ def llama_config_from_hf(config: Any, model_type: str = "llama") -> LlamaConfig:
         max_positions=optional_int(family, config, "max_position_embeddings"),
         rms_eps=number_field(family, config, "rms_norm_eps", 1e-6),
         rope_theta=_rope_theta(config),
-        act=typed_field(family, config, "hidden_act", "silu", str),
+        act=_activation(config, model_type),
         tie_word_embeddings=typed_field(family, config, "tie_word_embeddings", False, bool),
         qkv_bias=model_type == "qwen2",
         sliding_window=optional_int(family, config, "sliding_window") if model_type == "mistral" else None,
+        rms_unit_offset=model_type == "gemma",
+        embed_scale=model_type == "gemma",
     )
     if heads % ours.kv_heads:
         raise ModelError(

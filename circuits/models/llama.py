@@ -12,11 +12,14 @@ head axis.  The ``1/sqrt(d_head)`` scale is read off ``'a{L}.w.q'``.  Causal by
 default, in the golden file's masked form.  The layer written out as a tree:
 docs/models.md.
 
-Two relatives are the same builder with a config field: Qwen2 (``qkv_bias``:
+Three relatives are the same builder with a config field or two: Qwen2 (``qkv_bias``:
 ``'a.q_unrot'``, ``'a.k_unrot'`` and ``'a.v'`` (or ``'a.v_kv'``) are Adds of
 ``'a.q_nobias'`` etc. and the ``[heads, 1, d_head]`` biases ``'a{L}.w.q_bias'``
-etc., as in GPT-2) and Mistral (``sliding_window``: the mask
-``'t.a.c.causal_mask'`` also hides keys ``sliding_window`` or more positions back).
+etc., as in GPT-2), Mistral (``sliding_window``: the mask ``'t.a.c.causal_mask'``
+also hides keys ``sliding_window`` or more positions back) and Gemma
+(``rms_unit_offset``: every RMSNorm scales by ``'rms.scale' = 1 + w``;
+``embed_scale``: ``'idxed_embeds'`` is the gathered rows times ``sqrt(d_model)``;
+a gelu gate, GeGLU).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from circuits.masks import causal_mask_array
 from circuits.models import common
 from circuits.models.text import token_ids
 from circuits.models.common import ACTIVATIONS, einsum, fn
-from circuits.nodes import Add, Array, Circuit, Index
+from circuits.nodes import Add, Array, Circuit, Index, Scalar
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +55,8 @@ class LlamaConfig:
     tie_word_embeddings: bool = False
     qkv_bias: bool = False  # Qwen2: biases on the query, key and value projections
     sliding_window: int | None = None  # Mistral: each query sees its last sliding_window keys
+    rms_unit_offset: bool = False  # Gemma: RMSNorms scale by (1 + w), their weights stored as offsets
+    embed_scale: bool = False  # Gemma: token embeddings times sqrt(d_model)
 
     def __post_init__(self):
         common.check_config(
@@ -67,7 +72,7 @@ class LlamaConfig:
                 "sliding_window",
             ),
             epsilons=("rms_eps",),
-            flags=("tie_word_embeddings", "qkv_bias"),
+            flags=("tie_word_embeddings", "qkv_bias", "rms_unit_offset", "embed_scale"),
         )
         theta = self.rope_theta
         if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta < float("inf"):
@@ -122,7 +127,11 @@ def llama_random_weights(config: LlamaConfig, seed: int = 0, dtype: torch.dtype 
     if config.tie_word_embeddings:
         del shapes[names.UNEMBED_WEIGHT]
     scales = [n for n in shapes if n.endswith(names.norm_weight("", "scale", names.RMS))]
-    return common.random_weights(shapes, seed=seed, dtype=dtype, ones=scales)
+    weights = common.random_weights(shapes, seed=seed, dtype=dtype, ones=scales)
+    if config.rms_unit_offset:  # the weights are offsets from one: keep the effective scales near one
+        for name in scales:
+            weights[name] -= 1
+    return weights
 
 
 def rope_cos_sin(
@@ -255,20 +264,46 @@ def build_llama(
     repeat = torch.arange(kv_heads).repeat_interleave(group) if group > 1 else None
     head_pick = None if repeat is None else common.batch_prefix(toks.batched) + (repeat,)
 
-    resid: Circuit = common.embed(w[names.TOK_EMBEDS_WEIGHT], toks)
+    resid = _embed(config, w[names.TOK_EMBEDS_WEIGHT], toks, dtype)
     for layer in range(config.n_layers):
-        resid_mid = _attention(w, resid, layer, config.rms_eps, rotary, head_pick, mask, neg_inf)
-        resid = Add(_mlp(w, resid_mid, layer, config.rms_eps, act), resid_mid, name=names.block(layer))
-    final_scale = w[names.norm_weight(names.FINAL, "scale", names.RMS)]
-    final = common.rms_norm(resid, final_scale, config.rms_eps, name=names.FINAL_NORM)
+        resid_mid = _attention(w, resid, layer, config, rotary, head_pick, mask, neg_inf)
+        resid = Add(_mlp(w, resid_mid, layer, config, act), resid_mid, name=names.block(layer))
+    final = _rms_norm(config, resid, w, names.FINAL, names.FINAL_NORM)
     return common.loss_head(final, w[names.UNEMBED_WEIGHT], toks.targets)
+
+
+# Gemma's extra nodes (shared by every layer, like the norms' parts)
+EMBED_UNSCALED = "idxed_embeds_unscaled"  #: the gathered embeddings before the sqrt(d_model) factor
+EMBED_SCALE = "t.c.embed_scale"
+RMS_ONE = "rms.c.one"
+RMS_SCALE = "rms.scale"  #: ``1 + w``, the scale of a Gemma RMSNorm
+
+
+def _embed(config: LlamaConfig, tok_embeds: Circuit, toks: common.Tokens, dtype: torch.dtype) -> Circuit:
+    """``'idxed_embeds'``, the residual before layer 0; with ``embed_scale`` (Gemma) the gathered rows
+    times ``sqrt(d_model)`` rounded to float32 first, as Hugging Face's float32 ``embed_scale`` buffer is
+    (also in float64 models), so the circuit reproduces its numbers."""
+    if not config.embed_scale:
+        return common.embed(tok_embeds, toks)
+    gathered = fn("gen_index_at_0_c", tok_embeds, toks.inputs, name=EMBED_UNSCALED)
+    factor = torch.tensor(config.d_model**0.5, dtype=torch.float32).to(dtype)
+    return einsum("sd,->sd", gathered, Array(factor, name=EMBED_SCALE), name=names.TOKEN_EMBEDS)
+
+
+def _rms_norm(config: LlamaConfig, x: Circuit, w: Mapping[str, Circuit], prefix: str, name: str) -> Circuit:
+    """The RMSNorm whose weight is ``prefix``'s; with ``rms_unit_offset`` (Gemma) it scales by
+    ``'rms.scale' = 1 + w`` (Hugging Face's ``GemmaRMSNorm``: its weights start at zero)."""
+    scale: Circuit = w[names.norm_weight(prefix, "scale", names.RMS)]
+    if config.rms_unit_offset:
+        scale = Add(Scalar(1.0, name=RMS_ONE), scale, name=RMS_SCALE)
+    return common.rms_norm(x, scale, config.rms_eps, name=name)
 
 
 def _attention(
     w: Mapping[str, Circuit],
     resid: Circuit,
     layer: int,
-    eps: float,
+    config: LlamaConfig,
     rotary: tuple[Circuit, Circuit],
     head_pick: tuple | None,
     mask: Circuit | None,
@@ -280,8 +315,7 @@ def _attention(
     attention), or is None when there are as many key/value heads as query heads.
     """
     cos, sin = rotary
-    scale = w[names.norm_weight(names.attn_prefix(layer), "scale", names.RMS)]
-    norm = common.rms_norm(resid, scale, eps, name=names.attn_norm(layer))
+    norm = _rms_norm(config, resid, w, names.attn_prefix(layer), names.attn_norm(layer))
     q = _rotate(_project(w, norm, layer, "q", names.Q_UNROTATED), cos, sin, names.Q)
     k_unrot = _project(w, norm, layer, "k", names.K_UNROTATED)
     if head_pick is None:
@@ -315,10 +349,9 @@ def _project(w: Mapping[str, Circuit], norm: Circuit, layer: int, which: str, na
     return Add(einsum(spec, norm, weight, name=unbiased), bias, name=name)
 
 
-def _mlp(w: Mapping[str, Circuit], resid_mid: Circuit, layer: int, eps: float, act: str) -> Circuit:
-    """``'b{L}.m'``: layer ``L``'s SwiGLU MLP."""
-    scale = w[names.norm_weight(names.mlp_prefix(layer), "scale", names.RMS)]
-    norm = common.rms_norm(resid_mid, scale, eps, name=names.mlp_norm(layer))
+def _mlp(w: Mapping[str, Circuit], resid_mid: Circuit, layer: int, config: LlamaConfig, act: str) -> Circuit:
+    """``'b{L}.m'``: layer ``L``'s gated MLP (SwiGLU, or GeGLU with a gelu ``act``: Gemma)."""
+    norm = _rms_norm(config, resid_mid, w, names.mlp_prefix(layer), names.mlp_norm(layer))
     gate_in = einsum("sd,Md->sM", norm, w[names.mlp_weight(layer, "gate")], name=names.MLP_GATE)
     gate = fn(act, gate_in, name=names.MLP_ACT)
     up = einsum("sd,Md->sM", norm, w[names.mlp_weight(layer, "up")], name=names.MLP_UP)

@@ -1,0 +1,185 @@
+"""Gemma (a Llama variant) against Hugging Face's ``GemmaForCausalLM``.
+
+Random-weight models from small odd-dimension configs (nothing is downloaded),
+with ``head_dim`` unequal to ``hidden_size / heads`` and the norms' weights
+perturbed away from zero so that their ``(1 + w)`` scale matters.
+``GemmaRMSNorm`` computes in float32, so the float64 reference runs with that
+round trip removed (as the Llama tests do).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import circuits as cc
+import circuits.models as cm
+from circuits import experiments as ex
+from circuits import names
+from circuits.errors import ModelError
+
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+
+VOCAB = 97
+TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
+
+
+def gemma(kv_heads: int = 2, tied: bool = True, seed: int = 0):
+    torch.manual_seed(seed)
+    config = transformers.GemmaConfig(
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        hidden_size=37,
+        head_dim=10,
+        intermediate_size=51,
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-5,
+        initializer_range=0.2,
+        tie_word_embeddings=tied,
+    )
+    model = transformers.GemmaForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.add_(torch.randn_like(param) * 0.3)
+    return model
+
+
+def tokens_for(batched: bool, length: int = 13, seed: int = 1):
+    shape = (3, length) if batched else (length,)
+    return torch.randint(0, VOCAB, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def hf_logits(model, inputs):
+    with torch.no_grad():
+        out = model(input_ids=inputs if inputs.ndim == 2 else inputs[None])
+    return out.logits if inputs.ndim == 2 else out.logits[0]
+
+
+def logits_of(circuit):
+    return circuit.get_unique(names.LOGITS).evaluate()
+
+
+def _no_rmsnorm_round_trip(monkeypatch):
+    from transformers.models.gemma import modeling_gemma
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight)
+
+    monkeypatch.setattr(modeling_gemma.GemmaRMSNorm, "forward", forward)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("batched", [False, True], ids=["unbatched", "batched"])
+@pytest.mark.parametrize("kv_heads,tied", [(4, True), (2, False), (1, True)], ids=["mha", "gqa", "mqa"])
+def test_equals_hugging_face_forward(kv_heads, tied, batched, dtype, monkeypatch):
+    if dtype == torch.float64:
+        _no_rmsnorm_round_trip(monkeypatch)
+    model = gemma(kv_heads, tied=tied).to(dtype)
+    tokens = tokens_for(batched)
+    circuit = cm.from_hf(model, tokens)
+    logits = logits_of(circuit)
+    want = hf_logits(model, tokens[..., :-1])
+    assert logits.dtype == want.dtype == dtype and logits.shape == want.shape
+    assert want.abs().max() > 1.0  # the comparison is not between near-zero logits
+    assert (logits - want).abs().max().item() < TOL[dtype]
+    targets = tokens[..., 1:]
+    want_loss = torch.nn.functional.cross_entropy(
+        want.reshape(-1, VOCAB), targets.reshape(-1), reduction="none"
+    ).reshape(targets.shape)
+    assert (cc.evaluate(circuit) - want_loss).abs().max().item() < 10 * TOL[dtype]
+
+
+def test_the_config():
+    model = gemma()
+    config = cm.hf_to_weights(model.config, model.state_dict())[1]
+    assert (config.act, config.d_head, config.kv_heads) == ("gelu_pytorch_tanh", 10, 2)
+    assert config.rms_unit_offset and config.embed_scale and config.tie_word_embeddings
+    legacy = cm.hf_to_weights(dict(model.config.to_dict(), hidden_act="gelu"), model.state_dict())[1]
+    assert legacy.act == "gelu_pytorch_tanh"  # GemmaConfig's own reading of the legacy value
+
+
+@pytest.mark.parametrize("flag", ["rms_unit_offset", "embed_scale"])
+def test_each_gemma_change_matters(flag):
+    """A build without the ``(1 + w)`` norms or without the embedding scale is off; with both it is not."""
+    model = gemma()
+    tokens = tokens_for(True)
+    config, weights = cm.hf_to_weights(model.config, model.state_dict())[1:]
+    want = hf_logits(model, tokens[..., :-1])
+    without = cm.build_llama(dataclasses.replace(config, **{flag: False}), weights, tokens)
+    assert (logits_of(without) - want).abs().max().item() > 1e-2
+    assert (logits_of(cm.build_llama(config, weights, tokens)) - want).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_save_pretrained_round_trip(tied, tmp_path):
+    model = gemma(2, tied=tied)
+    tokens = tokens_for(True, seed=4)
+    model.save_pretrained(tmp_path)
+    assert list(tmp_path.glob("*.safetensors"))
+    loaded = cm.load_hf_checkpoint(tmp_path, tokens)
+    assert loaded == cm.from_hf(model, tokens)
+    assert (logits_of(loaded) - hf_logits(model, tokens[..., :-1])).abs().max().item() < 1e-5
+
+
+def test_split_heads_and_points_and_a_zeroed_head(monkeypatch):
+    """Head splitting keeps the value; zero-ablating head 1.3 equals the model with that head's
+    slice of ``o_proj``'s input zeroed; every activation point finds its node."""
+    _no_rmsnorm_round_trip(monkeypatch)
+    model = gemma(2).to(torch.float64)
+    tokens = tokens_for(True)
+    circuit = cm.from_hf(model, tokens)
+    split = cc.split_heads(circuit)
+    torch.testing.assert_close(split.evaluate(), circuit.evaluate(), rtol=1e-10, atol=1e-10)
+    ablated = ex.zero_ablate(split, names.head(1, 3))
+    d_head = model.config.head_dim
+
+    def zero_head(module, args):
+        (x,) = args
+        x = x.clone()
+        x[..., 3 * d_head : 4 * d_head] = 0
+        return (x,)
+
+    handle = model.model.layers[1].self_attn.o_proj.register_forward_pre_hook(zero_head)
+    try:
+        want = hf_logits(model, tokens[..., :-1])
+    finally:
+        handle.remove()
+    assert (logits_of(ablated) - want).abs().max().item() < 1e-10
+    assert (logits_of(circuit) - want).abs().max().item() > 1e-3
+    (embed,) = circuit.get(ex.point("embed"))  # the scaled embeddings: the residual before layer 0
+    assert embed.name == names.TOKEN_EMBEDS and len(embed.children) == 2
+    for kind in ("q", "k", "v", "attn_scores", "attn_probs", "z", "mlp_post", "resid_mid"):
+        assert len(circuit.get(ex.point(kind, 1))) == 1, kind
+        if kind in ex.HEAD_KINDS:
+            assert len(split.get(ex.point(kind, 1, 3))) == 1, kind
+
+
+def test_causal_mask_pass_keeps_the_value():
+    model = gemma().to(torch.float64)
+    tokens = tokens_for(True)
+    circuit = cm.from_hf(model, tokens)
+    torch.testing.assert_close(cc.causal_mask(circuit).evaluate(), circuit.evaluate(), rtol=1e-12, atol=1e-12)
+
+
+def test_unsupported_options_name_the_field():
+    config = gemma().config.to_dict()
+    with pytest.raises(ModelError, match="Gemma config options not supported: attention_bias=True"):
+        cm.from_hf_state_dict(dict(config, attention_bias=True), {})
+    with pytest.raises(ModelError, match="use_bidirectional_attention=True"):
+        cm.from_hf_state_dict(dict(config, use_bidirectional_attention=True), {})
+    with pytest.raises(ModelError, match="'hidden_act' is 3"):
+        cm.from_hf_state_dict(dict(config, hidden_act=3), {})
+    with pytest.raises(ModelError, match="rms_unit_offset=1"):
+        cm.LlamaConfig(n_layers=1, n_heads=4, d_model=16, d_mlp=24, vocab_size=13, rms_unit_offset=1)
+
+
+def test_random_weights_keep_the_scales_near_one():
+    config = cm.LlamaConfig(n_layers=1, n_heads=2, d_model=6, d_mlp=8, vocab_size=11, rms_unit_offset=True)
+    weights = cm.llama_random_weights(config)
+    assert weights[names.norm_weight(names.FINAL, "scale", names.RMS)].abs().max() < 0.5
