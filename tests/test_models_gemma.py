@@ -98,10 +98,10 @@ def test_equals_hugging_face_forward(kv_heads, tied, batched, dtype, monkeypatch
 def test_the_config():
     model = gemma()
     config = cm.hf_to_weights(model.config, model.state_dict())[1]
-    assert (config.act, config.d_head, config.kv_heads) == ("gelu_pytorch_tanh", 10, 2)
+    assert (config.act, config.d_head, config.kv_heads) == ("gelu_new", 10, 2)
     assert config.rms_unit_offset and config.embed_scale and config.tie_word_embeddings
     legacy = cm.hf_to_weights(dict(model.config.to_dict(), hidden_act="gelu"), model.state_dict())[1]
-    assert legacy.act == "gelu_pytorch_tanh"  # GemmaConfig's own reading of the legacy value
+    assert legacy.act == "gelu_new"  # GemmaConfig's own reading of the legacy value
 
 
 @pytest.mark.parametrize("flag", ["rms_unit_offset", "embed_scale"])

@@ -42,7 +42,6 @@ _BATCH_LETTERS = "bBxXyYzZ" + string.ascii_letters
 ACTIVATIONS = {
     "gelu_new": "gelu_new",
     "gelu": "gelu",
-    "gelu_pytorch_tanh": "gelu_new",  # the same tanh approximation (torch's own kernel: Gemma)
     "relu": "relu",
     "silu": "silu",
     "swish": "silu",
@@ -364,18 +363,22 @@ def attend(
     layer: int,
     mask: Circuit | None,
     neg_inf: float = NEG_INF,
+    softcap: float | None = None,
 ) -> Einsum:
     """Scores, softmax, values and the head-summing output ``'b{L}.a'``.
 
     ``q`` is ``[h,q,c]``, ``k`` ``[h,k,c]``, ``v`` ``[h,k,V]`` (each with a
     leading batch axis if batched), ``w_o`` ``[h,d,V]``.  Without ``mask`` the
     scores are the unmasked ``'a.attn_scores'`` Einsum; with it they are the
-    golden file's masked form.
+    golden file's masked form.  ``softcap`` (Gemma 2) caps the scores before the mask's bias,
+    as Hugging Face does (``tanh(0) = 0`` keeps the masked entries zero).
     """
     if mask is None:
-        scores = einsum("hqc,hkc,h->hqk", q, k, div, name=names.SCORES)
+        name = names.SCORES if softcap is None else names.RAW_SCORES
+        scores = softcapped(einsum("hqc,hkc,h->hqk", q, k, div, name=name), softcap, names.SCORES)
     else:
         raw = einsum("hqc,hkc,h,qk->hqk", q, k, div, mask, name=names.RAW_SCORES)
+        raw = softcapped(raw, softcap, f"{names.RAW_SCORES}_capped")
         scores = Add(raw, neg_inf_bias(mask, neg_inf), name=names.SCORES)
     probs = fn("softmax", scores, name=names.PROBS)
     comb_v = einsum("hqk,hkV->hqV", probs, v, name=names.COMB_V)
@@ -385,17 +388,38 @@ def attend(
 # ------------------------------------------------------------------- head
 
 
+def softcapped(x: Circuit, cap: float | None, name: str) -> Circuit:
+    """``cap * tanh(x / cap)`` named ``name`` (Gemma 2's soft-capping), or ``x`` itself when ``cap`` is None."""
+    if cap is None:
+        return x
+    letters = "abcdefgh"[: x.rank]
+    shrunk = fn(
+        "tanh",
+        einsum(f"{letters},->{letters}", x, Scalar(1.0 / cap, name="c.recip_softcap")),
+        name=f"{name}_tanh",
+    )
+    return einsum(f"{letters},->{letters}", shrunk, Scalar(float(cap), name="c.softcap"), name=name)
+
+
 def loss_head(
-    final: Circuit, unembed: Circuit, targets: Circuit | None, unembed_bias: Circuit | None = None
+    final: Circuit,
+    unembed: Circuit,
+    targets: Circuit | None,
+    unembed_bias: Circuit | None = None,
+    softcap: float | None = None,
 ) -> Circuit:
     """Logits ``'t.call'``, ``'log_probs'``, ``'ll'`` and the per-token loss ``'t.loss'``.
 
-    Without targets (prompts), the logits are the root.
+    Without targets (prompts), the logits are the root.  With ``softcap`` (Gemma 2) ``'t.call'`` is
+    ``softcap * tanh(x / softcap)`` of the unembedding ``'t.unembed'`` (plus the bias, if any: then
+    ``x`` is ``'t.call_uncapped'``).
     """
+    uncapped = names.LOGITS if softcap is None else f"{names.LOGITS}_uncapped"
     if unembed_bias is None:
-        logits = einsum("sh,vh->sv", final, unembed, name=names.LOGITS)
+        logits = einsum("sh,vh->sv", final, unembed, name=names.UNEMBED if softcap else names.LOGITS)
     else:
-        logits = Add(einsum("sh,vh->sv", final, unembed, name=names.UNEMBED), unembed_bias, name=names.LOGITS)
+        logits = Add(einsum("sh,vh->sv", final, unembed, name=names.UNEMBED), unembed_bias, name=uncapped)
+    logits = softcapped(logits, softcap, names.LOGITS)
     if targets is None:
         return logits
     log_probs = fn("log_softmax", logits, name=names.LOG_PROBS)

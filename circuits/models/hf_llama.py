@@ -3,8 +3,9 @@
 ``LlamaForCausalLM`` (model_type ``llama``), ``Qwen2ForCausalLM`` (``qwen2``:
 biases on the query, key and value projections) and ``MistralForCausalLM``
 (``mistral``: sliding-window attention) and ``GemmaForCausalLM`` (``gemma``: ``(1 + w)``
-RMSNorms, embeddings times ``sqrt(d_model)``, a GeGLU MLP, usually tied embeddings) all become
-``build_llama`` circuits.
+RMSNorms, embeddings times ``sqrt(d_model)``, a GeGLU MLP, usually tied embeddings) and
+``Gemma2ForCausalLM`` (``gemma2``: Gemma with sandwich norms, soft-capped scores and logits and
+alternating windowed layers) all become ``build_llama`` circuits.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 
 from circuits import names
 from circuits.errors import ModelError, shown
-from circuits.models.llama import LlamaConfig
+from circuits.models.llama import LlamaConfig, post_norm_weight
 from circuits.models.reading import Reader, get_field, int_field, number_field, optional_int, typed_field
 
 
@@ -49,7 +50,13 @@ def _rope_theta(config: Any) -> float:
 
 
 #: model_type -> the family's name in messages
-FAMILY_NAMES = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral", "gemma": "Gemma"}
+FAMILY_NAMES = {
+    "llama": "Llama",
+    "qwen2": "Qwen2",
+    "mistral": "Mistral",
+    "gemma": "Gemma",
+    "gemma2": "Gemma 2",
+}
 
 # Options of each family's Hugging Face model that change its forward and that the builder lacks.
 _UNSUPPORTED_FLAGS = {
@@ -57,7 +64,9 @@ _UNSUPPORTED_FLAGS = {
     "qwen2": ("use_sliding_window",),  # per-layer windows (layers >= max_window_layers)
     "mistral": (),
     "gemma": ("attention_bias", "use_bidirectional_attention"),
+    "gemma2": ("attention_bias", "use_bidirectional_attention"),
 }
+GEMMAS = ("gemma", "gemma2")
 
 
 def _check_supported(config: Any, model_type: str) -> None:
@@ -72,21 +81,52 @@ def _check_supported(config: Any, model_type: str) -> None:
         layer_types = typed_field(family, config, "layer_types", [], list)
         if any(kind != "full_attention" for kind in layer_types):
             problems.append(f"layer_types={shown(repr(layer_types))} (sliding-window layers)")
+    if model_type == "gemma2":  # the builder's scores scale is 1/sqrt(head_dim)
+        scalar, head_dim = get_field(config, "query_pre_attn_scalar"), get_field(config, "head_dim")
+        if scalar != head_dim:
+            problems.append(f"query_pre_attn_scalar={shown(repr(scalar))} (not head_dim {head_dim})")
     if problems:
         raise ModelError(f"{family} config options not supported: {', '.join(problems)}")
 
 
 def _activation(config: Any, model_type: str) -> str:
-    """``hidden_act``; Gemma's legacy ``'gelu'`` means the tanh approximation, as ``GemmaConfig`` rewrites it."""
-    act = typed_field(FAMILY_NAMES[model_type], config, "hidden_act", "silu", str)
-    return "gelu_pytorch_tanh" if model_type == "gemma" and act == "gelu" else act
+    """``hidden_act`` (Gemma 2: ``hidden_activation``).  A Gemma's ``'gelu_pytorch_tanh'`` is our
+    ``'gelu_new'`` (torch's tanh approximation, the same kernel), and so is Gemma's legacy ``'gelu'``,
+    as ``GemmaConfig`` rewrites it."""
+    key = "hidden_activation" if model_type == "gemma2" else "hidden_act"
+    act = typed_field(FAMILY_NAMES[model_type], config, key, "silu", str)
+    tanh_names = ("gelu_pytorch_tanh", "gelu") if model_type == "gemma" else ("gelu_pytorch_tanh",)
+    return "gelu_new" if model_type in GEMMAS and act in tanh_names else act
+
+
+def _gemma2_fields(config: Any) -> dict[str, Any]:
+    """Gemma 2's sandwich norms, soft-caps and windowed layers (``layer_types``; when absent,
+    ``Gemma2Config``'s default: every even layer is windowed)."""
+    family = FAMILY_NAMES["gemma2"]
+    n_layers = int_field(family, config, "num_hidden_layers", low=0)
+    default = ["sliding_attention" if layer % 2 == 0 else "full_attention" for layer in range(n_layers)]
+    layer_types = typed_field(family, config, "layer_types", default, list)
+    kinds = ("sliding_attention", "full_attention")
+    if len(layer_types) != n_layers or any(kind not in kinds for kind in layer_types):
+        raise ModelError(
+            f"{family} config: 'layer_types' is {shown(repr(layer_types))}; expected {n_layers} of {kinds}"
+        )
+    caps = {}
+    for ours, theirs in (
+        ("attn_softcap", "attn_logit_softcapping"),
+        ("final_softcap", "final_logit_softcapping"),
+    ):
+        cap = get_field(config, theirs)
+        caps[ours] = None if cap is None else number_field(family, config, theirs, 1.0, positive=True)
+    sliding = tuple(layer for layer, kind in enumerate(layer_types) if kind == "sliding_attention")
+    return dict(sandwich_norms=True, sliding_layers=sliding, **caps)
 
 
 def llama_config_from_hf(config: Any, model_type: str = "llama") -> LlamaConfig:
     """Our ``LlamaConfig`` from a Hugging Face one (object or ``config.json`` dict), each field checked.
 
     ``model_type`` is one of ``FAMILY_NAMES``: Qwen2 adds the QKV biases, Mistral its sliding window,
-    Gemma its ``(1 + w)`` RMSNorms and ``sqrt(d_model)`` embedding scale.
+    Gemma its ``(1 + w)`` RMSNorms and ``sqrt(d_model)`` embedding scale, Gemma 2 more (``_gemma2_fields``).
     """
     family = FAMILY_NAMES[model_type]
     _check_supported(config, model_type)
@@ -106,9 +146,12 @@ def llama_config_from_hf(config: Any, model_type: str = "llama") -> LlamaConfig:
         act=_activation(config, model_type),
         tie_word_embeddings=typed_field(family, config, "tie_word_embeddings", False, bool),
         qkv_bias=model_type == "qwen2",
-        sliding_window=optional_int(family, config, "sliding_window") if model_type == "mistral" else None,
-        rms_unit_offset=model_type == "gemma",
-        embed_scale=model_type == "gemma",
+        sliding_window=optional_int(family, config, "sliding_window")
+        if model_type in ("mistral", "gemma2")
+        else None,
+        rms_unit_offset=model_type in GEMMAS,
+        embed_scale=model_type in GEMMAS,
+        **(_gemma2_fields(config) if model_type == "gemma2" else {}),
     )
     if heads % ours.kv_heads:
         raise ModelError(
@@ -153,7 +196,16 @@ def llama_weights_from_hf(
         o = r.take(p + "self_attn.o_proj.weight", (d, h * c))
         out[names.attn_weight(layer, "o")] = None if o is None else o.reshape(d, h, c).permute(1, 0, 2)
         mlp_scale = names.norm_weight(names.mlp_prefix(layer), "scale", names.RMS)
-        out[mlp_scale] = r.take(p + "post_attention_layernorm.weight", (d,))
+        if config.sandwich_norms:  # Gemma 2: post_attention_layernorm is the attention output's norm
+            out[post_norm_weight(names.attn_prefix(layer))] = r.take(
+                p + "post_attention_layernorm.weight", (d,)
+            )
+            out[mlp_scale] = r.take(p + "pre_feedforward_layernorm.weight", (d,))
+            out[post_norm_weight(names.mlp_prefix(layer))] = r.take(
+                p + "post_feedforward_layernorm.weight", (d,)
+            )
+        else:
+            out[mlp_scale] = r.take(p + "post_attention_layernorm.weight", (d,))
         out[names.mlp_weight(layer, "gate")] = r.take(p + "mlp.gate_proj.weight", (m, d))
         out[names.mlp_weight(layer, "up")] = r.take(p + "mlp.up_proj.weight", (m, d))
         out[names.mlp_weight(layer, "down")] = r.take(p + "mlp.down_proj.weight", (d, m))

@@ -12,14 +12,17 @@ head axis.  The ``1/sqrt(d_head)`` scale is read off ``'a{L}.w.q'``.  Causal by
 default, in the golden file's masked form.  The layer written out as a tree:
 docs/models.md.
 
-Three relatives are the same builder with a config field or two: Qwen2 (``qkv_bias``:
+Four relatives are the same builder with a few config fields: Qwen2 (``qkv_bias``:
 ``'a.q_unrot'``, ``'a.k_unrot'`` and ``'a.v'`` (or ``'a.v_kv'``) are Adds of
 ``'a.q_nobias'`` etc. and the ``[heads, 1, d_head]`` biases ``'a{L}.w.q_bias'``
 etc., as in GPT-2), Mistral (``sliding_window``: the mask ``'t.a.c.causal_mask'``
-also hides keys ``sliding_window`` or more positions back) and Gemma
+also hides keys ``sliding_window`` or more positions back), Gemma
 (``rms_unit_offset``: every RMSNorm scales by ``'rms.scale' = 1 + w``;
 ``embed_scale``: ``'idxed_embeds'`` is the gathered rows times ``sqrt(d_model)``;
-a gelu gate, GeGLU).
+a gelu gate, GeGLU) and Gemma 2 (also ``sandwich_norms``: ``'b{L}.a.post_norm'`` and
+``'b{L}.m.post_norm'`` join the residual; ``attn_softcap`` and ``final_softcap``:
+``cap * tanh(x / cap)`` of the masked raw scores and of the logits; ``sliding_layers``:
+which layers the window masks, the others plain causal).
 """
 
 from __future__ import annotations
@@ -57,6 +60,10 @@ class LlamaConfig:
     sliding_window: int | None = None  # Mistral: each query sees its last sliding_window keys
     rms_unit_offset: bool = False  # Gemma: RMSNorms scale by (1 + w), their weights stored as offsets
     embed_scale: bool = False  # Gemma: token embeddings times sqrt(d_model)
+    sandwich_norms: bool = False  # Gemma 2: RMSNorms on the attention's and the MLP's outputs too
+    attn_softcap: float | None = None  # Gemma 2: scores become cap * tanh(scores / cap)
+    final_softcap: float | None = None  # Gemma 2: logits become cap * tanh(logits / cap)
+    sliding_layers: tuple[int, ...] | None = None  # Gemma 2: the layers windowed (None: all, as Mistral)
 
     def __post_init__(self):
         common.check_config(
@@ -72,8 +79,24 @@ class LlamaConfig:
                 "sliding_window",
             ),
             epsilons=("rms_eps",),
-            flags=("tie_word_embeddings", "qkv_bias", "rms_unit_offset", "embed_scale"),
+            flags=("tie_word_embeddings", "qkv_bias", "rms_unit_offset", "embed_scale", "sandwich_norms"),
         )
+        for field in ("attn_softcap", "final_softcap"):
+            cap = getattr(self, field)
+            if cap is not None and (
+                isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 < cap < float("inf")
+            ):
+                raise ModelError(
+                    f"LlamaConfig: {field}={shown(repr(cap))} is not None or a finite positive number"
+                )
+        layers = self.sliding_layers
+        if layers is not None and (
+            not isinstance(layers, tuple)
+            or not all(type(i) is int and 0 <= i < self.n_layers for i in layers)
+        ):
+            raise ModelError(
+                f"LlamaConfig: sliding_layers={shown(repr(layers))} is not None or a tuple of layer indices"
+            )
         theta = self.rope_theta
         if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta < float("inf"):
             raise ModelError(f"LlamaConfig: rope_theta={shown(repr(theta))} is not a finite positive number")
@@ -116,9 +139,17 @@ class LlamaConfig:
             shapes[names.mlp_weight(layer, "gate")] = (m, d)
             shapes[names.mlp_weight(layer, "up")] = (m, d)
             shapes[names.mlp_weight(layer, "down")] = (d, m)
+            if self.sandwich_norms:
+                shapes[post_norm_weight(names.attn_prefix(layer))] = (d,)
+                shapes[post_norm_weight(names.mlp_prefix(layer))] = (d,)
         shapes[names.norm_weight(names.FINAL, "scale", names.RMS)] = (d,)
         shapes[names.UNEMBED_WEIGHT] = (v, d)
         return shapes
+
+
+def post_norm_weight(prefix: str) -> str:
+    """``'a3.post.rms.w.scale'``: the scale of Gemma 2's norm on layer 3's attention (or ``'m3'``: MLP) output."""
+    return names.norm_weight(f"{prefix}.post", "scale", names.RMS)
 
 
 def llama_random_weights(config: LlamaConfig, seed: int = 0, dtype: torch.dtype = torch.float32):
@@ -192,10 +223,14 @@ def sliding_window_mask_array(seq_len: int, window: int, dtype: torch.dtype | No
     return Array(allowed.to(torch.get_default_dtype() if dtype is None else dtype), name=names.CAUSAL_MASK)
 
 
-def _mask(seq_len: int, window: int | None, dtype: torch.dtype) -> Array:
-    if window is None:
-        return causal_mask_array(seq_len, dtype)
-    return sliding_window_mask_array(seq_len, window, dtype)
+def _masks(config: LlamaConfig, seq_len: int, dtype: torch.dtype) -> list[Array]:
+    """Each layer's mask: the window's in the ``sliding_layers`` (every layer when None), else causal."""
+    causal = causal_mask_array(seq_len, dtype)
+    if config.sliding_window is None:
+        return [causal] * config.n_layers
+    window = sliding_window_mask_array(seq_len, config.sliding_window, dtype)
+    windowed = range(config.n_layers) if config.sliding_layers is None else config.sliding_layers
+    return [window if layer in windowed else causal for layer in range(config.n_layers)]
 
 
 def _rotate(x: Circuit, cos: Circuit, sin: Circuit, name: str) -> Add:
@@ -258,7 +293,7 @@ def build_llama(
     )
     seq = toks.seq_len
     rotary = _rope_arrays(config, rope, seq, dtype)
-    mask = _mask(seq, config.sliding_window, dtype) if causal else None
+    masks = _masks(config, seq, dtype) if causal else [None] * config.n_layers
     act = ACTIVATIONS[config.act]
     group = heads // kv_heads
     repeat = torch.arange(kv_heads).repeat_interleave(group) if group > 1 else None
@@ -266,10 +301,12 @@ def build_llama(
 
     resid = _embed(config, w[names.TOK_EMBEDS_WEIGHT], toks, dtype)
     for layer in range(config.n_layers):
-        resid_mid = _attention(w, resid, layer, config, rotary, head_pick, mask, neg_inf)
-        resid = Add(_mlp(w, resid_mid, layer, config, act), resid_mid, name=names.block(layer))
+        resid_mid = _attention(w, resid, layer, config, rotary, head_pick, masks[layer], neg_inf)
+        mlp = _post_norm(config, _mlp(w, resid_mid, layer, config, act), w, names.mlp_prefix(layer))
+        resid = Add(mlp, resid_mid, name=names.block(layer))
     final = _rms_norm(config, resid, w, names.FINAL, names.FINAL_NORM)
-    return common.loss_head(final, w[names.UNEMBED_WEIGHT], toks.targets)
+    cap = config.final_softcap
+    return common.loss_head(final, w[names.UNEMBED_WEIGHT], toks.targets, softcap=cap)
 
 
 # Gemma's extra nodes (shared by every layer, like the norms' parts)
@@ -299,6 +336,14 @@ def _rms_norm(config: LlamaConfig, x: Circuit, w: Mapping[str, Circuit], prefix:
     return common.rms_norm(x, scale, config.rms_eps, name=name)
 
 
+def _post_norm(config: LlamaConfig, out: Circuit, w: Mapping[str, Circuit], prefix: str) -> Circuit:
+    """Gemma 2's sandwich norm of an attention or MLP output ``'b{L}.a'``/``'b{L}.m'`` before it joins
+    the residual, named ``'b{L}.a.post_norm'``/``'b{L}.m.post_norm'``; ``out`` itself otherwise."""
+    if not config.sandwich_norms:
+        return out
+    return _rms_norm(config, out, w, f"{prefix}.post", f"{out.name}.post_norm")
+
+
 def _attention(
     w: Mapping[str, Circuit],
     resid: Circuit,
@@ -325,8 +370,10 @@ def _attention(
         k = Index(_rotate(k_unrot, cos, sin, names.K_KV), head_pick, name=names.K)
         v = Index(_project(w, norm, layer, "v", names.V_KV), head_pick, name=names.V)
     div = common.div_head_size(w[names.attn_weight(layer, "q")])
-    out = common.attend(q, k, v, div, w[names.attn_weight(layer, "o")], layer, mask, neg_inf)
-    return Add(out, resid, name=names.resid_mid(layer))
+    out = common.attend(
+        q, k, v, div, w[names.attn_weight(layer, "o")], layer, mask, neg_inf, softcap=config.attn_softcap
+    )
+    return Add(_post_norm(config, out, w, names.attn_prefix(layer)), resid, name=names.resid_mid(layer))
 
 
 # The Einsum of each projection (the Llama builder's letters) and its name before a bias.
