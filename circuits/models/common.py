@@ -496,6 +496,24 @@ def check_weights(
     return tensors
 
 
+def check_activation(family: str, act: Any) -> str:
+    """``act`` if it names one of ``ACTIVATIONS``; else a ``ModelError`` naming the family and it."""
+    if not isinstance(act, str) or act not in ACTIVATIONS:
+        raise ModelError(
+            f"{family}: activation {shown(repr(act))} is not supported; supported: {sorted(ACTIVATIONS)}"
+        )
+    return act
+
+
+def weight_arrays(tensors: Mapping[str, torch.Tensor]) -> dict[str, Circuit]:
+    """The checked weights as Arrays named like them; without an unembedding, the token
+    embedding's tensor serves as one (tied embeddings), named ``'t.w.unembed'``."""
+    w: dict[str, Circuit] = {name: Array(tensor, name=name) for name, tensor in tensors.items()}
+    if names.UNEMBED_WEIGHT not in w:
+        w[names.UNEMBED_WEIGHT] = Array(tensors[names.TOK_EMBEDS_WEIGHT], name=names.UNEMBED_WEIGHT)
+    return w
+
+
 def weights_dtype(tensors: Mapping[str, torch.Tensor]) -> torch.dtype:
     for tensor in tensors.values():
         return tensor.dtype

@@ -19,12 +19,12 @@ from typing import Any
 import torch
 
 from circuits import names
-from circuits.errors import ModelError, shown
+from circuits.errors import ModelError
 from circuits.masks import causal_mask_array
 from circuits.models import common
 from circuits.models.text import token_ids
 from circuits.models.common import ACTIVATIONS, einsum, fn
-from circuits.nodes import Add, Array, Circuit
+from circuits.nodes import Add, Circuit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,16 +117,11 @@ def build_gpt2(
     tokens = token_ids(tokens, tokenizer)
     if not isinstance(config, GPT2Config):
         raise ModelError(f"build_gpt2 needs a GPT2Config, got {type(config).__name__}")
-    if not isinstance(config.act, str) or config.act not in ACTIVATIONS:
-        raise ModelError(
-            f"GPT-2: activation {shown(repr(config.act))} is not supported; supported: {sorted(ACTIVATIONS)}"
-        )
+    common.check_activation("GPT-2", config.act)
     common.check_build_options(causal, neg_inf, attach)
     optional = (names.UNEMBED_BIAS_WEIGHT,) + ((names.UNEMBED_WEIGHT,) if config.tie_word_embeddings else ())
     tensors = common.check_weights("GPT-2", weights, config.weight_shapes(), optional=optional, attach=attach)
-    w = {name: Array(tensor, name=name) for name, tensor in tensors.items()}
-    if names.UNEMBED_WEIGHT not in w:
-        w[names.UNEMBED_WEIGHT] = Array(tensors[names.TOK_EMBEDS_WEIGHT], name=names.UNEMBED_WEIGHT)
+    w = common.weight_arrays(tensors)
     toks = common.make_tokens(
         tokens,
         seq_len=seq_len,
@@ -142,7 +137,7 @@ def build_gpt2(
     resid: Circuit = Add(idxed, common.positions(w[names.POS_EMBEDS_WEIGHT], toks.seq_len), name=names.EMBEDS)
     for layer in range(config.n_layers):
         resid_mid = _attention(w, resid, layer, config.ln_eps, mask, neg_inf)
-        resid = Add(_mlp(w, resid_mid, layer, config.ln_eps, act), resid_mid, name=names.block(layer))
+        resid = Add(mlp(w, resid_mid, layer, config.ln_eps, act), resid_mid, name=names.block(layer))
     final = common.layer_norm(
         resid, *common.norm_weights(w, names.FINAL), config.ln_eps, name=names.FINAL_NORM
     )
@@ -169,10 +164,11 @@ def _attention(
     return Add(out, w[names.attn_weight(layer, "o_bias")], resid, name=names.resid_mid(layer))
 
 
-def _mlp(w: Mapping[str, Circuit], resid_mid: Circuit, layer: int, eps: float, act: str) -> Add:
-    """``'b{L}.m'``: layer ``L``'s MLP with its output bias."""
+def mlp(w: Mapping[str, Circuit], mlp_in: Circuit, layer: int, eps: float, act: str) -> Add:
+    """``'b{L}.m'``: layer ``L``'s MLP with its output bias, reading ``mlp_in`` (``'b{L}.resid_mid'``;
+    GPT-NeoX's parallel residual gives it the layer's input)."""
     norm = common.layer_norm(
-        resid_mid, *common.norm_weights(w, names.mlp_prefix(layer)), eps, name=names.mlp_norm(layer)
+        mlp_in, *common.norm_weights(w, names.mlp_prefix(layer)), eps, name=names.mlp_norm(layer)
     )
     pre = Add(
         einsum("sd,Md->sM", norm, w[names.mlp_weight(layer, "proj_in")], name=names.MLP_PROJ_IN),

@@ -267,10 +267,7 @@ def build_llama(
     tokens = token_ids(tokens, tokenizer)
     if not isinstance(config, LlamaConfig):
         raise ModelError(f"build_llama needs a LlamaConfig, got {type(config).__name__}")
-    if not isinstance(config.act, str) or config.act not in ACTIVATIONS:
-        raise ModelError(
-            f"Llama: activation {shown(repr(config.act))} is not supported; supported: {sorted(ACTIVATIONS)}"
-        )
+    common.check_activation("Llama", config.act)
     common.check_build_options(causal, neg_inf, attach)
     heads, kv_heads = config.n_heads, config.kv_heads
     if heads % kv_heads:
@@ -280,9 +277,7 @@ def build_llama(
     optional = (names.UNEMBED_WEIGHT,) if config.tie_word_embeddings else ()
     tensors = common.check_weights("Llama", weights, config.weight_shapes(), optional=optional, attach=attach)
     dtype = common.weights_dtype(tensors)
-    w = {name: Array(tensor, name=name) for name, tensor in tensors.items()}
-    if names.UNEMBED_WEIGHT not in w:
-        w[names.UNEMBED_WEIGHT] = Array(tensors[names.TOK_EMBEDS_WEIGHT], name=names.UNEMBED_WEIGHT)
+    w = common.weight_arrays(tensors)
     toks = common.make_tokens(
         tokens,
         seq_len=seq_len,

@@ -33,7 +33,8 @@ from circuits import names
 from circuits.errors import ModelError, shown
 from circuits.masks import causal_mask_array
 from circuits.models import common
-from circuits.models.common import ACTIVATIONS, einsum, fn
+from circuits.models.common import ACTIVATIONS, einsum
+from circuits.models.gpt2 import mlp
 from circuits.models.text import token_ids
 from circuits.nodes import Add, Array, Circuit
 
@@ -152,19 +153,14 @@ def build_neox(
     tokens = token_ids(tokens, tokenizer)
     if not isinstance(config, NeoXConfig):
         raise ModelError(f"build_neox needs a NeoXConfig, got {type(config).__name__}")
-    if not isinstance(config.act, str) or config.act not in ACTIVATIONS:
-        raise ModelError(
-            f"GPT-NeoX: activation {shown(repr(config.act))} is not supported; supported: {sorted(ACTIVATIONS)}"
-        )
+    common.check_activation("GPT-NeoX", config.act)
     common.check_build_options(causal, neg_inf, attach)
     optional = (names.UNEMBED_WEIGHT,) if config.tie_word_embeddings else ()
     tensors = common.check_weights(
         "GPT-NeoX", weights, config.weight_shapes(), optional=optional, attach=attach
     )
     dtype = common.weights_dtype(tensors)
-    w = {name: Array(tensor, name=name) for name, tensor in tensors.items()}
-    if names.UNEMBED_WEIGHT not in w:
-        w[names.UNEMBED_WEIGHT] = Array(tensors[names.TOK_EMBEDS_WEIGHT], name=names.UNEMBED_WEIGHT)
+    w = common.weight_arrays(tensors)
     toks = common.make_tokens(
         tokens,
         seq_len=seq_len,
@@ -182,7 +178,7 @@ def build_neox(
     for layer in range(config.n_layers):
         resid_mid = _attention(w, resid, layer, config.ln_eps, rotary, mask, neg_inf)
         mlp_in = resid if config.parallel_residual else resid_mid
-        resid = Add(_mlp(w, mlp_in, layer, config.ln_eps, act), resid_mid, name=names.block(layer))
+        resid = Add(mlp(w, mlp_in, layer, config.ln_eps, act), resid_mid, name=names.block(layer))
     final = common.layer_norm(
         resid, *common.norm_weights(w, names.FINAL), config.ln_eps, name=names.FINAL_NORM
     )
@@ -229,22 +225,3 @@ def _rotate(x: Circuit, rotary: tuple[Circuit, Circuit, int], name: str) -> Add:
     rotated = common.rotate_half(x, name=names.rope_part(name, "rot_half"), dims=dims)
     with_sin = einsum("hqc,qc->hqc", rotated, sin, name=names.rope_part(name, "sin"))
     return Add(with_cos, with_sin, name=name)
-
-
-def _mlp(w: Mapping[str, Circuit], mlp_in: Circuit, layer: int, eps: float, act: str) -> Add:
-    """``'b{L}.m'``: layer ``L``'s MLP with its output bias, reading ``mlp_in`` (the layer's input
-    with a parallel residual, ``'b{L}.resid_mid'`` without)."""
-    norm = common.layer_norm(
-        mlp_in, *common.norm_weights(w, names.mlp_prefix(layer)), eps, name=names.mlp_norm(layer)
-    )
-    pre = Add(
-        einsum("sd,Md->sM", norm, w[names.mlp_weight(layer, "proj_in")], name=names.MLP_PROJ_IN),
-        w[names.mlp_weight(layer, "in_bias")],
-        name=names.MLP_PRE,
-    )
-    activated = fn(act, pre, name=names.MLP_ACT)
-    return Add(
-        einsum("sM,dM->sd", activated, w[names.mlp_weight(layer, "proj_out")], name=names.MLP_PROJ_OUT),
-        w[names.mlp_weight(layer, "out_bias")],
-        name=names.mlp_out(layer),
-    )
