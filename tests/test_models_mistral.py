@@ -8,10 +8,13 @@ round trip removed (as the Llama tests do).
 
 from __future__ import annotations
 
+import functools
+
 import dataclasses
 
 import pytest
 import torch
+from hf_reference import hf_logits, logits_of, random_tokens
 
 import circuits as cc
 import circuits.models as cm
@@ -25,6 +28,7 @@ transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
 
 VOCAB = 97
+tokens_for = functools.partial(random_tokens, VOCAB)
 WINDOW = 4
 TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
 
@@ -50,21 +54,6 @@ def mistral(kv_heads: int = 2, window: int | None = WINDOW, tied: bool = False, 
             if "norm" in name:
                 param.add_(torch.randn_like(param) * 0.3)
     return model
-
-
-def tokens_for(batched: bool, length: int = 13, seed: int = 1):
-    shape = (3, length) if batched else (length,)
-    return torch.randint(0, VOCAB, shape, generator=torch.Generator().manual_seed(seed))
-
-
-def hf_logits(model, inputs):
-    with torch.no_grad():
-        out = model(input_ids=inputs if inputs.ndim == 2 else inputs[None])
-    return out.logits if inputs.ndim == 2 else out.logits[0]
-
-
-def logits_of(circuit):
-    return circuit.get_unique(names.LOGITS).evaluate()
 
 
 def _no_rmsnorm_round_trip(monkeypatch):

@@ -8,11 +8,14 @@ passed through) and both residual layouts (parallel, Pythia's, and sequential).
 
 from __future__ import annotations
 
+import functools
+
 import dataclasses
 import json
 
 import pytest
 import torch
+from hf_reference import hf_logits, logits_of, random_tokens
 
 import circuits as cc
 import circuits.models as cm
@@ -24,6 +27,7 @@ transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
 
 VOCAB = 97
+tokens_for = functools.partial(random_tokens, VOCAB)
 TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
 
 
@@ -49,21 +53,6 @@ def neox(parallel: bool = True, rotary_pct: float = 0.5, tied: bool = False, see
             if name.endswith("bias") or "layernorm" in name or "layer_norm" in name:
                 param.add_(torch.randn_like(param) * 0.3)
     return model
-
-
-def tokens_for(batched: bool, length: int = 13, seed: int = 1):
-    shape = (3, length) if batched else (length,)
-    return torch.randint(0, VOCAB, shape, generator=torch.Generator().manual_seed(seed))
-
-
-def hf_logits(model, inputs):
-    with torch.no_grad():
-        out = model(input_ids=inputs if inputs.ndim == 2 else inputs[None])
-    return out.logits if inputs.ndim == 2 else out.logits[0]
-
-
-def logits_of(circuit):
-    return circuit.get_unique(names.LOGITS).evaluate()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
