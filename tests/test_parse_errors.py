@@ -314,14 +314,14 @@ MUTATION_CHARS = "'\\#[]()->,: =\n\t0123456789abcdefxyzAEIS.é_"
 
 
 @st.composite
-def mutated(draw, base_texts):
+def mutated(draw, base_texts, chars=MUTATION_CHARS):
     text = draw(st.sampled_from(base_texts))
     for _ in range(draw(st.integers(1, 4))):
         lines = text.split("\n")
         kind = draw(st.sampled_from(["delete", "insert", "replace", "del_line", "dup_line", "swap_lines"]))
         if kind in ("delete", "insert", "replace"):
             at = draw(st.integers(0, len(text)))
-            char = draw(st.one_of(st.sampled_from(MUTATION_CHARS), st.characters()))
+            char = draw(st.one_of(st.sampled_from(chars), st.characters()))
             if kind == "delete":
                 text = text[:at] + text[at + 1 :]
             elif kind == "insert":
