@@ -19,6 +19,7 @@ from circuits.errors import (
     RearrangeError,
     StaleTensorError,
     StoreError,
+    TagError,
 )
 from circuits.costs import CircuitCost, NodeCost, cost
 from circuits.evaluation import evaluate, evaluate_many
@@ -34,7 +35,9 @@ from circuits.nodes import (
     Index,
     Rearrange,
     Scalar,
+    Scatter,
     Symbol,
+    Tag,
 )
 from circuits.parsing import parse, parse_many
 from circuits.printing import repr_many
@@ -68,9 +71,12 @@ __all__ = [
     "Rearrange",
     "RearrangeError",
     "Scalar",
+    "Scatter",
     "StaleTensorError",
     "StoreError",
     "Symbol",
+    "Tag",
+    "TagError",
     "TensorStore",
     "cost",
     "evaluate",

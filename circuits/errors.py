@@ -56,6 +56,10 @@ class IndexSpecError(CircuitError, ValueError):
     """An Index whose index does not fit its child (bad type or out of range)."""
 
 
+class TagError(CircuitError, ValueError):
+    """A Tag given something other than one child and a uuid (a ``uuid.UUID`` or its text)."""
+
+
 class FunctionSpecError(CircuitError, ValueError):
     """An unknown GeneralFunction spec, or children that do not fit it."""
 

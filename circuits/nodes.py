@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import operator
 import re
+import uuid as uuid_module
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import attrs
@@ -31,6 +32,7 @@ from circuits.errors import (
     IndexSpecError,
     RearrangeError,
     StaleTensorError,
+    TagError,
     shown,
 )
 from circuits.functions import FunctionSpec, get_function
@@ -247,13 +249,16 @@ class Circuit:
         comment: Callable[[Circuit], str | None] | None = None,
         color: Callable[[Circuit], str | None] | None = None,
         costs: bool = False,
+        minimal_shapes: bool = False,
+        only_child_below: bool = False,
     ) -> str:
         """This circuit in the FORMAT.md text (see ``circuits.printing.repr_many``).
 
         ``traversal`` (an IterativeMatcher or matcher form) limits the printout to what it
         reaches; ``comment(node)`` adds ``  # text`` to a node's line; ``color(node)`` names
         an ANSI colour for it; ``costs=True`` comments each node with its own static cost
-        (``comment=cc.cost(self).comment``).  Annotated text still parses back.
+        (``comment=cc.cost(self).comment``).  Annotated text still parses back, and so does
+        text laid out with ``minimal_shapes`` or ``only_child_below`` (rust_circuit's layouts).
         """
         from circuits.printing import repr_many
 
@@ -267,6 +272,8 @@ class Circuit:
             comment=comment,
             color=color,
             costs=costs,
+            minimal_shapes=minimal_shapes,
+            only_child_below=only_child_below,
         )
 
     def print(
@@ -280,6 +287,8 @@ class Circuit:
         comment: Callable[[Circuit], str | None] | None = None,
         color: Callable[[Circuit], str | None] | None = None,
         costs: bool = False,
+        minimal_shapes: bool = False,
+        only_child_below: bool = False,
     ) -> None:
         """Print ``repr`` (the same options)."""
         text = self.repr(
@@ -291,6 +300,8 @@ class Circuit:
             comment=comment,
             color=color,
             costs=costs,
+            minimal_shapes=minimal_shapes,
+            only_child_below=only_child_below,
         )
         print(text)
 
@@ -625,27 +636,66 @@ def _scalar_value(value: Any, where: str) -> float:
 
 @attrs.frozen(init=False, eq=False, repr=False)
 class Symbol(Circuit):
-    """An input placeholder: a shape and a name, no value.
+    """An input placeholder: a shape, a name and an optional uuid, no value.
 
-    Two Symbols with the same name and shape are the same input.
+    Two Symbols with the same name, shape and uuid are the same input.  The
+    uuid (rust_circuit's) tells apart inputs that share a name and shape;
+    ``None`` (rust_circuit's nil uuid) is the default and prints nothing.
     """
 
     declared_shape: Shape = attrs.field()
+    uuid: uuid_module.UUID | None = attrs.field()
 
-    def __init__(self, shape: Sequence[int], name: str | None = None):
+    def __init__(self, shape: Sequence[int], name: str | None = None, *, uuid: Any = None):
+        where = shape_rules.describe("Symbol", name)
         self.__attrs_init__(
-            children=(), name=name, declared_shape=_check_shape(shape, shape_rules.describe("Symbol", name))
+            children=(),
+            name=name,
+            declared_shape=_check_shape(shape, where),
+            uuid=_optional_uuid(uuid, where),
         )
+
+    @classmethod
+    def new_with_random_uuid(cls, shape: Sequence[int], name: str | None = None) -> Symbol:
+        """A Symbol no other Symbol equals (rust_circuit's name)."""
+        return cls(shape, name=name, uuid=uuid_module.uuid4())
+
+    @classmethod
+    def new_with_none_uuid(cls, shape: Sequence[int], name: str | None = None) -> Symbol:
+        """A Symbol without a uuid, as ``Symbol(shape, name)`` makes (rust_circuit's name)."""
+        return cls(shape, name=name)
 
     def _derive(self):
         if self.children:
             raise LeafError(f"{self.describe()}: a Symbol has no children")
-        return self.declared_shape, ""
+        return self.declared_shape, "" if self.uuid is None else str(self.uuid)
 
     @classmethod
     def _from_fields(cls, fields: dict[str, Any], old: Symbol | None) -> Symbol:
         _no_children(cls, fields)
-        return cls(fields["declared_shape"], name=fields["name"])
+        return cls(fields["declared_shape"], name=fields["name"], uuid=fields["uuid"])
+
+
+def _uuid(value: Any, where: str, error: type[CircuitError]) -> uuid_module.UUID:
+    """``value`` (a UUID or its text, any spelling ``uuid.UUID`` reads) as a UUID."""
+    if isinstance(value, uuid_module.UUID):
+        return value
+    if not isinstance(value, str):
+        raise error(f"{where}: uuid {shown(repr(value))} is a {type(value).__name__}, not a uuid.UUID or str")
+    try:
+        return uuid_module.UUID(value)
+    except ValueError:
+        raise error(
+            f"{where}: uuid {shown(repr(value))} is not a uuid like 1a280c74-fa9f-4dd9-94f4-5cca4a0cf243"
+        ) from None
+
+
+def _optional_uuid(value: Any, where: str) -> uuid_module.UUID | None:
+    """A Symbol's uuid: None for none, as for rust_circuit's nil uuid (both print nothing)."""
+    if value is None:
+        return None
+    value = _uuid(value, where, LeafError)
+    return None if value.int == 0 else value
 
 
 @attrs.frozen(init=False, eq=False, repr=False)
@@ -653,7 +703,10 @@ class Einsum(Circuit):
     """Elementwise product over all axes, summed over axes not in the output.
 
     Axes are integers ``i`` in ``range(len(spec.EINSUM_LETTERS))``, printed as
-    ``EINSUM_LETTERS[i]`` (a-z, A-Z: the letters torch.einsum accepts).
+    ``EINSUM_LETTERS[i]`` (a-z, A-Z: the letters torch.einsum accepts).  As in
+    rust_circuit, a letter may repeat in the output (``ab->abaa``: the value
+    on the diagonal, zero off it), and an Einsum of no operands is the
+    empty product, the rank-0 constant 1 (printed ``->``, with no children).
     """
 
     operand_axes: tuple[tuple[int, ...], ...] = attrs.field()
@@ -661,9 +714,6 @@ class Einsum(Circuit):
 
     def __init__(self, *args: tuple[Circuit, Sequence[int] | str], out_axes, name: str | None = None):
         where = shape_rules.describe("Einsum", name)
-        if not args:
-            # "->" reads back as one rank-0 operand, so an empty Einsum has no text form
-            raise EinsumError(f"{where}: needs at least one (node, axes) operand, got none")
         nodes, axes = [], []
         for position, arg in enumerate(args):
             if not (isinstance(arg, tuple) and len(arg) == 2):
@@ -690,6 +740,8 @@ class Einsum(Circuit):
             operands, out = shape_rules.parse_einsum_string(string.replace(" ", ""), where)
         except EinsumError as error:
             raise EinsumError(f"{error}; operand shapes {_shapes_of(nodes)}") from None
+        if not nodes and operands == ((),):
+            operands = ()  # "->" of no nodes: the empty product, as rust_circuit reads it
         if len(operands) != len(nodes):
             raise EinsumError(
                 f"{where}: einsum string {string!r} has {len(operands)} operands but "
@@ -721,6 +773,11 @@ class Einsum(Circuit):
     @property
     def einsum_string(self) -> str:
         return shape_rules.einsum_text(self.operand_axes, self.out_axes)
+
+    @property
+    def repeats_output_axes(self) -> bool:
+        """Whether a letter appears twice in the output (``ab->abaa``): a diagonal embedding."""
+        return len(set(self.out_axes)) != len(self.out_axes)
 
 
 @attrs.frozen(init=False, eq=False, repr=False)
@@ -933,6 +990,85 @@ class Concat(Circuit):
         return cls(*fields["children"], axis=fields["axis"], name=fields["name"])
 
 
+@attrs.frozen(init=False, eq=False, repr=False)
+class Tag(Circuit):
+    """Its child's value, under a uuid: rust_circuit's Tag.
+
+    The uuid is part of the node (printed, hashed), so two Tags of equal
+    subtrees with different uuids are different nodes: that is how a
+    structurally equal subtree is kept apart where it must be rewritten on
+    its own (causal scrubbing's treeification).
+    """
+
+    uuid: uuid_module.UUID = attrs.field()
+
+    def __init__(self, node: Circuit, uuid: Any, name: str | None = None):
+        where = shape_rules.describe("Tag", name)
+        self.__attrs_init__(children=(node,), name=name, uuid=_uuid(uuid, where, TagError))
+
+    @classmethod
+    def new_with_random_uuid(cls, node: Circuit, name: str | None = None) -> Tag:
+        """A Tag no other Tag equals (rust_circuit's name)."""
+        return cls(node, uuid_module.uuid4(), name=name)
+
+    def _derive(self):
+        if len(self.children) != 1:
+            raise TagError(f"{self.describe()}: a Tag has exactly one child, got {len(self.children)}")
+        return self.children[0].shape, str(self.uuid)
+
+    @classmethod
+    def _from_fields(cls, fields: dict[str, Any], old: Tag | None) -> Tag:
+        return cls(_one_child(cls, fields, TagError), fields["uuid"], name=fields["name"])
+
+    @property
+    def node(self) -> Circuit:
+        return self.children[0]
+
+
+@attrs.frozen(init=False, eq=False, repr=False)
+class Scatter(Circuit):
+    """Its child written into zeros of ``shape`` at a slice per axis: rust_circuit's Scatter.
+
+    ``Scatter(x, index, shape)`` is ``out = zeros(shape); out[index] = x``,
+    the inverse of an Index of those slices.  The index is slices only and
+    is kept in rust_circuit's canonical form (``shapes.normalize_scatter_index``);
+    the child's shape must be the shape the index selects.
+    """
+
+    index: tuple[slice, ...] = attrs.field()
+    declared_shape: Shape = attrs.field()
+
+    def __init__(self, node: Circuit, index: Any, shape: Sequence[int], name: str | None = None):
+        where = shape_rules.describe("Scatter", name)
+        shape = _check_shape(shape, where)
+        items = shape_rules.normalize_scatter_index(index, shape, where)
+        self.__attrs_init__(children=(node,), name=name, index=items, declared_shape=shape)
+
+    def _derive(self):
+        if len(self.children) != 1:
+            raise IndexSpecError(
+                f"{self.describe()}: a Scatter has exactly one child, got {len(self.children)}"
+            )
+        shape = self.declared_shape
+        selected = shape_rules.index_shape(self.index, shape)
+        child_shape = self.children[0].shape
+        if len(self.index) != len(shape) or selected != child_shape:
+            raise IndexSpecError(
+                f"{self.describe()}: index {shape_rules.format_index(self.index)} of output shape "
+                f"{list(shape)} selects shape {list(selected)}, but the child has shape {list(child_shape)}"
+            )
+        return shape, shape_rules.format_index(self.index)
+
+    @classmethod
+    def _from_fields(cls, fields: dict[str, Any], old: Scatter | None) -> Scatter:
+        child = _one_child(cls, fields, IndexSpecError)
+        return cls(child, fields["index"], fields["declared_shape"], name=fields["name"])
+
+    @property
+    def node(self) -> Circuit:
+        return self.children[0]
+
+
 # ------------------------------------------------------------ pickling
 
 
@@ -966,4 +1102,4 @@ def _unflatten(records: list[tuple]) -> Circuit:
 
 # The classes whose _derive with_children may keep over children of the same shapes.  A class
 # defined elsewhere (a subclass, say) is always rebuilt by its constructor: it may derive more.
-_KEEP_DERIVED_CLASSES = frozenset({Einsum, Add, GeneralFunction, Index, Rearrange, Concat})
+_KEEP_DERIVED_CLASSES = frozenset({Einsum, Add, GeneralFunction, Index, Rearrange, Concat, Tag, Scatter})

@@ -13,6 +13,7 @@ import hashlib
 import math
 import re
 from typing import Callable
+from uuid import UUID
 
 import attrs
 import torch
@@ -30,7 +31,9 @@ from circuits.nodes import (
     Index,
     Rearrange,
     Scalar,
+    Scatter,
     Symbol,
+    Tag,
 )
 from circuits.shapes import EINSUM_LETTERS
 from circuits.store import TensorStore
@@ -66,11 +69,11 @@ _ONLY_CHILD_MARKER = re.compile(r"(?:▼|\|/) *(?:#.*)?")
 _SIZE = re.compile(r"\s*([^\W\d]\w*)\s*=\s*(\d+)\s*")  # einops axis names are identifiers
 
 LEAF_KINDS = ("Array", "Scalar", "Symbol")
-# leaves whose shape must be printed: as in rust_circuit, only an Array loaded by hash may omit it
-_SHAPED_KINDS = ("Scalar", "Symbol")
+# kinds whose shape must be printed (it follows from nothing else): as in rust_circuit
+_SHAPED_KINDS = ("Scalar", "Symbol", "Scatter")
 # node types rust_circuit prints that this library does not have
 _UNSUPPORTED_KINDS = frozenset(
-    ("Module", "Tag", "Scatter", "Cumulant", "DiscreteVar", "StoredCumulantVar", "SetSymbolicShape", "Conv")
+    ("Module", "Cumulant", "DiscreteVar", "StoredCumulantVar", "SetSymbolicShape", "Conv")
 )
 
 
@@ -571,10 +574,14 @@ def _random_array(line: _Line, store: TensorStore | None) -> Circuit:
             f"a random Array of shape {list(line.shape)} has more than {_MAX_RANDOM_ELEMENTS} elements "
             "(4 GiB of float32): refused rather than filling memory"
         )
-    seed_text = f"{line.serial}|{line.name!r}|{list(line.shape)}|{line.extra}"
-    seed = int.from_bytes(hashlib.sha256(seed_text.encode()).digest()[:8], "little") >> 1
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed((_line_seed(line) & (2**64 - 1)) >> 1)  # its first 8 bytes
     return Array(torch.randn(line.shape, generator=generator), name=line.name)
+
+
+def _line_seed(line: _Line) -> int:
+    """128 bits of the SHA-256 of a line's serial number, name, shape and extra: what ``rand`` draws from."""
+    seed_text = f"{line.serial}|{line.name!r}|{list(line.shape)}|{line.extra}"
+    return int.from_bytes(hashlib.sha256(seed_text.encode()).digest()[:16], "little")
 
 
 def _build_scalar(line: _Line, store: TensorStore | None) -> Circuit:
@@ -594,17 +601,31 @@ def _build_scalar(line: _Line, store: TensorStore | None) -> Circuit:
 
 
 def _build_symbol(line: _Line, store: TensorStore | None) -> Circuit:
+    """``Symbol``, ``Symbol <uuid>`` or ``Symbol rand`` (a uuid drawn from the line, see ``_line_seed``)."""
     _no_children(line)
-    _no_extra(line)
-    return Symbol(line.shape, name=line.name)
+    uuid = line.extra or None
+    if uuid == _RANDOM:
+        uuid = UUID(bytes=_line_seed(line).to_bytes(16, "little"), version=4)
+    return Symbol(line.shape, name=line.name, uuid=uuid)
+
+
+def _build_tag(line: _Line, store: TensorStore | None) -> Circuit:
+    if len(line.children) != 1:
+        raise line.error(f"Tag takes one child, found {len(line.children)}")
+    if not line.extra:
+        raise line.error(
+            "Tag needs its uuid after the variant, e.g. Tag 1a280c74-fa9f-4dd9-94f4-5cca4a0cf243"
+        )
+    return Tag(line.children[0], line.extra, name=line.name)
+
+
+def _build_scatter(line: _Line, store: TensorStore | None) -> Circuit:
+    if len(line.children) != 1:
+        raise line.error(f"Scatter takes one child, found {len(line.children)}")
+    return Scatter(line.children[0], _parse_index(line, store), line.shape, name=line.name)
 
 
 def _build_einsum(line: _Line, store: TensorStore | None) -> Circuit:
-    if not line.children and line.extra.replace(" ", "") == "->":
-        raise line.error(
-            "an Einsum without operands (rust_circuit's `Einsum ->`, the scalar 1) is not supported; "
-            "write `[] Scalar 1`"
-        )
     spec = line.extra
     if spec.startswith(_FANCY):
         spec = _fancy_to_letters(spec[len(_FANCY) :], line)
@@ -794,4 +815,6 @@ _BUILDERS: dict[str, Callable[[_Line, TensorStore | None], Circuit]] = {
     "Index": _build_index,
     "Rearrange": _build_rearrange,
     "Concat": _build_concat,
+    "Tag": _build_tag,
+    "Scatter": _build_scatter,
 }

@@ -28,12 +28,12 @@ from typing import Any, Callable, Iterable, Protocol, Sequence
 from circuits.errors import PrintError
 from circuits.costs import cost
 from circuits.gcpause import gc_paused
-from circuits.nodes import Array, Circuit, Index, Scalar, Symbol
+from circuits.nodes import Array, Circuit, Index, Scalar, Scatter, Symbol
 from circuits.shapes import format_shape
 from circuits.store import TensorStore
 
 # Variants whose shape FORMAT.md prints by default: it does not follow from children.
-SHAPED_KINDS = (Array, Scalar, Symbol, Index)
+SHAPED_KINDS = (Array, Scalar, Symbol, Index, Scatter)  # as rust_circuit prints them
 
 #: ``color=`` names and their ANSI foreground codes.
 ANSI_COLORS = {

@@ -98,7 +98,9 @@ def einsum_shape(
     out_axes: tuple[int, ...],
     where: str,
 ) -> Shape:
-    """Check letter sizes agree everywhere and return the output shape."""
+    """Check letter sizes agree everywhere and return the output shape.
+
+    A letter may repeat in the output (a diagonal embedding, as rust_circuit allows)."""
     spec = einsum_text(tuple(operand_axes), out_axes)
     sizes: dict[int, int] = {}
     for position, (shape, axes) in enumerate(zip(operand_shapes, operand_axes)):
@@ -115,10 +117,6 @@ def einsum_shape(
                     f"in one place and {size} in operand {position} (shape {list(shape)}); "
                     f"operand shapes {[list(s) for s in operand_shapes]}"
                 )
-    if len(set(out_axes)) != len(out_axes):
-        raise EinsumError(
-            f"{where}: output of {spec!r} repeats a letter (operand shapes {[list(s) for s in operand_shapes]})"
-        )
     missing = [EINSUM_LETTERS[a] for a in out_axes if a not in sizes]
     if missing:
         raise EinsumError(
@@ -251,6 +249,37 @@ def _tensor_item(item, context: str) -> torch.Tensor:
         raise IndexSpecError(f"{context}: tensor index has shape {list(tensor.shape)}; only 1-D is supported")
     # a private copy, never a view of the caller's tensor (an edit there must not reach the node)
     return tensor.detach().to(device="cpu", dtype=torch.int64, copy=True)
+
+
+def normalize_scatter_index(index, shape: Shape, where: str) -> tuple[slice, ...]:
+    """A Scatter's index into ``shape``: per axis a step-less slice, in rust_circuit's canonical form.
+
+    As rust_circuit's Scatter, only slices are allowed, each in range
+    (``-size <= bound <= size``, start not after stop), the index padded
+    with full slices to the rank of ``shape``; every slice becomes
+    ``slice(start, stop)`` with explicit non-negative bounds, so ``[:2]``
+    and ``[0:2]`` are one node and print as rust_circuit prints them.
+    """
+    if not isinstance(index, tuple):
+        index = (index,)
+    if len(index) > len(shape):
+        raise IndexSpecError(
+            f"{where}: index has {len(index)} items but the output shape {list(shape)} has rank {len(shape)}"
+        )
+    items = []
+    for axis, (item, size) in enumerate(zip(index + (slice(None),) * (len(shape) - len(index)), shape)):
+        context = f"{where}: axis {axis} of output shape {list(shape)}"
+        if not isinstance(item, slice):
+            raise IndexSpecError(
+                f"{context}: {item!r} is not a slice; a Scatter's index is slices only, as rust_circuit's"
+            )
+        item = _convert_item(item, axis, shape, where)
+        problem = _slice_problem(item, size)
+        if problem is not None:
+            raise IndexSpecError(f"{context}: {problem} for size {size}")
+        start, stop, _ = item.indices(size)
+        items.append(slice(start, stop))
+    return tuple(items)
 
 
 def format_slice(item: slice) -> str:

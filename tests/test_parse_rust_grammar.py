@@ -194,11 +194,6 @@ def test_malformed_fancy_einsum():
     assert "'->'" in parse_error("'e' Einsum fancy: a b\n  'w' [2,3] Symbol").message
 
 
-def test_zero_operand_einsum_is_refused_by_name():
-    error = parse_error("'one' [] Einsum ->")
-    assert "Einsum ->" in error.message and "not supported" in error.message
-
-
 # ------------------------------------------------------- what is not supported
 
 

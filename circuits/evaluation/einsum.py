@@ -33,7 +33,9 @@ def einsum_kernel(equation: str) -> Callable:
     """
     inputs, out = equation.split("->")
     operands = inputs.split(",")
-    if any(len(set(op)) != len(op) for op in operands) or len(set(out)) != len(out):
+    if len(set(out)) != len(out):
+        return _diagonal_embedding(inputs, out)
+    if any(len(set(op)) != len(op) for op in operands):
         return functools.partial(torch.einsum, equation)  # diagonals: leave to torch
     plain = functools.partial(torch.einsum, equation)
     if len(operands) >= 3:
@@ -71,6 +73,29 @@ def einsum_kernel(equation: str) -> Callable:
 
         return batched_dot
     return plain
+
+
+def _diagonal_embedding(inputs: str, out: str) -> Callable:
+    """An output that repeats a letter (``ab->abaa``), which ``torch.einsum`` refuses.
+
+    As rust_circuit does: the einsum into each letter once (``ab->ab``),
+    written into zeros of the full output along its diagonal, a strided view
+    whose stride for a letter is the sum of the strides of the output axes
+    it names (``torch.as_strided_scatter``, which autograd follows).
+    """
+    distinct = "".join(dict.fromkeys(out))
+    contract = einsum_kernel(f"{inputs}->{distinct}")
+    positions = [[i for i, letter in enumerate(out) if letter == d] for d in distinct]
+
+    def embed(*tensors: torch.Tensor) -> torch.Tensor:
+        core = contract(*tensors)
+        size = dict(zip(distinct, core.shape))
+        result = core.new_zeros([size[letter] for letter in out])
+        strides = result.stride()
+        diagonal_strides = [sum(strides[i] for i in axes) for axes in positions]
+        return torch.as_strided_scatter(result, core, core.shape, diagonal_strides)
+
+    return embed
 
 
 def split_multipliers(operands: list[str], out: str) -> tuple[list[int], list[int]]:

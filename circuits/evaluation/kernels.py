@@ -16,14 +16,14 @@ import torch
 from circuits.errors import StaleTensorError
 from circuits.evaluation.einsum import einsum_kernel
 from circuits.functions import FunctionSpec, is_library_function
-from circuits.nodes import Add, Circuit, Concat, Einsum, GeneralFunction, Index, Rearrange
+from circuits.nodes import Add, Circuit, Concat, Einsum, GeneralFunction, Index, Rearrange, Scatter, Tag
 from circuits.shapes import format_shape, shape_or_type
 
 __all__ = ["KERNEL_MAKERS", "default_kernel", "kernel_maker"]
 
 
 def _einsum_step(node: Einsum) -> Callable:
-    if not node.children:
+    if not node.children:  # the empty product; evaluation makes it as a constant (leaves.constant_value)
         return functools.partial(torch.ones, ())
     return einsum_kernel(node.extra)  # extra is the einsum string, computed at construction
 
@@ -139,6 +139,20 @@ def _concat_step(node: Concat) -> Callable:
     return concat
 
 
+def _tag_step(node: Tag) -> Callable:
+    return _identity
+
+
+def _scatter_step(node: Scatter) -> Callable:
+    """Zeros around the child: ``torch.nn.functional.pad`` by the room each slice leaves on either side."""
+    pads: list[int] = []
+    for item, size in zip(reversed(node.index), reversed(node.shape)):  # pad lists the last axis first
+        pads += [item.start, size - item.stop]
+    if not any(pads):
+        return _identity
+    return functools.partial(torch.nn.functional.pad, pad=tuple(pads))
+
+
 KERNEL_MAKERS: dict[type, Callable[[Any], Callable]] = {
     Einsum: _einsum_step,
     Add: _add_step,
@@ -146,6 +160,8 @@ KERNEL_MAKERS: dict[type, Callable[[Any], Callable]] = {
     Index: _index_step,
     Rearrange: _rearrange_step,
     Concat: _concat_step,
+    Tag: _tag_step,
+    Scatter: _scatter_step,
 }
 
 

@@ -26,7 +26,7 @@ from circuits.errors import (
 )
 from circuits.evaluation.kernels import KERNEL_MAKERS, kernel_maker
 from circuits.evaluation.plan import Steps, error_at
-from circuits.nodes import Add, Array, Circuit, Scalar, Symbol
+from circuits.nodes import Add, Array, Circuit, Einsum, Scalar, Symbol
 from circuits.shapes import format_shape
 
 __all__ = ["Call", "check_options", "constant_value", "finish_leaves", "leaf_handler", "same_device"]
@@ -156,15 +156,18 @@ def _symbol_leaf(node: Symbol, slot, call: Call, values, steps: Steps):
 
 
 def constant_value(node: Circuit) -> float | None:
-    """The value of a node that is a constant of the call's dtype: a Scalar, or ``Add()`` (an empty sum, 0)."""
+    """The value of a node that is a constant of the call's dtype: a Scalar, ``Add()`` (an empty
+    sum, 0) or an Einsum of no operands (an empty product, 1)."""
     if isinstance(node, Scalar):
         return node.value
-    return 0.0 if isinstance(node, Add) and not node.children else None
+    if node.children:
+        return None
+    return 0.0 if isinstance(node, Add) else 1.0 if isinstance(node, Einsum) else None
 
 
 def _other_leaf(node: Circuit, slot, call: Call, values, steps: Steps):
-    """Add() with no operands, subclasses of the leaf classes, and unknown leaf types."""
-    if isinstance(node, Add):  # an empty sum: the constant 0, made like a Scalar
+    """Add() and Einsum() with no operands, subclasses of the leaf classes, and unknown leaf types."""
+    if isinstance(node, (Add, Einsum)):  # an empty sum or product: the constant 0 or 1, made like a Scalar
         call.scalar_slots.append(slot)
         return
     kind = type(node)

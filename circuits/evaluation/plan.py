@@ -7,7 +7,7 @@ from typing import Callable, Iterator
 import torch
 
 from circuits.errors import EvaluationError
-from circuits.nodes import Add, Circuit, GeneralFunction, Scalar
+from circuits.nodes import Add, Circuit, Einsum, GeneralFunction, Scalar
 from circuits.shapes import format_shape
 
 __all__ = ["Plan", "Steps", "error_at"]
@@ -138,7 +138,7 @@ class Plan:
 
     def _root_value(self, slot: int, value: torch.Tensor) -> torch.Tensor:
         node = self.nodes[slot]
-        if node.children or not isinstance(node, (Scalar, Add)):
+        if node.children or not isinstance(node, (Scalar, Add, Einsum)):
             return value
         try:  # constants run as stride-0 views of one shared 0-d tensor; a root gets its own memory
             return value.clone(memory_format=torch.contiguous_format)
