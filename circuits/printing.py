@@ -48,6 +48,8 @@ ANSI_COLORS = {
     "gray": 90,
 }
 ANSI_RESET = "\x1b[0m"
+#: the line rust_circuit's ``only_child_below`` writes between a node and its only child
+ONLY_CHILD_MARKER = "▼"
 
 # Characters that str.splitlines (and universal newlines) treat as line breaks: a comment
 # writes them as escapes so that it stays on its line.
@@ -115,6 +117,8 @@ def repr_many(
     comment: NodeText | None = None,
     color: NodeText | None = None,
     costs: bool = False,
+    minimal_shapes: bool = False,
+    only_child_below: bool = False,
 ) -> str:
     """Print several circuits together, sharing references and serial numbers.
 
@@ -134,8 +138,22 @@ def repr_many(
     included, is wrapped in that ANSI colour.  The parser skips comments and
     colour codes, so annotated text reads back to the same circuits.
     ``costs=True`` comments each node with its own static cost (``comment=cc.cost(circuits).comment``).
+
+    Two layouts of rust_circuit's ``PrintOptions``, both read back by the parser:
+    ``minimal_shapes`` leaves out every shape the parser can work out (see
+    ``shape_needed``), going further than rust_circuit's
+    ``shape_only_when_necessary``, which is this printer's default;
+    ``only_child_below`` writes a node's only child at the node's own indent
+    after a ``▼`` line instead of one level deeper, so chains of one-child
+    nodes do not march to the right.  ``serials=True`` is rust_circuit's
+    ``force_use_serial_numbers``.
     """
     circuits = list(circuits)
+    _check_flags(minimal_shapes=minimal_shapes, only_child_below=only_child_below)
+    if minimal_shapes and shapes:
+        raise PrintError(
+            "repr: shapes=True writes every shape and minimal_shapes=True as few as parse back; pass one"
+        )
     if costs:
         if comment is not None:
             raise PrintError("repr: costs=True writes the comments; pass comment= or costs=, not both")
@@ -143,7 +161,10 @@ def repr_many(
     walker = None if traversal is None else as_traversal(traversal)
     with gc_paused():
         layout = _layout(circuits, depth, walker)
-        return _text(layout, shapes, serials, store, comment, color)
+        if only_child_below:
+            _only_children_below(layout)
+        shown = _shape_rule(shapes, minimal_shapes, store)
+        return _text(layout, shown, serials, store, comment, color)
 
 
 class _Layout:
@@ -154,6 +175,7 @@ class _Layout:
         self.levels: list[int] = []
         self.repeats: dict[int, int] = {}  # line -> the line where its node was written in full
         self.elided: dict[int, int] = {}  # line -> how many children are left out below it
+        self.markers: set[int] = set()  # lines followed by the only-child marker ``▼``
 
 
 def _layout(roots: list[Circuit], depth: int | None, traversal: Traversal | None) -> _Layout:
@@ -198,6 +220,26 @@ def _layout(roots: list[Circuit], depth: int | None, traversal: Traversal | None
     return layout
 
 
+def _only_children_below(layout: _Layout) -> None:
+    """Re-indent for ``only_child_below``: an only child at its parent's indent, after a marker.
+
+    A line written in full whose node has one child, not left out, is followed
+    by that child's line; the child's whole subtree moves up one level.  The
+    shifts are kept on a stack of (parent level, shift inside its subtree).
+    """
+    firsts, levels, elided, markers = layout.firsts, layout.levels, layout.elided, layout.markers
+    shifts: list[tuple[int, int]] = []
+    for line, node in enumerate(firsts):
+        level = levels[line]
+        while shifts and shifts[-1][0] >= level:
+            shifts.pop()
+        shift = shifts[-1][1] if shifts else 0
+        levels[line] = level - shift
+        if node is not None and len(node.children) == 1 and line not in elided:
+            markers.add(line)
+            shifts.append((level, shift + 1))
+
+
 def _child_states(traversal: Traversal, node: Circuit, state: Any) -> Sequence[Any]:
     """The traversal's state for each child of ``node`` (none if it stopped before ``node``)."""
     if not state or not node.children:
@@ -222,9 +264,39 @@ def _shared_names(firsts: list[Circuit | None]) -> set[str]:
     return shared
 
 
+def _check_flags(**flags: Any) -> None:
+    for option, value in flags.items():
+        if not isinstance(value, bool):
+            raise PrintError(f"repr: {option}={value!r}; expected True or False")
+
+
+def _shape_rule(shapes: bool, minimal_shapes: bool, store: TensorStore | None) -> Callable[[Circuit], bool]:
+    """Whether a node's line writes its shape, per ``shapes=`` and ``minimal_shapes=``."""
+    if shapes:
+        return lambda node: True
+    if minimal_shapes:
+        return lambda node: shape_needed(node, store)
+    return lambda node: isinstance(node, SHAPED_KINDS)
+
+
+def shape_needed(node: Circuit, store: TensorStore | None) -> bool:
+    """Whether ``cc.parse`` needs the node's shape to rebuild it (``minimal_shapes=True``).
+
+    A Scalar or Symbol has nothing else to say its shape.  An Array's tensor
+    comes back only from the store the text is printed with (``store=``,
+    which saves it), so without one, or for a placeholder with no tensor,
+    the shape stays.  Everything else, Index included, follows from its
+    children.  Text whose Arrays lack their shapes needs the store to parse
+    (``cc.parse(text, store=store)``) and cannot be read with ``tensors_as_random``.
+    """
+    if isinstance(node, Array):
+        return store is None or not node.is_loaded
+    return isinstance(node, (Scalar, Symbol))
+
+
 def _text(
     layout: _Layout,
-    shapes: bool,
+    shown: Callable[[Circuit], bool],
     serials: bool,
     store: TensorStore | None,
     comment: NodeText | None,
@@ -232,6 +304,7 @@ def _text(
 ) -> str:
     # Pass 2: the text.
     firsts, levels, repeats, elided = layout.firsts, layout.levels, layout.repeats, layout.elided
+    markers = layout.markers
     shared_names = _shared_names(firsts)
     references: list[str | None] = [None] * len(firsts)
     colours: dict[int, str] = {}  # line written in full -> its node's ANSI start code ("" for none)
@@ -260,7 +333,7 @@ def _text(
             else:
                 reference = quoted_name
         references[line] = reference
-        shape = " " + format_shape(node.shape) if shapes or isinstance(node, SHAPED_KINDS) else ""
+        shape = " " + format_shape(node.shape) if shown(node) else ""
         extra = " " + node.extra if node.extra else ""
         if comment is None and color is None:
             write(f"{indent}{reference}{shape} {node.kind}{extra}")
@@ -276,6 +349,8 @@ def _text(
             store.save(node.tensor(), node.content_hash)  # tensor() refuses one edited in place since
         if line in elided:
             write(f"{indent}  ... {elided[line]} children not shown")
+        elif markers and line in markers:
+            write(indent + ONLY_CHILD_MARKER)
     return "\n".join(out)
 
 

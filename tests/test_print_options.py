@@ -1,0 +1,305 @@
+"""rust_circuit's printing options: serials on every node, minimal shapes, only children below.
+
+Expected texts are written by hand; the properties compare each layout
+with the default text rewritten by small independent functions here
+(re-indenting by the text's own tree, dropping shapes by a regex), and
+every option's text must parse back to the circuit it was printed from.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import circuits as cc
+from tests.strategies import random_circuits, root_lists
+
+MARKER = "▼"
+
+
+def chain() -> cc.Circuit:
+    """r = i + j, where i = relu(x + s)[0] and j = x[1]: chains of only children."""
+    x = cc.Array(torch.arange(12.0).reshape(3, 4), name="x")
+    s = cc.Scalar(2.0, shape=(4,), name="s")
+    g = cc.GeneralFunction.new_by_name(cc.Add(x, s, name="a"), spec_name="relu", name="g")
+    return cc.Add(cc.Index(g, (0,), name="i"), cc.Index(x, (1,), name="j"), name="r")
+
+
+X_HASH = chain().get_unique("x").content_hash[:24]
+
+
+# ------------------------------------------------------------ by hand
+
+
+def test_only_child_below_writes_the_only_child_at_its_parents_indent():
+    assert chain().repr(only_child_below=True) == "\n".join(
+        [
+            "'r' Add",
+            "  'i' [4] Index [0,:]",
+            "  ▼",
+            "  'g' GeneralFunction relu",
+            "  ▼",
+            "  'a' Add",
+            f"    'x' [3,4] Array {X_HASH}",
+            "    's' [4] Scalar 2",
+            "  'j' [4] Index [1,:]",
+            "  ▼",
+            "  'x'",
+        ]
+    )
+
+
+def test_only_child_below_at_the_root_and_between_roots():
+    x = cc.Symbol((2,), name="x")
+    neg = cc.Einsum.from_einsum_string("a->a", x, name="neg")
+    twice = cc.Add(neg, neg, name="twice")
+    text = cc.repr_many([neg, twice], only_child_below=True)
+    assert text == "'neg' Einsum a->a\n▼\n'x' [2] Symbol\n'twice' Add\n  'neg'\n  'neg'"
+    assert cc.parse_many(text) == [neg, twice]
+
+
+def test_serials_number_every_node_and_its_repeats():
+    # rust_circuit's force_use_serial_numbers: named nodes too; a repeat is its serial and name
+    assert chain().repr(serials=True) == "\n".join(
+        [
+            "0 'r' Add",
+            "  1 'i' [4] Index [0,:]",
+            "    2 'g' GeneralFunction relu",
+            "      3 'a' Add",
+            f"        4 'x' [3,4] Array {X_HASH}",
+            "        5 's' [4] Scalar 2",
+            "  6 'j' [4] Index [1,:]",
+            "    4 'x'",
+        ]
+    )
+
+
+def test_minimal_shapes_drops_what_the_parser_works_out(tmp_path):
+    # without a store an Array keeps its shape (the parser could not rebuild it); Index never needs one
+    assert chain().repr(minimal_shapes=True) == "\n".join(
+        [
+            "'r' Add",
+            "  'i' Index [0,:]",
+            "    'g' GeneralFunction relu",
+            "      'a' Add",
+            f"        'x' [3,4] Array {X_HASH}",
+            "        's' [4] Scalar 2",
+            "  'j' Index [1,:]",
+            "    'x'",
+        ]
+    )
+    store = cc.TensorStore(tmp_path)
+    text = chain().repr(minimal_shapes=True, store=store)
+    assert f"        'x' Array {X_HASH}" in text.split("\n")
+    assert cc.parse(text, store=store) == chain()
+    with pytest.raises(cc.ParseError, match="no shape, so it needs its tensor"):
+        cc.parse(text)
+
+
+def test_minimal_shapes_keeps_a_placeholders_shape_even_with_a_store(tmp_path):
+    placeholder = cc.Array.from_hash((4,), "ab" * 12, name="h")
+    text = cc.Add(placeholder, placeholder, name="r").repr(
+        minimal_shapes=True, store=cc.TensorStore(tmp_path)
+    )
+    assert text == "'r' Add\n  'h' [4] Array abababababababababababab\n  'h'"
+
+
+def test_all_three_together():
+    text = chain().repr(serials=True, minimal_shapes=True, only_child_below=True)
+    assert text == "\n".join(
+        [
+            "0 'r' Add",
+            "  1 'i' Index [0,:]",
+            "  ▼",
+            "  2 'g' GeneralFunction relu",
+            "  ▼",
+            "  3 'a' Add",
+            f"    4 'x' [3,4] Array {X_HASH}",
+            "    5 's' [4] Scalar 2",
+            "  6 'j' Index [1,:]",
+            "  ▼",
+            "  4 'x'",
+        ]
+    )
+    assert cc.parse(text) == chain()
+
+
+def test_depth_counts_nodes_not_indent_under_only_child_below():
+    # depth=2 shows r, i, j and their children; the layout does not change what is cut
+    assert chain().repr(depth=2, only_child_below=True) == "\n".join(
+        [
+            "'r' Add",
+            "  'i' [4] Index [0,:]",
+            "  ▼",
+            "  'g' GeneralFunction relu",
+            "    ... 1 children not shown",
+            "  'j' [4] Index [1,:]",
+            "  ▼",
+            f"  'x' [3,4] Array {X_HASH}",
+        ]
+    )
+
+
+def test_comments_and_colours_stay_on_their_lines_and_read_back():
+    text = chain().repr(
+        only_child_below=True,
+        comment=lambda n: n.kind if n.name == "g" else None,
+        color=lambda n: "red" if n.name == "x" else None,
+    )
+    lines = text.split("\n")
+    assert lines[3:5] == ["  'g' GeneralFunction relu  # GeneralFunction", "  ▼"]
+    assert lines[-1] == "  \x1b[31m'x'\x1b[0m"
+    assert cc.parse(text) == chain()
+
+
+@pytest.mark.parametrize("option", ["minimal_shapes", "only_child_below"])
+@pytest.mark.parametrize("value", [1, "yes", None])
+def test_a_non_boolean_option_is_a_print_error(option, value):
+    with pytest.raises(cc.PrintError, match=f"{option}={value!r}; expected True or False"):
+        chain().repr(**{option: value})
+
+
+def test_shapes_and_minimal_shapes_together_is_a_print_error():
+    with pytest.raises(cc.PrintError, match="pass one"):
+        cc.repr_many([chain()], shapes=True, minimal_shapes=True)
+
+
+# ------------------------------------------------------------ independent references
+
+
+def only_child_layout(text: str) -> str:
+    """The default text re-indented as rust_circuit's only_child_below, from the text's own tree.
+
+    Children of a line are the following lines one level deeper; a line
+    with exactly one child line is followed by the marker and the child
+    moves up to its parent's indent (with its whole subtree).
+    """
+    lines = text.split("\n")
+    levels = [(len(line) - len(line.lstrip(" "))) // 2 for line in lines]
+    children: list[list[int]] = [[] for _ in lines]
+    open_at: dict[int, int] = {}
+    for number, level in enumerate(levels):
+        if level:
+            children[open_at[level - 1]].append(number)
+        open_at[level] = number
+    out: list[str] = []
+    stack = [(number, 0) for number, level in reversed(list(enumerate(levels))) if level == 0]
+    while stack:
+        number, indent = stack.pop()
+        out.append("  " * indent + lines[number].lstrip(" "))
+        below = children[number]
+        if len(below) == 1:
+            out.append("  " * indent + MARKER)
+            stack.append((below[0], indent))
+        else:
+            stack.extend((child, indent + 1) for child in reversed(below))
+    return "\n".join(out)
+
+
+_SHAPED_LINE = re.compile(r"^( *(?:\d+ ?)?(?:'(?:[^'\\]|\\.)*')?) \[[\d,]*\](?= (?P<kind>[A-Za-z]+))")
+
+
+def without_shapes(text: str, kinds: tuple[str, ...]) -> str:
+    """The text with the ``[shape]`` of every line of the given kinds removed."""
+
+    def drop(line: str) -> str:
+        match = _SHAPED_LINE.match(line)
+        return line if match is None or match["kind"] not in kinds else match[1] + line[match.end() :]
+
+    return "\n".join(drop(line) for line in text.split("\n"))
+
+
+def test_the_references_agree_with_the_hand_written_texts():
+    assert only_child_layout(chain().repr()) == chain().repr(only_child_below=True)
+    assert without_shapes(chain().repr(), ("Index",)) == chain().repr(minimal_shapes=True)
+
+
+# ------------------------------------------------------------ golden file
+
+
+def test_golden_default_text_is_unchanged(golden_text):
+    circuit = cc.parse(golden_text)
+    assert circuit.repr(minimal_shapes=False, only_child_below=False) == golden_text
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"serials": True},
+        {"minimal_shapes": True},
+        {"only_child_below": True},
+        {"serials": True, "minimal_shapes": True, "only_child_below": True},
+    ],
+    ids=lambda options: "+".join(options),
+)
+def test_golden_round_trips_under_each_option(golden_text, options):
+    circuit = cc.parse(golden_text)
+    text = circuit.repr(**options)
+    assert text != golden_text
+    parsed = cc.parse(text)
+    assert parsed == circuit
+    assert parsed.repr(**options) == text
+    assert parsed.repr() == golden_text
+
+
+def test_golden_layouts_match_the_references(golden_text):
+    circuit = cc.parse(golden_text)
+    only_child = circuit.repr(only_child_below=True)
+    assert only_child == only_child_layout(golden_text)
+    # one marker per distinct node with exactly one child (each is written in full once)
+    one_child = [node for node in cc.unique_nodes([circuit]) if len(node.children) == 1]
+    assert only_child.count(MARKER) == len(one_child) > 0
+    # golden Arrays are placeholders: their shapes stay; only Index lines lose theirs
+    assert circuit.repr(minimal_shapes=True) == without_shapes(golden_text, ("Index",))
+
+
+def test_golden_serials_number_every_full_line(golden_text):
+    text = cc.parse(golden_text).repr(serials=True)
+    full = [line for line in text.split("\n") if line.rsplit("'", 1)[-1].strip()]
+    serials = [int(line.split()[0]) for line in full]
+    assert serials == list(range(len(full))) == list(range(312))
+
+
+# ------------------------------------------------------------ properties
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> cc.TensorStore:
+    return cc.TensorStore(tmp_path_factory.mktemp("print_options"))
+
+
+@settings(max_examples=60)
+@given(random_circuits(), st.booleans(), st.booleans(), st.booleans(), st.booleans())
+def test_every_combination_reads_back(store, circuit, serials, minimal_shapes, only_child_below, with_store):
+    used = store if with_store else None
+    text = circuit.repr(
+        serials=serials, minimal_shapes=minimal_shapes, only_child_below=only_child_below, store=used
+    )
+    parsed = cc.parse(text, store=used)
+    assert parsed == circuit
+    assert parsed.repr(serials=serials, minimal_shapes=minimal_shapes, only_child_below=only_child_below) == (
+        circuit.repr(serials=serials, minimal_shapes=minimal_shapes, only_child_below=only_child_below)
+    )
+
+
+@settings(max_examples=60)
+@given(random_circuits(), st.booleans())
+def test_layouts_agree_with_the_references(store, circuit, serials):
+    plain = circuit.repr(serials=serials)
+    assert circuit.repr(serials=serials, only_child_below=True) == only_child_layout(plain)
+    assert circuit.repr(serials=serials, minimal_shapes=True) == without_shapes(plain, ("Index",))
+    loaded = all(n.is_loaded for n in cc.unique_nodes([circuit]) if isinstance(n, cc.Array))
+    if loaded:
+        with_store = circuit.repr(serials=serials, minimal_shapes=True, store=store)
+        assert with_store == without_shapes(plain, ("Index", "Array"))
+
+
+@settings(max_examples=40)
+@given(root_lists(), st.booleans(), st.booleans())
+def test_several_roots_read_back(roots, minimal_shapes, only_child_below):
+    text = cc.repr_many(roots, serials=True, minimal_shapes=minimal_shapes, only_child_below=only_child_below)
+    assert cc.parse_many(text) == roots
