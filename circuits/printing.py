@@ -282,16 +282,17 @@ def _shape_rule(shapes: bool, minimal_shapes: bool, store: TensorStore | None) -
 def shape_needed(node: Circuit, store: TensorStore | None) -> bool:
     """Whether ``cc.parse`` needs the node's shape to rebuild it (``minimal_shapes=True``).
 
-    A Scalar or Symbol has nothing else to say its shape.  An Array's tensor
-    comes back only from the store the text is printed with (``store=``,
-    which saves it), so without one, or for a placeholder with no tensor,
-    the shape stays.  Everything else, Index included, follows from its
-    children.  Text whose Arrays lack their shapes needs the store to parse
+    Of the ``SHAPED_KINDS``, an Index's shape follows from its child and its
+    items, and an Array's from its tensor, which comes back only from the
+    store the text is printed with (``store=``, which saves it): without
+    one, or for a placeholder with no tensor, the shape stays.  The others
+    (Scalar, Symbol, Scatter) have nothing else to say it.  Text whose
+    Arrays lack their shapes needs the store to parse
     (``cc.parse(text, store=store)``) and cannot be read with ``tensors_as_random``.
     """
     if isinstance(node, Array):
         return store is None or not node.is_loaded
-    return isinstance(node, (Scalar, Symbol))
+    return isinstance(node, SHAPED_KINDS) and not isinstance(node, Index)
 
 
 def _text(

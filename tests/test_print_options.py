@@ -108,6 +108,23 @@ def test_minimal_shapes_keeps_a_placeholders_shape_even_with_a_store(tmp_path):
     assert text == "'r' Add\n  'h' [4] Array abababababababababababab\n  'h'"
 
 
+def test_minimal_shapes_keeps_scatter_and_symbol_shapes_and_drops_tags():
+    uuid = "1a280c74-fa9f-4dd9-94f4-5cca4a0cf243"
+    x = cc.Symbol((3, 4), uuid=uuid, name="x")
+    padded = cc.Scatter(x, (slice(0, 3), slice(0, 4)), (5, 4), name="padded")
+    tagged = cc.Tag(padded, uuid, name="tagged")
+    text = tagged.repr(minimal_shapes=True)
+    assert text == "\n".join(
+        [
+            f"'tagged' Tag {uuid}",
+            "  'padded' [5,4] Scatter [0:3,0:4]",
+            f"    'x' [3,4] Symbol {uuid}",
+        ]
+    )
+    assert cc.parse(text) == tagged
+    assert cc.parse(tagged.repr(only_child_below=True)) == tagged
+
+
 def test_all_three_together():
     text = chain().repr(serials=True, minimal_shapes=True, only_child_below=True)
     assert text == "\n".join(
