@@ -16,6 +16,8 @@ element ``b`` of the result is the original circuit evaluated with element
 - Index: leading full slices.  Concat: the axis shifts; unbatched operands
   are repeated over the batch (a Rearrange ``x0 -> B0 x0``).
 - Rearrange: fresh axis names prefixed to both sides of the pattern.
+- Tag: the same uuid over the batched child.  Scatter: leading full slices,
+  and the batch shape in front of its shape.
 - GeneralFunction: as its spec declares.  A spec with
   ``num_non_batchable_output_dims`` set treats extra leading axes of its
   (batchable, per ``input_batchability``) inputs as batch axes; with
@@ -51,6 +53,8 @@ from circuits.nodes import (
     GeneralFunction,
     Index,
     Rearrange,
+    Scatter,
+    Tag,
     check_node,
 )
 from circuits.shapes import EINSUM_LETTERS, Shape, format_shape
@@ -196,6 +200,11 @@ class _Expander:
             return Concat(*children, axis=node.axis + len(self.batch), name=node.name)
         if isinstance(node, GeneralFunction):
             return self._function(node, children, flags)
+        if isinstance(node, Tag):
+            return Tag(children[0], node.uuid, name=node.name)
+        if isinstance(node, Scatter):
+            index = (slice(None),) * len(self.batch) + node.index
+            return Scatter(children[0], index, self.batch + node.shape, name=node.name)
         raise ExpandError(f"expand: no batching rule for {node.describe()} (type {type(node).__name__})")
 
     def _einsum(self, node: Einsum, children, flags) -> Circuit:

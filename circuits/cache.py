@@ -27,7 +27,7 @@ import torch
 
 from circuits.errors import CacheError
 from circuits.evaluation import KnownValue, compile_plan
-from circuits.nodes import Add, Array, Circuit, Scalar, Symbol
+from circuits.nodes import Add, Array, Circuit, Einsum, Scalar, Symbol
 
 __all__ = ["CacheStats", "Evaluator"]
 
@@ -364,5 +364,5 @@ def _leaf_meta(node: Circuit, evaluator: Evaluator) -> tuple:
             return (False, None, False)
         evaluator._remember_leaf(tensor)
         return (False, tensor.dtype if tensor.is_floating_point() else None, False)
-    # Scalars, and empty sums, take the call's Scalar dtype
-    return (isinstance(node, Symbol), None, isinstance(node, (Scalar, Add)))
+    # Scalars, and empty sums and products, take the call's Scalar dtype
+    return (isinstance(node, Symbol), None, isinstance(node, (Scalar, Add, Einsum)))

@@ -12,8 +12,8 @@ leaves and shared subtrees count once):
   reductions, a batched dot's sum), and per element for the library's
   functions (``exp``, ``log``, ``tanh``, ``sqrt``, ``div``, ``compare``...;
   ``FUNCTION_FLOPS``).  A user's function is counted as 0 and listed in
-  ``unknown_functions``: never a guess.  Index, Rearrange and Concat do no
-  arithmetic; they move bytes.
+  ``unknown_functions``: never a guess.  Index, Rearrange, Concat and
+  Scatter do no arithmetic; they move bytes (a Tag is its child).
 - bytes read (the children's outputs) and written (its own output), and the
   output's size.  Views (an Index by slices, a Rearrange that torch can
   express as a view, a one-child Add, an einsum that only permutes) read
@@ -49,7 +49,19 @@ from circuits.errors import NodeTypeError, shown
 from circuits.evaluation.einsum import is_batched_dot, split_multipliers
 from circuits.functions import GEN_INDEX_NAME
 from circuits.gcpause import gc_paused
-from circuits.nodes import Add, Array, Circuit, Concat, Einsum, GeneralFunction, Index, Rearrange, Symbol
+from circuits.nodes import (
+    Add,
+    Array,
+    Circuit,
+    Concat,
+    Einsum,
+    GeneralFunction,
+    Index,
+    Rearrange,
+    Scatter,
+    Symbol,
+    Tag,
+)
 from circuits.shapes import format_shape
 from circuits.traversal import postorder
 
@@ -174,7 +186,7 @@ def _dtype(node: Circuit, dtypes: dict[bytes, torch.dtype], float_dtype: torch.d
     if not children:
         return node.value.dtype if isinstance(node, Array) and node.value is not None else float_dtype
     first = dtypes[children[0].hash]
-    if isinstance(node, (Index, Rearrange)):
+    if isinstance(node, (Index, Rearrange, Tag, Scatter)):
         return first
     if isinstance(node, GeneralFunction) and GEN_INDEX_NAME.fullmatch(node.spec.name):
         return first
@@ -225,6 +237,10 @@ def _flops(node: Circuit, elements: int) -> tuple[dict[str, int], bool, bool]:
         return {}, _rearrange_is_view(node.pattern, tuple(node.sizes), node.children[0].shape), False
     if isinstance(node, Concat):
         return {}, False, False
+    if isinstance(node, Tag):
+        return {}, True, False
+    if isinstance(node, Scatter):  # zeros around the child; the child itself when there is no room
+        return {}, node.shape == node.children[0].shape, False
     raise NodeTypeError(f"cost: no cost rule for {node.describe()} (node type {type(node).__name__})")
 
 
@@ -255,6 +271,8 @@ def _einsum_flops(
     ``auto`` path, as torch.einsum does.
     """
     inputs, out = equation.split("->")
+    if len(set(out)) != len(out):  # a diagonal embedding: the einsum into each letter once, then a write
+        return _einsum_flops(inputs + "->" + "".join(dict.fromkeys(out)), shapes)[0], False
     operands = inputs.split(",")
     sizes = {letter: size for op, shape in zip(operands, shapes) for letter, size in zip(op, shape)}
     counts: dict[str, int] = {}

@@ -42,18 +42,26 @@ def flatten_add(node: Circuit) -> Circuit:
     return Add(*operands, name=node.name)
 
 
+def _inlinable(child: Circuit) -> bool:
+    """An Einsum operand that is a product of its own operands: not a diagonal embedding (``a->aa``),
+    whose zeros off the diagonal no product of its operands has."""
+    return isinstance(child, Einsum) and not child.repeats_output_axes
+
+
 def flatten_einsum(node: Circuit) -> Circuit:
-    """One Einsum with its Einsum operands inlined; their summed letters get fresh letters."""
-    if not isinstance(node, Einsum) or not any(isinstance(c, Einsum) for c in node.children):
+    """One Einsum with its Einsum operands inlined; their summed letters get fresh letters.
+
+    An operand that repeats an output letter (a diagonal embedding) stays an operand."""
+    if not isinstance(node, Einsum) or not any(_inlinable(c) for c in node.children):
         return node
     used = {a for axes in node.operand_axes for a in axes} | set(node.out_axes)
     for child in node.children:
-        if isinstance(child, Einsum):
+        if _inlinable(child):
             used |= {a for axes in child.operand_axes for a in axes}
     fresh = iter(a for a in range(len(EINSUM_LETTERS)) if a not in used)
     operands = []
     for child, axes in zip(node.children, node.operand_axes):
-        if not isinstance(child, Einsum):
+        if not _inlinable(child):
             operands.append((child, axes))
             continue
         mapping = dict(zip(child.out_axes, axes))

@@ -79,6 +79,11 @@ def _check_only_causal(scores: Circuit, queries: int, keys: int) -> None:
 
 def _unmasked(scores: Circuit) -> Einsum:
     """The score Einsum without a mask, whether ``scores`` is masked already or not."""
+    if isinstance(scores, Einsum) and scores.repeats_output_axes:
+        raise PassError(
+            f"causal_mask: {scores.describe()} ({scores.einsum_string}) repeats an output letter (a diagonal "
+            "embedding), so its query and key axes cannot take a mask"
+        )
     if isinstance(scores, Einsum) and len(scores.out_axes) >= 3:
         return scores
     if isinstance(scores, Add) and scores.children and scores.children[0].name == names.RAW_SCORES:

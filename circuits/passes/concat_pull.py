@@ -72,8 +72,8 @@ def _pull_einsum(node: Einsum) -> Circuit:
     position = next(i for i, c in enumerate(node.children) if isinstance(c, Concat))
     concat, axes = node.children[position], node.operand_axes[position]
     letter = axes[concat.axis]
-    if axes.count(letter) != 1:
-        return node  # a diagonal across the joined axis: the pieces are not square
+    if axes.count(letter) != 1 or node.out_axes.count(letter) > 1:
+        return node  # a diagonal across the joined axis: the pieces are not square (nor blocks of a Concat)
     sizes, start, pieces = _sizes(concat), 0, []
     for i, size in enumerate(sizes):
         operands = [
@@ -97,7 +97,7 @@ def pull_concat_once(node: Circuit) -> Circuit:
     Concat operand is pulled: every other operand carrying its letter is
     sliced to each piece's span (or, if it is a Concat split the same way on
     that letter, gives its own piece).  A Concat operand whose letter repeats
-    in its own axes (a diagonal) is left alone.
+    in its own axes or in the output (a diagonal) is left alone.
     """
     if isinstance(node, GeneralFunction) and len(node.children) == 1 and isinstance(node.children[0], Concat):
         return _pull_function(node)
@@ -148,6 +148,8 @@ def _push_einsum(node: Concat) -> Circuit:
     if any(k.operand_axes != first.operand_axes or k.out_axes != first.out_axes for k in node.children):
         return node
     letter = first.out_axes[node.axis]
+    if first.out_axes.count(letter) > 1:
+        return node  # pieces of a diagonal embedding along the joined letter: blocks, not one einsum
     operands = []
     for position, axes in enumerate(first.operand_axes):
         column = [k.children[position] for k in node.children]

@@ -141,7 +141,9 @@ def _plan_scalar(node: Index, child: Scalar, items, name) -> _Plan:
     return _Plan((), lambda _: Scalar(child.value, shape=node.shape, name=name))
 
 
-def _plan_einsum(node: Index, child: Einsum, items, name) -> _Plan:
+def _plan_einsum(node: Index, child: Einsum, items, name) -> _Plan | None:
+    if child.repeats_output_axes:  # two output axes of one letter take different items: stays above
+        return None
     by_letter = {letter: item for letter, item in zip(child.out_axes, items) if not is_full(item)}
     children, operand_axes = [], []
     for operand, axes in zip(child.children, child.operand_axes):

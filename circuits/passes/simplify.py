@@ -69,11 +69,11 @@ def _fold_einsum(node: Einsum) -> Circuit:
     only_scalar = {a for _, ax in scalars for a in ax} - kept
     value = math.prod(c.value for c, _ in scalars)
     value *= math.prod(sizes[a] for a in only_scalar if a not in node.out_axes)
-    needed = tuple(a for a in node.out_axes if a in only_scalar)
-    if not others:
+    needed = tuple(dict.fromkeys(a for a in node.out_axes if a in only_scalar))
+    if not others and not node.repeats_output_axes:  # a diagonal embedding is zero off its diagonal
         return Scalar(value, shape=node.shape, name=node.name)
     operands = list(others)
-    if value != 1 or needed:
+    if value != 1 or needed or not others:
         operands.append((Scalar(value, shape=tuple(sizes[a] for a in needed)), needed))
     if operands == pairs:
         return node
@@ -113,7 +113,12 @@ def _remove_single_operand(node: Circuit) -> Circuit:
     """A one-operand Add, or an Einsum that only renames axes in order, is its operand."""
     if isinstance(node, Add) and len(node.children) == 1 and node.children[0].shape == node.shape:
         return node.children[0]
-    if isinstance(node, Einsum) and len(node.children) == 1 and node.operand_axes[0] == node.out_axes:
+    if (
+        isinstance(node, Einsum)
+        and len(node.children) == 1
+        and node.operand_axes[0] == node.out_axes
+        and not node.repeats_output_axes  # "aa->aa" keeps the diagonal only
+    ):
         return node.children[0]
     return node
 
