@@ -1,8 +1,11 @@
-"""TransformerLens ``HookedTransformer`` state dicts: ``from_transformer_lens(state_dict, tokens, family=...)``.
+"""TransformerLens models as circuits: ``from_transformer_lens(model_or_state_dict, tokens, family=...)``.
 
-For the ``"gpt2"`` and ``"attn_only"`` families; the keys accepted are
-``TRANSFORMER_LENS_KEYS``.  Weights are copied, or views of the state dict's
-tensors with ``attach=True`` (see ``circuits.models.hf``).
+Families (``tl_config.TL_FAMILIES``): ``"gpt2"`` and ``"attn_only"`` from a
+state dict alone (keys: ``TRANSFORMER_LENS_KEYS``), ``"opt"`` (GPT-2's layout,
+ReLU), and, with the model's cfg, the rotary ones: ``"llama"``, ``"qwen2"``,
+``"mistral"``, ``"gemma"``, ``"gemma2"`` and ``"neox"`` (``tl_families``).
+Weights are copied, or views of the state dict's tensors with ``attach=True``
+(see ``circuits.models.hf``).
 """
 
 from __future__ import annotations
@@ -19,7 +22,16 @@ from circuits.masks import NEG_INF
 from circuits.models.attn_only import AttnOnlyConfig, build_attn_only
 from circuits.models.common import checked_options
 from circuits.models.gpt2 import GPT2Config, build_gpt2
+from circuits.models.llama import build_llama
+from circuits.models.neox import build_neox
 from circuits.models.reading import Reader, check_attach
+from circuits.models.tl_config import LLAMA_LIKE, STATE_ONLY, cfg_number, check_cfg, family_of, raw, tl_act
+from circuits.models.tl_families import (
+    llama_config_from_tl,
+    llama_weights_from_tl,
+    neox_config_from_tl,
+    neox_weights_from_tl,
+)
 from circuits.models.text import token_ids
 from circuits.nodes import Circuit
 
@@ -57,7 +69,12 @@ TRANSFORMER_LENS_KEYS = {
     "unembed.b_U": "[V]",
 }
 
-_TL_IGNORED = re.compile(r"(.*\.)?(hook_[\w.]*|mask|IGNORE)$")
+_TL_IGNORED = re.compile(r"(.*\.)?(hook_[\w.]*|mask|IGNORE|rotary_sin|rotary_cos)$")
+
+
+def _ignored(key: str) -> bool:
+    """Buffers of a ``HookedTransformer``'s state dict that are no weights (masks, rotary tables)."""
+    return bool(_TL_IGNORED.match(key))
 
 
 def _tl_dims(state: Mapping[str, Any], family: str) -> dict[str, int]:
@@ -67,7 +84,7 @@ def _tl_dims(state: Mapping[str, Any], family: str) -> dict[str, int]:
             f"from_transformer_lens needs a state dict (str keys to tensors), got {type(state).__name__}"
         )
     ranks = {"embed.W_E": 2, "pos_embed.W_pos": 2, "blocks.0.attn.W_Q": 3}
-    if family == "gpt2":
+    if family != "attn_only":
         ranks["blocks.0.mlp.W_in"] = 2
     missing = [k for k in ranks if k not in state]
     if missing:
@@ -89,7 +106,7 @@ def _tl_dims(state: Mapping[str, Any], family: str) -> dict[str, int]:
     dims["P"] = state["pos_embed.W_pos"].shape[0]
     dims["H"], _, dims["c"] = state["blocks.0.attn.W_Q"].shape
     dims["L"] = 1 + max(int(m.group(1)) for k in state if (m := re.match(r"blocks\.(\d+)\.", k)))
-    dims["M"] = state["blocks.0.mlp.W_in"].shape[-1] if family == "gpt2" else 0
+    dims["M"] = state["blocks.0.mlp.W_in"].shape[-1] if family != "attn_only" else 0
     return dims
 
 
@@ -105,14 +122,14 @@ def _tl_layer(r: Reader, out: dict[str, Any], family: str, layer: int, dims: Map
         weight = r.take(p + f"attn.W_{which.upper()}", (H, d, c))
         out[names.attn_weight(layer, which)] = None if weight is None else weight.transpose(1, 2)
         bias = r.take(p + f"attn.b_{which.upper()}", (H, c), optional=family == "attn_only")
-        if family == "gpt2":
+        if family != "attn_only":
             out[names.attn_weight(layer, f"{which}_bias")] = None if bias is None else bias.reshape(H, 1, c)
         elif bias is not None and bool(bias.any()):
             nonzero.append(p + f"attn.b_{which.upper()}")
     w_o = r.take(p + "attn.W_O", (H, c, d))
     out[names.attn_weight(layer, "o")] = None if w_o is None else w_o.transpose(1, 2)
     b_o = r.take(p + "attn.b_O", (d,), optional=family == "attn_only")
-    if family != "gpt2":
+    if family == "attn_only":
         return nonzero + ([p + "attn.b_O"] if b_o is not None and bool(b_o.any()) else [])
     out[names.attn_weight(layer, "o_bias")] = b_o
     out[names.norm_weight(names.mlp_prefix(layer), "scale")] = r.take(p + "ln2.w", (d,))
@@ -126,14 +143,39 @@ def _tl_layer(r: Reader, out: dict[str, Any], family: str, layer: int, dims: Map
     return nonzero
 
 
+def _state_and_cfg(source: Any, cfg: Any, attach: bool) -> tuple[Mapping[str, Any], Any]:
+    """The state dict and cfg of a ``HookedTransformer`` (``source.cfg``), or ``source`` and ``cfg``."""
+    if isinstance(source, Mapping) or not (hasattr(source, "cfg") and hasattr(source, "state_dict")):
+        return source, cfg
+    if cfg is not None:
+        raise ModelError(
+            "from_transformer_lens: cfg= is given with a HookedTransformer, which has its own cfg"
+        )
+    return source.state_dict(keep_vars=attach), source.cfg
+
+
+def _own_or_cfg(name: str, given: Any, cfg: Any, key: str, default: Any) -> Any:
+    """An option the cfg also sets (``ln_eps`` as ``eps``, ``act`` as ``act_fn``): the cfg's when not given,
+    refused when given unlike it."""
+    if cfg is None:
+        return default if given is None else given
+    ours = tl_act(cfg) if key == "act_fn" else cfg_number(cfg, key)
+    if given is not None and given != ours:
+        raise ModelError(
+            f"from_transformer_lens: {name}={shown(repr(given))} but the cfg's {key} is {ours!r}"
+        )
+    return ours
+
+
 @checked_options()
 def from_transformer_lens(
-    state_dict: Mapping[str, Any],
+    state_dict: Any,
     tokens: Any = None,
     *,
-    family: str,
-    ln_eps: float = 1e-5,
-    act: str = "gelu_new",
+    family: str | None = None,
+    cfg: Any = None,
+    ln_eps: float | None = None,
+    act: str | None = None,
     seq_len: int | None = None,
     batch_size: int | None = None,
     convention: str = "default",
@@ -142,25 +184,65 @@ def from_transformer_lens(
     attach: bool = False,
     tokenizer: Any = None,
 ) -> Circuit:
-    """A circuit from a TransformerLens ``HookedTransformer`` state dict.
+    """A circuit from a TransformerLens ``HookedTransformer``, or its state dict (and ``cfg=``).
 
-    ``family`` is ``"gpt2"`` (standard positions, MLPs, biases) or
-    ``"attn_only"`` (shortformer positions, as the golden file).  Dimensions
-    are read off the tensors; ``ln_eps`` and ``act`` (GPT-2's MLP activation)
-    are not in a state dict, so give them if they differ from the defaults.
-    Accepted keys and shapes: ``TRANSFORMER_LENS_KEYS``.  The other options
-    are the builder's (``build_gpt2`` or ``build_attn_only``); ``causal=None``
-    means the family's default (True for ``"gpt2"``, False for
+    ``family`` is one of ``tl_config.TL_FAMILIES``; None reads it off the cfg's
+    ``original_architecture``.  ``"gpt2"``, ``"attn_only"`` (shortformer
+    positions, as the golden file) and ``"opt"`` build from a state dict alone
+    (accepted keys: ``TRANSFORMER_LENS_KEYS``), their dimensions read off the
+    tensors, ``ln_eps`` and ``act`` defaulting to 1e-5 and ``"gelu_new"``
+    (OPT: ``"relu"``); the rotary families need the cfg (rotary base and width,
+    windows, soft-caps are not in a state dict).  With a cfg, its ``eps`` and
+    ``act_fn`` are used (``ln_eps``/``act`` must agree if given) and an option
+    the builder cannot reproduce (folded layer norms among them) is refused.
+    The other options are the builder's (``build_gpt2``, ``build_attn_only``,
+    ``build_llama``, ``build_neox``); ``causal=None`` means the cfg's
+    ``attention_dir``, or without a cfg the family's default (False for
     ``"attn_only"``, unmasked as the golden file).  With ``attach=True`` the
-    arrays are views of the state dict's tensors (pass
-    ``model.state_dict(keep_vars=True)`` for gradients).
+    arrays are views of the model's tensors (for gradients pass the model, or
+    ``model.state_dict(keep_vars=True)``).
     """
     tokens = token_ids(tokens, tokenizer)
-    if family not in ("gpt2", "attn_only"):
-        raise ModelError(f"from_transformer_lens: family {shown(repr(family))} is not 'gpt2' or 'attn_only'")
-    dims = _tl_dims(state_dict, family)
+    state, cfg = _state_and_cfg(state_dict, cfg, check_attach(attach))
+    family = family_of(family, cfg)
+    if cfg is None and family not in (*STATE_ONLY, "opt"):
+        raise ModelError(
+            f"TransformerLens {family}: the state dict alone does not say the rotary base, epsilon or activation; "
+            "pass the HookedTransformer, or its cfg as cfg="
+        )
+    if cfg is not None:
+        check_cfg(family, cfg)
+        if causal is None:
+            causal = raw(cfg, "attention_dir", "causal") == "causal"
+    if not isinstance(state, Mapping) or not all(isinstance(k, str) for k in state):
+        raise ModelError(
+            f"from_transformer_lens needs a HookedTransformer or a state dict (str keys to tensors), "
+            f"got {type(state).__name__}"
+        )
+    options: dict[str, Any] = {"seq_len": seq_len, "batch_size": batch_size, "convention": convention}
+    options.update(neg_inf=neg_inf, attach=attach)
+    if causal is not None:  # None: the family's builder's default
+        options["causal"] = causal
+    if family in LLAMA_LIKE:
+        config = llama_config_from_tl(family, cfg)
+        return build_llama(
+            config, llama_weights_from_tl(family, config, state, attach, _ignored), tokens, **options
+        )
+    if family == "neox":
+        config = neox_config_from_tl(cfg)
+        return build_neox(config, neox_weights_from_tl(config, state, attach, _ignored), tokens, **options)
+    ln_eps = _own_or_cfg("ln_eps", ln_eps, cfg, "eps", 1e-5)
+    act = _own_or_cfg("act", act, cfg, "act_fn", "relu" if family == "opt" else "gelu_new")
+    return _gpt2_like(family, state, tokens, ln_eps, act, attach, options)
+
+
+def _gpt2_like(
+    family: str, state: Mapping[str, Any], tokens: Any, ln_eps: float, act: str, attach: bool, options
+) -> Circuit:
+    """GPT-2 and OPT (``build_gpt2``) or the attention-only model (``build_attn_only``) from a state dict."""
+    dims = _tl_dims(state, family)
     V, d, P, H, c, L = (dims[k] for k in "VdPHcL")
-    r = Reader(f"TransformerLens {family}", state_dict, check_attach(attach))
+    r = Reader(f"TransformerLens {family}", state, attach)
     out: dict[str, Any] = {
         names.TOK_EMBEDS_WEIGHT: r.take("embed.W_E", (V, d)),
         names.POS_EMBEDS_WEIGHT: r.take("pos_embed.W_pos", (P, d)),
@@ -178,31 +260,29 @@ def from_transformer_lens(
             "(no layer-norm weights: a state dict with folded layer norms is not supported; "
             "load with fold_ln=False / from_pretrained_no_processing)"
         )
-    r.finish(ignore=lambda k: bool(_TL_IGNORED.match(k)))
+    r.finish(ignore=_ignored)
     if nonzero_biases:
         raise ModelError(
             "TransformerLens attn_only: the attention-only builder has no attention biases, but "
             f"{', '.join(repr(k) for k in nonzero_biases)} are not all zero"
         )
     weights = r.weights(out)
-    options: dict[str, Any] = {"seq_len": seq_len, "batch_size": batch_size, "convention": convention}
-    options.update(neg_inf=neg_inf, attach=attach)
-    if causal is not None:  # None: the family's builder's default
-        options["causal"] = causal
-    if family == "gpt2":
-        if H * c != d:
-            raise ModelError(f"TransformerLens gpt2: {H} heads x d_head {c} != d_model {d}")
-        config = GPT2Config(
-            n_layers=L,
-            n_heads=H,
-            d_model=d,
-            vocab_size=V,
-            n_ctx=P,
-            d_mlp=dims["M"],
-            ln_eps=ln_eps,
-            act=act,
-            tie_word_embeddings=False,
+    if family == "attn_only":
+        config = AttnOnlyConfig(
+            n_layers=L, n_heads=H, d_model=d, d_head=c, vocab_size=V, n_ctx=P, ln_eps=ln_eps
         )
-        return build_gpt2(config, weights, tokens, **options)
-    config = AttnOnlyConfig(n_layers=L, n_heads=H, d_model=d, d_head=c, vocab_size=V, n_ctx=P, ln_eps=ln_eps)
-    return build_attn_only(config, weights, tokens, **options)
+        return build_attn_only(config, weights, tokens, **options)
+    if H * c != d:
+        raise ModelError(f"TransformerLens {family}: {H} heads x d_head {c} != d_model {d}")
+    config = GPT2Config(
+        n_layers=L,
+        n_heads=H,
+        d_model=d,
+        vocab_size=V,
+        n_ctx=P,
+        d_mlp=dims["M"],
+        ln_eps=ln_eps,
+        act=act,
+        tie_word_embeddings=False,
+    )
+    return build_gpt2(config, weights, tokens, **options)

@@ -1,0 +1,278 @@
+"""``from_transformer_lens`` for the rotary families, OPT and GPT-2, against TransformerLens's own forward.
+
+Nothing is downloaded: each family's random-weight Hugging Face model comes from an odd-dimension
+config (the family test modules' factories), and TransformerLens's ``HookedTransformer`` is built
+offline from it as ``from_pretrained_no_processing`` would: the ``HookedTransformerConfig`` from
+TransformerLens's own ``convert_hf_model_config`` (reading a ``config.json`` written to a temporary
+directory) or, for the Gemmas, whose configs TransformerLens hard-codes per model name, from a copy
+of its ``google/gemma-2b`` / ``google/gemma-2-2b`` entries with small dimensions; the weights from
+TransformerLens's ``convert_*_weights``, loaded unprocessed.  The references are TransformerLens's
+forward (logits, and with a ``hook_z`` hook zeroing one head) and the Hugging Face model's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from hf_reference import hf_logits, logits_of, random_tokens
+from test_models_gemma import gemma
+from test_models_gemma2 import WINDOW as GEMMA2_WINDOW
+from test_models_gemma2 import gemma2
+from test_models_hf import gpt2, llama
+from test_models_mistral import mistral
+from test_models_neox import neox
+from test_models_opt import opt
+from test_models_qwen2 import qwen2
+
+import circuits as cc
+import circuits.models as cm
+from circuits import experiments as ex
+from circuits import names
+from circuits.errors import ModelError
+
+lens = pytest.importorskip("transformer_lens")
+pytestmark = pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated")
+
+TOL = 1e-4  # float32, against TransformerLens and against Hugging Face
+MEASURED: dict[str, float] = {}
+
+
+def _gemma_cfg(model, act_fn: str) -> dict:
+    """TransformerLens's hard-coded ``google/gemma-2b`` (Gemma) or ``google/gemma-2-2b`` (Gemma 2)
+    entry, with the small model's dimensions."""
+    c = model.config
+    cfg = dict(
+        d_model=c.hidden_size,
+        d_head=c.head_dim,
+        n_heads=c.num_attention_heads,
+        d_mlp=c.intermediate_size,
+        n_layers=c.num_hidden_layers,
+        n_ctx=c.max_position_embeddings,
+        eps=c.rms_norm_eps,
+        d_vocab=c.vocab_size,
+        act_fn=act_fn,
+        normalization_type="RMS",
+        rotary_base=10000.0,
+        rotary_dim=c.head_dim,
+        positional_embedding_type="rotary",
+        use_attn_scale=True,
+        n_key_value_heads=c.num_key_value_heads,
+        gated_mlp=True,
+        final_rms=True,
+        original_architecture=type(model).__name__,
+    )
+    if type(model).__name__ == "Gemma2ForCausalLM":
+        kinds = ["local", "global"] * c.num_hidden_layers  # as TransformerLens: even layers windowed
+        cfg.update(
+            window_size=c.sliding_window,
+            use_local_attn=True,
+            attn_types=kinds[: c.num_hidden_layers],
+            attn_scores_soft_cap=c.attn_logit_softcapping,
+            output_logits_soft_cap=c.final_logit_softcapping,
+            use_normalization_before_and_after=True,
+        )
+    return cfg
+
+
+def _converter(architecture: str):
+    from transformer_lens.pretrained import weight_conversions as wc
+
+    return {
+        "GPT2LMHeadModel": wc.convert_gpt2_weights,
+        "OPTForCausalLM": wc.convert_opt_weights,
+        "GPTNeoXForCausalLM": wc.convert_neox_weights,
+        "LlamaForCausalLM": wc.convert_llama_weights,
+        "Qwen2ForCausalLM": wc.convert_qwen2_weights,
+        "MistralForCausalLM": wc.convert_mistral_weights,
+        "GemmaForCausalLM": wc.convert_gemma_weights,
+        "Gemma2ForCausalLM": wc.convert_gemma_weights,
+    }[architecture]
+
+
+def tl_from_hf(model, tmp_path, gemma_act: str = "gelu_pytorch_tanh", **processing):
+    """TransformerLens's ``HookedTransformer`` of ``model``, built offline (see the module docstring);
+    ``processing``: ``load_and_process_state_dict``'s options (all off by default)."""
+    from transformer_lens.loading_from_pretrained import convert_hf_model_config
+
+    architecture = type(model).__name__
+    if architecture.startswith("Gemma"):
+        cfg = _gemma_cfg(model, gemma_act)
+    else:
+        config = json.loads(model.config.to_json_string())
+        if architecture == "GPT2LMHeadModel":  # the hub's config.json has it; transformers 5's object not
+            config["n_ctx"] = config["n_positions"]
+        (tmp_path / "config.json").write_text(json.dumps(dict(config, architectures=[architecture])))
+        cfg = convert_hf_model_config(str(tmp_path))
+        cfg.pop("tokenizer_name")  # no tokenizer offline
+        if architecture == "GPTNeoXForCausalLM":  # TransformerLens's entry drops the base: 10000, Pythia's
+            cfg["rotary_base"] = model.config.rope_parameters["rope_theta"]
+    cfg.update(dtype=torch.float32, device="cpu", init_weights=False)
+    hooked = lens.HookedTransformer(lens.HookedTransformerConfig.from_dict(cfg))
+    state = _converter(architecture)(model, hooked.cfg)
+    options = dict(fold_ln=False, center_writing_weights=False, center_unembed=False, fold_value_biases=False)
+    hooked.load_and_process_state_dict({k: v.detach() for k, v in state.items()}, **dict(options, **processing))
+    return hooked.eval()
+
+
+def tl_logits(hooked, inputs, hooks=()):
+    with torch.no_grad():
+        return hooked.run_with_hooks(inputs, fwd_hooks=list(hooks))
+
+
+#: family -> the Hugging Face model (from the family test modules' factories)
+MODELS = {
+    "gpt2": lambda: gpt2(False),
+    "opt": lambda: opt(word_embed_proj_dim=39),
+    "neox-parallel": lambda: neox(parallel=True, rotary_pct=0.5),
+    "neox-sequential": lambda: neox(parallel=False, rotary_pct=1 / 3),
+    "llama-mha": lambda: llama(4),
+    "llama-gqa": lambda: llama(2),
+    "qwen2": lambda: qwen2(2),
+    "mistral": lambda: mistral(2),
+    "gemma": lambda: gemma(1),
+    "gemma2": lambda: gemma2(2),
+}
+
+
+@pytest.mark.parametrize("key", list(MODELS))
+def test_equals_transformer_lens_and_hugging_face(key, tmp_path):
+    """The circuit read from the HookedTransformer gives TransformerLens's logits and the Hugging
+    Face model's, and the family is read off the cfg."""
+    model = MODELS[key]()
+    hooked = tl_from_hf(model, tmp_path)
+    tokens = random_tokens(model.config.vocab_size, True, length=13)
+    circuit = cm.from_transformer_lens(hooked, tokens)
+    ours = logits_of(circuit)
+    theirs = tl_logits(hooked, tokens[:, :-1])
+    hf = hf_logits(model, tokens[:, :-1])
+    MEASURED[f"{key}: max |ours - TL|"] = (ours - theirs).abs().max().item()
+    MEASURED[f"{key}: max |ours - HF|"] = (ours - hf).abs().max().item()
+    assert (ours - theirs).abs().max().item() < TOL
+    assert (ours - hf).abs().max().item() < TOL
+    assert hf.std().item() > 0.1  # logits that a wiring mistake would move
+
+
+@pytest.mark.parametrize("key", ["neox-parallel", "llama-gqa", "qwen2", "mistral", "gemma", "gemma2", "opt"])
+def test_zero_ablated_head_equals_transformer_lens_hook_z(key, tmp_path):
+    """Zero-ablating head 1.2 of the split circuit equals TransformerLens with that head's
+    ``hook_z`` zeroed; the unablated logits differ (the head matters)."""
+    model = MODELS[key]()
+    hooked = tl_from_hf(model, tmp_path)
+    tokens = random_tokens(model.config.vocab_size, True, length=11, seed=2)
+    circuit = cm.from_transformer_lens(hooked, tokens)
+    split = cc.split_heads(circuit)
+    assert (logits_of(split) - logits_of(circuit)).abs().max().item() < 1e-5
+    ablated = ex.zero_ablate(split, names.head(1, 2))
+
+    def zero_head(z, hook):
+        z = z.clone()
+        z[:, :, 2] = 0
+        return z
+
+    want = tl_logits(hooked, tokens[:, :-1], [("blocks.1.attn.hook_z", zero_head)])
+    assert (logits_of(ablated) - want).abs().max().item() < TOL
+    assert (logits_of(circuit) - want).abs().max().item() > 1e-3
+
+
+def test_state_dict_and_cfg_equal_the_model_and_family_is_checked(tmp_path):
+    """``(state_dict, cfg=, family=)`` builds the same circuit as the model; a family unlike the cfg's
+    architecture, or one unknown, is refused naming it."""
+    hooked = tl_from_hf(qwen2(2), tmp_path)
+    tokens = random_tokens(97, False)
+    state = hooked.state_dict()
+    assert cm.from_transformer_lens(state, tokens, cfg=hooked.cfg, family="qwen2") == cm.from_transformer_lens(
+        hooked, tokens
+    )
+    assert cm.from_transformer_lens(state, tokens, cfg=hooked.cfg.to_dict()) == cm.from_transformer_lens(
+        hooked, tokens
+    )
+    with pytest.raises(ModelError, match=r"family='llama' but cfg.original_architecture is 'Qwen2ForCausalLM'"):
+        cm.from_transformer_lens(hooked, tokens, family="llama")
+    with pytest.raises(ModelError, match=r"family 'gptj' is not one of"):
+        cm.from_transformer_lens(hooked, tokens, family="gptj")
+    with pytest.raises(ModelError, match=r"pass the HookedTransformer, or its cfg as cfg="):
+        cm.from_transformer_lens(state, tokens, family="qwen2")
+    with pytest.raises(ModelError, match=r"give family="):
+        cm.from_transformer_lens(state, tokens)
+    with pytest.raises(ModelError, match=r"cfg= is given with a HookedTransformer"):
+        cm.from_transformer_lens(hooked, tokens, cfg=hooked.cfg)
+    other = dict(hooked.cfg.to_dict(), original_architecture="GPTJForCausalLM")
+    with pytest.raises(ModelError, match=r"'GPTJForCausalLM' is not a supported family"):
+        cm.from_transformer_lens(state, tokens, cfg=other)
+
+
+def test_processed_weights_are_refused_or_exact(tmp_path):
+    """Folded layer norms are refused naming ``normalization_type``; value biases folded into
+    ``b_O`` (Qwen2's) are refused naming ``b_O``; centred writing weights and unembedding are
+    still the model TransformerLens runs, and the circuit gives its logits."""
+    tokens = random_tokens(97, True)
+    folded = tl_from_hf(llama(2), tmp_path, fold_ln=True)
+    with pytest.raises(ModelError, match=r"normalization_type='RMSPre' \(folded layer norms"):
+        cm.from_transformer_lens(folded, tokens)
+    folded_gpt2 = tl_from_hf(gpt2(False), tmp_path, fold_ln=True)
+    with pytest.raises(ModelError, match=r"normalization_type='LNPre' \(folded layer norms"):
+        cm.from_transformer_lens(folded_gpt2, tokens)
+    with pytest.raises(ModelError, match=r"(?s)missing: 'blocks.0.ln1.w'.*folded layer norms"):
+        cm.from_transformer_lens(folded_gpt2.state_dict(), tokens, family="gpt2")
+    value_folded = tl_from_hf(qwen2(2), tmp_path, fold_value_biases=True)
+    with pytest.raises(ModelError, match=r"'blocks.0.attn.b_O'.*fold_value_biases=False"):
+        cm.from_transformer_lens(value_folded, tokens)
+    centred = tl_from_hf(neox(), tmp_path, center_writing_weights=True, center_unembed=True)
+    ours = logits_of(cm.from_transformer_lens(centred, tokens))
+    assert (ours - tl_logits(centred, tokens[:, :-1])).abs().max().item() < TOL
+
+
+def test_gemma_with_transformer_lens_own_act_fn_is_transformer_lens_model(tmp_path):
+    """TransformerLens's ``google/gemma-2b`` entry says ``act_fn='gelu'`` (exact erf GELU) where Hugging
+    Face's Gemma uses the tanh approximation: the circuit follows TransformerLens's cfg, so it equals
+    TransformerLens's forward, which is not Hugging Face's."""
+    model = gemma(1)
+    hooked = tl_from_hf(model, tmp_path, gemma_act="gelu")
+    tokens = random_tokens(97, True)
+    circuit = cm.from_transformer_lens(hooked, tokens)
+    ours, theirs = logits_of(circuit), tl_logits(hooked, tokens[:, :-1])
+    assert (ours - theirs).abs().max().item() < TOL
+    MEASURED["gemma act_fn='gelu': max |TL - HF|"] = (theirs - hf_logits(model, tokens[:, :-1])).abs().max().item()
+
+
+@pytest.mark.parametrize(
+    "change, fragment",
+    [
+        ({"use_qk_norm": True}, "use_qk_norm=True"),
+        ({"rotary_adjacent_pairs": True}, "rotary_adjacent_pairs=True"),
+        ({"attn_scale": 12.0}, "attn_scale=12.0"),
+        ({"parallel_attn_mlp": True}, "parallel_attn_mlp=True (expected False for family 'gemma2')"),
+        ({"act_fn": "gelu_fast"}, "act_fn 'gelu_fast' is not supported"),
+        ({"rotary_dim": 4}, "rotary_dim 4 is not d_head 10"),
+        ({"use_NTK_by_parts_rope": True}, "use_NTK_by_parts_rope=True"),
+    ],
+)
+def test_cfg_options_the_builder_lacks_are_refused(change, fragment, tmp_path):
+    hooked = tl_from_hf(gemma2(2), tmp_path)
+    cfg = dict(hooked.cfg.to_dict(), **change)
+    with pytest.raises(ModelError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        cm.from_transformer_lens(hooked.state_dict(), random_tokens(97, False), cfg=cfg)
+
+
+def test_gemma2_window_and_caps_matter(tmp_path):
+    """The Gemma 2 circuit's windowed layers and soft-caps are TransformerLens's: sequences longer
+    than the window, and caps small enough to bend the values, still agree (checked above); here the
+    circuit built without them is measurably different, so the agreement is not vacuous."""
+    hooked = tl_from_hf(gemma2(2), tmp_path)
+    tokens = random_tokens(97, True, length=3 * GEMMA2_WINDOW)
+    want = tl_logits(hooked, tokens[:, :-1])
+    assert (logits_of(cm.from_transformer_lens(hooked, tokens)) - want).abs().max().item() < TOL
+    for change in ({"use_local_attn": False}, {"attn_scores_soft_cap": -1.0}):
+        cfg = dict(hooked.cfg.to_dict(), **change)
+        loose = logits_of(cm.from_transformer_lens(hooked.state_dict(), tokens, cfg=cfg))
+        assert (loose - want).abs().max().item() > 1e-3, change
+
+
+def test_report_measured_diffs():
+    """Not a check: prints the largest logit diffs measured above (pytest -s to see them)."""
+    for key, value in sorted(MEASURED.items()):
+        print(f"{key} = {value:.3g}")
+    assert all(math.isfinite(v) for v in MEASURED.values())
