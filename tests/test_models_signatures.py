@@ -24,7 +24,10 @@ LOADERS = {
         {"attach": "the weights read are the circuit's own", "rope": "computed from config.json"},
     ),
     "load_demo_model": ((cm.build_attn_only,), {}),
-    "from_transformer_lens": ((cm.build_gpt2, cm.build_attn_only), {}),
+    "from_transformer_lens": (
+        (cm.build_gpt2, cm.build_attn_only, cm.build_llama, cm.build_neox),
+        {"rope": "computed from the cfg's rotary_base"},
+    ),
 }
 
 
