@@ -113,7 +113,9 @@ def tl_from_hf(model, tmp_path, gemma_act: str = "gelu_pytorch_tanh", **processi
     hooked = lens.HookedTransformer(lens.HookedTransformerConfig.from_dict(cfg))
     state = _converter(architecture)(model, hooked.cfg)
     options = dict(fold_ln=False, center_writing_weights=False, center_unembed=False, fold_value_biases=False)
-    hooked.load_and_process_state_dict({k: v.detach() for k, v in state.items()}, **dict(options, **processing))
+    hooked.load_and_process_state_dict(
+        {k: v.detach() for k, v in state.items()}, **dict(options, **processing)
+    )
     return hooked.eval()
 
 
@@ -183,13 +185,15 @@ def test_state_dict_and_cfg_equal_the_model_and_family_is_checked(tmp_path):
     hooked = tl_from_hf(qwen2(2), tmp_path)
     tokens = random_tokens(97, False)
     state = hooked.state_dict()
-    assert cm.from_transformer_lens(state, tokens, cfg=hooked.cfg, family="qwen2") == cm.from_transformer_lens(
-        hooked, tokens
-    )
+    assert cm.from_transformer_lens(
+        state, tokens, cfg=hooked.cfg, family="qwen2"
+    ) == cm.from_transformer_lens(hooked, tokens)
     assert cm.from_transformer_lens(state, tokens, cfg=hooked.cfg.to_dict()) == cm.from_transformer_lens(
         hooked, tokens
     )
-    with pytest.raises(ModelError, match=r"family='llama' but cfg.original_architecture is 'Qwen2ForCausalLM'"):
+    with pytest.raises(
+        ModelError, match=r"family='llama' but cfg.original_architecture is 'Qwen2ForCausalLM'"
+    ):
         cm.from_transformer_lens(hooked, tokens, family="llama")
     with pytest.raises(ModelError, match=r"family 'gptj' is not one of"):
         cm.from_transformer_lens(hooked, tokens, family="gptj")
@@ -235,7 +239,9 @@ def test_gemma_with_transformer_lens_own_act_fn_is_transformer_lens_model(tmp_pa
     circuit = cm.from_transformer_lens(hooked, tokens)
     ours, theirs = logits_of(circuit), tl_logits(hooked, tokens[:, :-1])
     assert (ours - theirs).abs().max().item() < TOL
-    MEASURED["gemma act_fn='gelu': max |TL - HF|"] = (theirs - hf_logits(model, tokens[:, :-1])).abs().max().item()
+    MEASURED["gemma act_fn='gelu': max |TL - HF|"] = (
+        (theirs - hf_logits(model, tokens[:, :-1])).abs().max().item()
+    )
 
 
 @pytest.mark.parametrize(
