@@ -9,6 +9,7 @@ every option's text must parse back to the circuit it was printed from.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -320,3 +321,10 @@ def test_layouts_agree_with_the_references(store, circuit, serials):
 def test_several_roots_read_back(roots, minimal_shapes, only_child_below):
     text = cc.repr_many(roots, serials=True, minimal_shapes=minimal_shapes, only_child_below=only_child_below)
     assert cc.parse_many(text) == roots
+
+
+def test_the_docs_example_is_what_the_printer_writes():
+    page = (Path(__file__).parent.parent / "docs" / "format.md").read_text()
+    section = page.split("## Layout options", 1)[1]
+    example = section.split("```\n", 2)[1]
+    assert example.rstrip("\n") == chain().repr(only_child_below=True)
