@@ -3,8 +3,9 @@
 A spec is looked up by its registered name, which is what the text format
 prints; so a user's own function round-trips through text once registered.
 The ``gen_index_at_D[_batch_x][_no_batch_index][_c]``,
-``explicit_index_at_D_x_non_b_N[_c]``, ``cast_from_{...}_to_{...}`` and
-``multinomial[_no_replace]_[sizes]`` families are infinite sets of names,
+``explicit_index_at_D_x_non_b_N[_c]``, ``cast_from_{...}_to_{...}``,
+``multinomial[_no_replace]_[sizes]`` and ``aten.OP.OVERLOAD(ARGS)[OUT]``
+(circuits/aten_functions.py) families are infinite sets of names,
 so they are built on demand from the name instead of listed.
 """
 
@@ -18,6 +19,7 @@ from typing import Callable, Sequence
 import attrs
 import torch
 
+from circuits.aten_functions import ATEN_NAME, aten_parts
 from circuits.errors import FunctionSpecError
 
 Shape = tuple[int, ...]
@@ -92,6 +94,7 @@ class FunctionSpec:
             _SPEC_NAME.fullmatch(self.name)
             or CAST_NAME.fullmatch(self.name)
             or MULTINOMIAL_NAME.fullmatch(self.name)
+            or ATEN_NAME.fullmatch(self.name)
         ):
             raise FunctionSpecError(
                 f"function name {self.name!r} must be letters, digits, '_', '.' or '-' "
@@ -103,7 +106,7 @@ def _is_family_name(name: str) -> bool:
     """Whether ``name`` belongs to a family built on demand from the name (indexes, casts, samplers)."""
     return any(
         family.fullmatch(name)
-        for family in (GEN_INDEX_NAME, EXPLICIT_INDEX_NAME, CAST_NAME, MULTINOMIAL_NAME)
+        for family in (GEN_INDEX_NAME, EXPLICIT_INDEX_NAME, CAST_NAME, MULTINOMIAL_NAME, ATEN_NAME)
     )
 
 
@@ -132,7 +135,7 @@ def register_function(spec: FunctionSpec, *, replace: bool = False) -> FunctionS
         )
     if _is_family_name(spec.name):
         raise FunctionSpecError(
-            f"{spec.name!r} is reserved for the gen_index, explicit_index, cast or multinomial family"
+            f"{spec.name!r} is reserved for the gen_index, explicit_index, cast, multinomial or aten family"
         )
     _REGISTRY[spec.name] = spec
     return spec
@@ -162,6 +165,8 @@ def get_function(name: str) -> FunctionSpec:
     if match:
         shape = tuple(int(size) for size in match["shape"].replace(",", " ").split())
         return multinomial_spec(shape, replacement=not match["no_replace"])
+    if ATEN_NAME.fullmatch(name):
+        return aten_spec(name)
     if " at " in name:
         raise FunctionSpecError(
             f"{name!r} is rust_circuit's 'NAME at PYTHON_PATH' spelling, which imports and runs a class "
@@ -171,7 +176,8 @@ def get_function(name: str) -> FunctionSpec:
     raise FunctionSpecError(
         f"no GeneralFunction named {name!r}; registered: {', '.join(sorted(_REGISTRY))}, "
         "gen_index_at_D[_batch_x][_no_batch_index][_c], explicit_index_at_D_x_non_b_N[_c], "
-        "cast_from_{device:D,dtype:T}_to_{device:D,dtype:T} and multinomial[_no_replace]_[sizes]"
+        "cast_from_{device:D,dtype:T}_to_{device:D,dtype:T}, multinomial[_no_replace]_[sizes] "
+        "and aten.OP.OVERLOAD(ARGS)[OUT]"
     )
 
 
@@ -349,6 +355,18 @@ def cast_spec(name: str) -> FunctionSpec:
         )
 
     return _library(FunctionSpec(name, 1, _same_shape, function, num_non_batchable_output_dims=0))
+
+
+# ------------------------------------------------------------------------ aten
+
+
+@functools.lru_cache(maxsize=None)
+def aten_spec(name: str) -> FunctionSpec:
+    """The call of one aten op that ``name`` spells out (``circuits.aten_functions``)."""
+    try:
+        return _library(FunctionSpec(name, *aten_parts(name)))
+    except ValueError as error:
+        raise FunctionSpecError(f"GeneralFunction {name!r}: {error}") from None
 
 
 # ----------------------------------------------------------------- multinomial

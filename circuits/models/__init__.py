@@ -10,6 +10,9 @@ Hugging Face models and state dicts, converted by ``hf_gpt2``,
 ``hf_llama``, ``hf_neox`` and ``hf_opt``), ``checkpoint`` (a local checkpoint directory) and
 ``transformer_lens`` (TransformerLens state dicts), sharing ``reading``.
 ``transformers`` is only needed by ``from_hf`` (it is imported there, lazily).
+``from_torch(module, example_inputs)`` imports any torch module through
+``torch.export`` (``torch_import``; docs/from_torch.md): parameters named by
+module path, each op's nodes by the module that ran it.
 """
 
 from circuits.errors import ModelError
@@ -22,6 +25,7 @@ from circuits.models.llama import LlamaConfig, build_llama, llama_random_weights
 from circuits.models.neox import NeoXConfig, build_neox
 from circuits.models.checkpoint import load_hf_checkpoint
 from circuits.models.hf import from_hf, from_hf_state_dict, hf_to_weights
+from circuits.models.torch_import import from_torch
 from circuits.models.transformer_lens import TRANSFORMER_LENS_KEYS, from_transformer_lens
 from circuits.models.text import to_str_tokens, to_tokens
 
@@ -41,6 +45,7 @@ __all__ = [
     "build_neox",
     "from_hf",
     "from_hf_state_dict",
+    "from_torch",
     "from_transformer_lens",
     "gpt2_random_weights",
     "hf_to_weights",

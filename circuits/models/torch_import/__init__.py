@@ -1,0 +1,81 @@
+"""``from_torch``: any torch module as a circuit, through ``torch.export`` (see docs/from_torch.md).
+
+One module per job: ``exporting`` runs the export and reads its inputs and
+outputs, ``walk`` turns the graph into nodes, ``naming`` names them, and
+the op table (``registry``) is filled by ``ops_arith`` (sums, products,
+matmuls), ``ops_shape`` (views, slices, lookups) and ``ops_nn``
+(functions, norms, attention); ``shaping`` writes views as Rearranges.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from circuits.errors import ModelError
+from circuits.models.torch_import import exporting
+from circuits.models.torch_import.naming import Namer
+from circuits.models.torch_import.walk import Translator
+from circuits.nodes import Circuit
+
+
+def from_torch(
+    module: Any,
+    example_inputs: Any = (),
+    example_kwargs: dict | None = None,
+    *,
+    output: Any = None,
+    strict: bool = False,
+    attach: bool = False,
+) -> Circuit | list[Circuit]:
+    """The circuit ``module(*example_inputs, **example_kwargs)`` computes, for these inputs' shapes.
+
+    Parameters become Arrays named by their module path
+    (``transformer.h.0.attn.c_attn.weight``), the tensor inputs Arrays of
+    the example values named by argument (``input_ids``: swap them with
+    ``update``), each op's nodes ``MODULE.OP`` (``transformer.h.0.attn.c_attn.addmm``).
+    ``output`` picks what the root is when the module returns several
+    tensors: None the first (a Hugging Face model's ``logits`` or
+    ``last_hidden_state``), a key or index one, a list of them a list of
+    circuits.  An op with no translation is kept as an aten GeneralFunction
+    (``aten.OP.OVERLOAD(ARGS)``); ``strict=True`` refuses them instead, with
+    a ModelError listing each and where it ran.  Weights are copied unless
+    ``attach=True``, which keeps the parameters themselves (gradients reach them).
+    """
+    for what, flag in (("strict", strict), ("attach", attach)):
+        if not isinstance(flag, bool):
+            raise ModelError(f"from_torch: {what}={flag!r} is not a bool")
+    args, kwargs = (
+        exporting.inputs(module, example_inputs, example_kwargs) if _is_module(module) else ((), {})
+    )
+    program = exporting.export(module, args, kwargs)
+    leaves = exporting.leaves(program, args, kwargs, attach)
+    positions = exporting.output_positions(exporting.output_structure(program), output)
+    taken = {value.name for value in leaves.values() if isinstance(value, Circuit)}
+    translator = Translator(leaves, Namer(taken))
+    outputs = translator.run(program.graph_module.graph)
+    if strict and translator.missing:
+        listing = "; ".join(
+            f"{op} (in {', '.join(sorted(set(paths)))})" for op, paths in sorted(translator.missing.items())
+        )
+        raise ModelError(
+            f"from_torch(strict=True): {len(translator.missing)} ops have no translation: {listing}"
+        )
+    if isinstance(positions, list):
+        return [_root(translator, outputs, position) for position in positions]
+    return _root(translator, outputs, positions)
+
+
+def _is_module(module: Any) -> bool:
+    import torch
+
+    return isinstance(module, torch.nn.Module)
+
+
+def _root(translator: Translator, outputs: list, position: int) -> Circuit:
+    value = outputs[position]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        raise ModelError(f"from_torch: output {position} is {value!r}, not a tensor")
+    return translator.circuit(value)
+
+
+__all__ = ["from_torch"]
