@@ -7,7 +7,9 @@ from nothing.
 
 Circuits are built iteratively (leaves first, then ops that pick nodes
 already in the pool whose shapes fit), so they share subtrees, reuse names
-on distinct nodes, and never recurse.  Each op's output shape is computed
+on distinct nodes, and never recurse.  Every node kind is drawn (Tags,
+Scatters, Symbols with and without a uuid, Einsums with no operand or a
+repeated output letter among them).  Each op's output shape is computed
 here by hand and checked against the node.  ``evaluable=True`` builds
 circuits that evaluate: float64 Arrays, Scalars from a few finite values, no
 Symbols, only functions defined on every real (no exp, log, sqrt, rsqrt,
@@ -195,13 +197,17 @@ class _Builder:
             value = draw(special if self.evaluable else st.one_of(special, st.floats()))
             node = cc.Scalar(value, shape=shape, name=self.name())
         else:
-            node = cc.Symbol(shape, name=self.name())
+            uuid = draw(st.one_of(st.none(), st.none(), st.uuids()))
+            node = cc.Symbol(shape, name=self.name(), uuid=uuid)
+            assert node.uuid == (None if uuid is None or uuid.int == 0 else uuid)
         assert node.shape == shape
         return node
 
     def einsum(self, pool):
+        """Operands' letters drawn to fit their sizes; sometimes no operand (the empty product,
+        rank 0) or an output letter repeated (a diagonal embedding)."""
         draw = self.draw
-        operands = [self.pick(pool) for _ in range(draw(st.integers(1, 3)))]
+        operands = [self.pick(pool) for _ in range(draw(st.sampled_from([0, 1, 1, 2, 2, 3])))]
         letter_size: dict[str, int] = {}
         all_axes = []
         for operand in operands:
@@ -216,6 +222,10 @@ class _Builder:
             all_axes.append(axes)
         perm = draw(st.permutations(sorted(letter_size)))
         out = "".join(perm[: draw(st.integers(0, len(perm)))])
+        if out and draw(st.integers(0, 4)) == 0:
+            repeated = draw(st.sampled_from(out))
+            at = draw(st.integers(0, len(out)))
+            out = out[:at] + repeated + out[at:]
         if draw(st.booleans()):
             node = cc.Einsum.from_einsum_string(",".join(all_axes) + "->" + out, *operands, name=self.name())
         else:
@@ -396,6 +406,38 @@ class _Builder:
         assert node.shape == x.shape
         return node
 
+    def tag(self, pool):
+        """A Tag: its child's shape, under a drawn uuid."""
+        x = self.pick(pool)
+        uuid = self.draw(st.uuids())
+        node = cc.Tag(x, uuid, name=self.name())
+        assert node.shape == x.shape and node.uuid == uuid
+        return node
+
+    def scatter(self, pool):
+        """A Scatter: its child padded with zeros on either side of each axis, the slices spelled
+        every way rust_circuit's index reads (None, negative, fewer items than axes)."""
+        draw = self.draw
+        x = self.pick(pool)
+        before = [draw(sizes(0, 2)) for _ in x.shape]
+        shape = tuple(b + size + draw(sizes(0, 2)) for b, size in zip(before, x.shape))
+        items = []
+        for start, size, total in zip(before, x.shape, shape):
+            stop = start + size
+            starts = [start] + ([None] if start == 0 else []) + ([start - total] if start < total else [])
+            stops = [stop] + ([None] if stop == total else []) + ([stop - total] if stop < total else [])
+            items.append(slice(draw(st.sampled_from(starts)), draw(st.sampled_from(stops))))
+        while (
+            items
+            and range(shape[len(items) - 1])[items[-1]] == range(shape[len(items) - 1])
+            and draw(st.booleans())
+        ):
+            items.pop()  # a trailing full slice may be left out
+        node = cc.Scatter(x, tuple(items), shape, name=self.name())
+        assert node.shape == shape
+        assert node.index == tuple(slice(b, b + size) for b, size in zip(before, x.shape))
+        return node
+
     def twin(self, pool):
         """An equal node built again (a different object): must print as a repeat."""
         node = self.pick(pool)
@@ -408,7 +450,19 @@ class _Builder:
         return self.pick(pool).rename(self.name())
 
 
-OPS = ("einsum", "add", "function", "index", "rearrange", "concat", "identity", "twin", "rename")
+OPS = (
+    "einsum",
+    "add",
+    "function",
+    "index",
+    "rearrange",
+    "concat",
+    "identity",
+    "twin",
+    "rename",
+    "tag",
+    "scatter",
+)
 
 
 @st.composite

@@ -48,6 +48,10 @@ def own_fields(node):
         return (node.pattern, node.sizes)
     if isinstance(node, cc.Concat):
         return node.axis
+    if isinstance(node, (cc.Tag, cc.Symbol)):
+        return node.uuid
+    if isinstance(node, cc.Scatter):
+        return tuple((item.start, item.stop) for item in node.index)
     return None
 
 
@@ -129,7 +133,7 @@ def check_text_against_format(roots, text, shapes=False, serials=False):
         assert rest is not None, line
         rest = rest[1:]
         shape_text = "[" + ",".join(str(s) for s in node.shape) + "]"
-        if shapes or isinstance(node, (cc.Array, cc.Scalar, cc.Symbol, cc.Index)):
+        if shapes or isinstance(node, (cc.Array, cc.Scalar, cc.Symbol, cc.Index, cc.Scatter)):
             assert rest.startswith(shape_text + " "), line
             rest = rest[len(shape_text) + 1 :]
         variant, _, extra = rest.partition(" ")
@@ -143,8 +147,12 @@ def check_text_against_format(roots, text, shapes=False, serials=False):
             assert extra == node.spec.name
         elif isinstance(node, cc.Concat):
             assert extra == str(node.axis)
-        elif isinstance(node, (cc.Symbol, cc.Add)):
+        elif isinstance(node, cc.Add):
             assert extra == ""
+        elif isinstance(node, (cc.Symbol, cc.Tag)):  # the uuid's hyphenated hex, as rust_circuit prints it
+            assert extra == ("" if node.uuid is None else str(node.uuid))
+        elif isinstance(node, cc.Scatter):  # every slice with both bounds, as rust_circuit prints it
+            assert extra == "[" + ",".join(f"{item.start}:{item.stop}" for item in node.index) + "]"
         stack.extend((c, depth + 1) for c in reversed(node.children))
     assert position == len(lines)
     assert len(written) == len(set(keys.values()))
