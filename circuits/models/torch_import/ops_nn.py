@@ -197,7 +197,9 @@ def attention(ctx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, s
     if bias is not None:
         scores = Add(scores, bias, name=ctx.name("masked_scores"))
     probs = GeneralFunction(scores, spec="softmax", name=ctx.name("probs"))
-    return Einsum((probs, batch + (query, key)), (v, batch + (key, ev)), out_axes=batch + (query, ev), name=ctx.name())
+    return Einsum(
+        (probs, batch + (query, key)), (v, batch + (key, ev)), out_axes=batch + (query, ev), name=ctx.name()
+    )
 
 
 def _repeat_heads(ctx, x: Circuit, groups: int, part: str) -> Circuit:

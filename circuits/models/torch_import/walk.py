@@ -202,6 +202,8 @@ class OpContext:
         self.fx_node = fx_node
         self.path = path
         self.op = op
+        self._base: str | None = None  # MODULE.OP made unique, reserved by the first name asked for
+        self._base_given = False  # whether the op's own node has it
         val = fx_node.meta.get("val")
         self.out_shape = _shape_of(val)
         self.out_dtype = val.dtype if isinstance(val, torch.Tensor) else None
@@ -212,8 +214,17 @@ class OpContext:
                 self._dtypes[id(value)] = meta.dtype
 
     def name(self, part: str | None = None) -> str:
-        """``MODULE.OP`` for the op's result, ``MODULE.OP.PART`` for a part of it (made unique)."""
-        return self.translator.namer.unique(naming.joined(self.path, self.op, part or ""))
+        """``MODULE.OP`` for the op's result, ``MODULE.OP.PART`` for a part of it; a second call of
+        the same module's op is ``MODULE.OP_1`` with parts ``MODULE.OP_1.PART``."""
+        namer = self.translator.namer
+        if self._base is None:
+            self._base = namer.unique(naming.joined(self.path, self.op))
+        if part is not None:
+            return namer.unique(f"{self._base}.{part}")
+        if not self._base_given:
+            self._base_given = True
+            return self._base
+        return namer.unique(self._base)
 
     def node(self, value: Any) -> Circuit:
         """``value`` as a node: a Python number is a Scalar named ``MODULE.OP.scalar``."""
