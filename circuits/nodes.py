@@ -251,6 +251,7 @@ class Circuit:
         costs: bool = False,
         minimal_shapes: bool = False,
         only_child_below: bool = False,
+        arrows: bool = False,
     ) -> str:
         """This circuit in the FORMAT.md text (see ``circuits.printing.repr_many``).
 
@@ -258,7 +259,7 @@ class Circuit:
         reaches; ``comment(node)`` adds ``  # text`` to a node's line; ``color(node)`` names
         an ANSI colour for it; ``costs=True`` comments each node with its own static cost
         (``comment=cc.cost(self).comment``).  Annotated text still parses back, and so does
-        text laid out with ``minimal_shapes`` or ``only_child_below`` (rust_circuit's layouts).
+        text laid out with ``minimal_shapes``, ``only_child_below`` or ``arrows`` (rust_circuit's).
         """
         from circuits.printing import repr_many
 
@@ -274,6 +275,7 @@ class Circuit:
             costs=costs,
             minimal_shapes=minimal_shapes,
             only_child_below=only_child_below,
+            arrows=arrows,
         )
 
     def print(
@@ -289,6 +291,7 @@ class Circuit:
         costs: bool = False,
         minimal_shapes: bool = False,
         only_child_below: bool = False,
+        arrows: bool = False,
     ) -> None:
         """Print ``repr`` (the same options)."""
         text = self.repr(
@@ -302,6 +305,7 @@ class Circuit:
             costs=costs,
             minimal_shapes=minimal_shapes,
             only_child_below=only_child_below,
+            arrows=arrows,
         )
         print(text)
 

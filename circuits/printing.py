@@ -119,6 +119,7 @@ def repr_many(
     costs: bool = False,
     minimal_shapes: bool = False,
     only_child_below: bool = False,
+    arrows: bool = False,
 ) -> str:
     """Print several circuits together, sharing references and serial numbers.
 
@@ -145,11 +146,14 @@ def repr_many(
     ``shape_only_when_necessary``, which is this printer's default;
     ``only_child_below`` writes a node's only child at the node's own indent
     after a ``▼`` line instead of one level deeper, so chains of one-child
-    nodes do not march to the right.  ``serials=True`` is rust_circuit's
+    nodes do not march to the right.  ``arrows`` draws the tree in the
+    indent (``├‣`` before a child, ``└‣`` before a last child, ``│`` down to
+    later siblings), as rust_circuit's ``arrows`` does; the parser reads the
+    drawing as indent.  ``serials=True`` is rust_circuit's
     ``force_use_serial_numbers``.
     """
     circuits = list(circuits)
-    _check_flags(minimal_shapes=minimal_shapes, only_child_below=only_child_below)
+    _check_flags(minimal_shapes=minimal_shapes, only_child_below=only_child_below, arrows=arrows)
     if minimal_shapes and shapes:
         raise PrintError(
             "repr: shapes=True writes every shape and minimal_shapes=True as few as parse back; pass one"
@@ -163,6 +167,8 @@ def repr_many(
         layout = _layout(circuits, depth, walker)
         if only_child_below:
             _only_children_below(layout)
+        if arrows:
+            _draw_arrows(layout)
         shown = _shape_rule(shapes, minimal_shapes, store)
         return _text(layout, shown, serials, store, comment, color)
 
@@ -176,6 +182,9 @@ class _Layout:
         self.repeats: dict[int, int] = {}  # line -> the line where its node was written in full
         self.elided: dict[int, int] = {}  # line -> how many children are left out below it
         self.markers: set[int] = set()  # lines followed by the only-child marker ``▼``
+        # with arrows=True, per line: the drawing before the node, and before lines under it
+        self.indents: list[str] | None = None
+        self.belows: list[str] | None = None
 
 
 def _layout(roots: list[Circuit], depth: int | None, traversal: Traversal | None) -> _Layout:
@@ -238,6 +247,42 @@ def _only_children_below(layout: _Layout) -> None:
         if node is not None and len(node.children) == 1 and line not in elided:
             markers.add(line)
             shifts.append((level, shift + 1))
+
+
+def _draw_arrows(layout: _Layout) -> None:
+    """Tree drawing for ``arrows=True``, after any only-child re-indent.
+
+    A line's drawing is its ancestors' columns (``│ `` where the ancestor has
+    a later sibling, spaces where it is last) and its own elbow (``├‣`` or
+    ``└‣``); an only child written below its parent has no elbow and shares
+    its parent's column.  Whether a line is last is found walking backwards:
+    ``later[level]`` says a sibling at that level follows.
+    """
+    levels, markers = layout.levels, layout.markers
+    count = len(levels)
+    only = [line - 1 in markers for line in range(count)]  # written below its parent
+    last = [False] * count
+    later: list[bool] = []
+    for line in range(count - 1, -1, -1):
+        level = levels[line]
+        del later[level + 1 :]
+        if only[line]:
+            continue
+        later.extend([False] * (level + 1 - len(later)))
+        last[line], later[level] = not later[level], True
+    indents, belows = [""] * count, [""] * count
+    columns: list[str] = []
+    for line in range(count):
+        level = levels[line]
+        if only[line]:
+            last[line] = last[line - 1]
+        del columns[max(level - 1, 0) :]
+        if level:
+            own = "  " if last[line] else "│ "
+            indents[line] = "".join(columns) + (own if only[line] else "└‣" if last[line] else "├‣")
+            columns.append(own)
+        belows[line] = "".join(columns)
+    layout.indents, layout.belows = indents, belows
 
 
 def _child_states(traversal: Traversal, node: Circuit, state: Any) -> Sequence[Any]:
@@ -305,7 +350,7 @@ def _text(
 ) -> str:
     # Pass 2: the text.
     firsts, levels, repeats, elided = layout.firsts, layout.levels, layout.repeats, layout.elided
-    markers = layout.markers
+    markers, indents, belows = layout.markers, layout.indents, layout.belows
     shared_names = _shared_names(firsts)
     references: list[str | None] = [None] * len(firsts)
     colours: dict[int, str] = {}  # line written in full -> its node's ANSI start code ("" for none)
@@ -314,7 +359,7 @@ def _text(
     write = out.append
     next_serial = 0
     for line, node in enumerate(firsts):
-        indent = "  " * levels[line]
+        indent = "  " * levels[line] if indents is None else indents[line]
         if node is None:
             first = repeats[line]
             text = references[first]
@@ -349,9 +394,9 @@ def _text(
         if store is not None and isinstance(node, Array) and node.is_loaded:
             store.save(node.tensor(), node.content_hash)  # tensor() refuses one edited in place since
         if line in elided:
-            write(f"{indent}  ... {elided[line]} children not shown")
+            write(f"{indent if belows is None else belows[line]}  ... {elided[line]} children not shown")
         elif markers and line in markers:
-            write(indent + ONLY_CHILD_MARKER)
+            write((indent if belows is None else belows[line]) + ONLY_CHILD_MARKER)
     return "\n".join(out)
 
 

@@ -1,4 +1,4 @@
-"""rust_circuit's printing options: serials on every node, minimal shapes, only children below.
+"""rust_circuit's printing options: serials on every node, minimal shapes, only children below, arrows.
 
 Expected texts are written by hand; the properties compare each layout
 with the default text rewritten by small independent functions here
@@ -146,6 +146,62 @@ def test_all_three_together():
     assert cc.parse(text) == chain()
 
 
+# rust_circuit's test_print_options: this circuit, and its arrows=True text (bijection=False there,
+# so its names are unquoted: 'yoyo ' and 'hihi' are quoted here)
+RUST_TEXT = """0 [5, 3, 6] Add
+  1 [3, 1] Scatter [0:2,0:1]
+    2 [2, 1] Scalar 1.0
+  10 [5, 3, 6] Scatter [0:5,0:3,0:3]
+    4 [5, 3, 3] Concat 0
+      5 'yoyo ' [2, 3, 3] Scalar 1.0
+      6 'hihi' [3, 3, 3] Scalar 1.0"""
+RUST_ARROWS = """0 Add
+├‣1 [3,1] Scatter [0:2,0:1]
+│ └‣2 [2,1] Scalar 1
+└‣3 [5,3,6] Scatter [0:5,0:3,0:3]
+  └‣4 Concat 0
+    ├‣'yoyo ' [2,3,3] Scalar 1
+    └‣'hihi' [3,3,3] Scalar 1"""
+
+
+def test_arrows_draw_the_tree_as_rust_circuit_does():
+    circuit = cc.parse(RUST_TEXT)
+    assert circuit.repr(arrows=True) == RUST_ARROWS
+    assert cc.parse(RUST_ARROWS) == circuit
+
+
+def test_arrows_with_only_children_below():
+    assert chain().repr(arrows=True, only_child_below=True) == "\n".join(
+        [
+            "'r' Add",
+            "├‣'i' [4] Index [0,:]",
+            "│ ▼",
+            "│ 'g' GeneralFunction relu",
+            "│ ▼",
+            "│ 'a' Add",
+            f"│ ├‣'x' [3,4] Array {X_HASH}",
+            "│ └‣'s' [4] Scalar 2",
+            "└‣'j' [4] Index [1,:]",
+            "  ▼",
+            "  'x'",
+        ]
+    )
+    assert cc.parse(chain().repr(arrows=True, only_child_below=True)) == chain()
+
+
+def test_arrows_under_a_depth_cut():
+    assert chain().repr(arrows=True, depth=2) == "\n".join(
+        [
+            "'r' Add",
+            "├‣'i' [4] Index [0,:]",
+            "│ └‣'g' GeneralFunction relu",
+            "│     ... 1 children not shown",
+            "└‣'j' [4] Index [1,:]",
+            f"  └‣'x' [3,4] Array {X_HASH}",
+        ]
+    )
+
+
 def test_depth_counts_nodes_not_indent_under_only_child_below():
     # depth=2 shows r, i, j and their children; the layout does not change what is cut
     assert chain().repr(depth=2, only_child_below=True) == "\n".join(
@@ -174,7 +230,7 @@ def test_comments_and_colours_stay_on_their_lines_and_read_back():
     assert cc.parse(text) == chain()
 
 
-@pytest.mark.parametrize("option", ["minimal_shapes", "only_child_below"])
+@pytest.mark.parametrize("option", ["minimal_shapes", "only_child_below", "arrows"])
 @pytest.mark.parametrize("value", [1, "yes", None])
 def test_a_non_boolean_option_is_a_print_error(option, value):
     with pytest.raises(cc.PrintError, match=f"{option}={value!r}; expected True or False"):
@@ -189,13 +245,17 @@ def test_shapes_and_minimal_shapes_together_is_a_print_error():
 # ------------------------------------------------------------ independent references
 
 
-def only_child_layout(text: str) -> str:
-    """The default text re-indented as rust_circuit's only_child_below, from the text's own tree.
+def relayout(text: str, only_child_below: bool = False, arrows: bool = False) -> str:
+    """The default text laid out as rust_circuit's options would, from the text's own tree.
 
-    Children of a line are the following lines one level deeper; a line
-    with exactly one child line is followed by the marker and the child
-    moves up to its parent's indent (with its whole subtree).
+    Children of a line are the following lines one level deeper.  Each line
+    is written after its prefix; its children's prefixes extend its column
+    string (``│ `` if a later sibling follows, else spaces) with an elbow
+    (``├‣``, last ``└‣``).  Without arrows every drawing character is a
+    space.  Under only_child_below a line with one child line is followed
+    by the marker and the child, both at the line's own column string.
     """
+    tee, elbow, bar = ("├‣", "└‣", "│ ") if arrows else ("  ", "  ", "  ")
     lines = text.split("\n")
     levels = [(len(line) - len(line.lstrip(" "))) // 2 for line in lines]
     children: list[list[int]] = [[] for _ in lines]
@@ -205,16 +265,21 @@ def only_child_layout(text: str) -> str:
             children[open_at[level - 1]].append(number)
         open_at[level] = number
     out: list[str] = []
-    stack = [(number, 0) for number, level in reversed(list(enumerate(levels))) if level == 0]
+    roots = [number for number, level in enumerate(levels) if level == 0]
+    stack = [(number, "", "") for number in reversed(roots)]  # (line, its prefix, its column string)
     while stack:
-        number, indent = stack.pop()
-        out.append("  " * indent + lines[number].lstrip(" "))
+        number, prefix, columns = stack.pop()
+        out.append(prefix + lines[number].lstrip(" "))
         below = children[number]
-        if len(below) == 1:
-            out.append("  " * indent + MARKER)
-            stack.append((below[0], indent))
-        else:
-            stack.extend((child, indent + 1) for child in reversed(below))
+        if only_child_below and len(below) == 1:
+            out.append(columns + MARKER)
+            stack.append((below[0], columns, columns))
+            continue
+        for position in reversed(range(len(below))):
+            is_last = position == len(below) - 1
+            stack.append(
+                (below[position], columns + (elbow if is_last else tee), columns + ("  " if is_last else bar))
+            )
     return "\n".join(out)
 
 
@@ -232,7 +297,7 @@ def without_shapes(text: str, kinds: tuple[str, ...]) -> str:
 
 
 def test_the_references_agree_with_the_hand_written_texts():
-    assert only_child_layout(chain().repr()) == chain().repr(only_child_below=True)
+    assert relayout(chain().repr(), only_child_below=True) == chain().repr(only_child_below=True)
     assert without_shapes(chain().repr(), ("Index",)) == chain().repr(minimal_shapes=True)
 
 
@@ -250,7 +315,8 @@ def test_golden_default_text_is_unchanged(golden_text):
         {"serials": True},
         {"minimal_shapes": True},
         {"only_child_below": True},
-        {"serials": True, "minimal_shapes": True, "only_child_below": True},
+        {"arrows": True},
+        {"serials": True, "minimal_shapes": True, "only_child_below": True, "arrows": True},
     ],
     ids=lambda options: "+".join(options),
 )
@@ -267,7 +333,9 @@ def test_golden_round_trips_under_each_option(golden_text, options):
 def test_golden_layouts_match_the_references(golden_text):
     circuit = cc.parse(golden_text)
     only_child = circuit.repr(only_child_below=True)
-    assert only_child == only_child_layout(golden_text)
+    assert only_child == relayout(golden_text, only_child_below=True)
+    assert circuit.repr(arrows=True) == relayout(golden_text, arrows=True)
+    assert circuit.repr(arrows=True, only_child_below=True) == relayout(golden_text, True, True)
     # one marker per distinct node with exactly one child (each is written in full once)
     one_child = [node for node in cc.unique_nodes([circuit]) if len(node.children) == 1]
     assert only_child.count(MARKER) == len(one_child) > 0
@@ -291,24 +359,30 @@ def store(tmp_path_factory) -> cc.TensorStore:
 
 
 @settings(max_examples=60)
-@given(random_circuits(), st.booleans(), st.booleans(), st.booleans(), st.booleans())
-def test_every_combination_reads_back(store, circuit, serials, minimal_shapes, only_child_below, with_store):
+@given(random_circuits(), st.booleans(), st.booleans(), st.booleans(), st.booleans(), st.booleans())
+def test_every_combination_reads_back(
+    store, circuit, serials, minimal_shapes, only_child_below, arrows, with_store
+):
+    options = {
+        "serials": serials,
+        "minimal_shapes": minimal_shapes,
+        "only_child_below": only_child_below,
+        "arrows": arrows,
+    }
     used = store if with_store else None
-    text = circuit.repr(
-        serials=serials, minimal_shapes=minimal_shapes, only_child_below=only_child_below, store=used
-    )
+    text = circuit.repr(**options, store=used)
     parsed = cc.parse(text, store=used)
     assert parsed == circuit
-    assert parsed.repr(serials=serials, minimal_shapes=minimal_shapes, only_child_below=only_child_below) == (
-        circuit.repr(serials=serials, minimal_shapes=minimal_shapes, only_child_below=only_child_below)
-    )
+    assert parsed.repr(**options) == circuit.repr(**options)
 
 
 @settings(max_examples=60)
 @given(random_circuits(), st.booleans())
 def test_layouts_agree_with_the_references(store, circuit, serials):
     plain = circuit.repr(serials=serials)
-    assert circuit.repr(serials=serials, only_child_below=True) == only_child_layout(plain)
+    for only_child_below, arrows in [(True, False), (False, True), (True, True)]:
+        laid_out = circuit.repr(serials=serials, only_child_below=only_child_below, arrows=arrows)
+        assert laid_out == relayout(plain, only_child_below, arrows)
     assert circuit.repr(serials=serials, minimal_shapes=True) == without_shapes(plain, ("Index",))
     loaded = all(n.is_loaded for n in cc.unique_nodes([circuit]) if isinstance(n, cc.Array))
     if loaded:
@@ -317,10 +391,14 @@ def test_layouts_agree_with_the_references(store, circuit, serials):
 
 
 @settings(max_examples=40)
-@given(root_lists(), st.booleans(), st.booleans())
-def test_several_roots_read_back(roots, minimal_shapes, only_child_below):
-    text = cc.repr_many(roots, serials=True, minimal_shapes=minimal_shapes, only_child_below=only_child_below)
+@given(root_lists(), st.booleans(), st.booleans(), st.booleans())
+def test_several_roots_read_back(roots, minimal_shapes, only_child_below, arrows):
+    options = {"minimal_shapes": minimal_shapes, "only_child_below": only_child_below, "arrows": arrows}
+    text = cc.repr_many(roots, serials=True, **options)
     assert cc.parse_many(text) == roots
+    assert text == relayout(
+        cc.repr_many(roots, serials=True, minimal_shapes=minimal_shapes), only_child_below, arrows
+    )
 
 
 def test_the_docs_example_is_what_the_printer_writes():
