@@ -404,5 +404,8 @@ def test_several_roots_read_back(roots, minimal_shapes, only_child_below, arrows
 def test_the_docs_example_is_what_the_printer_writes():
     page = (Path(__file__).parent.parent / "docs" / "format.md").read_text()
     section = page.split("## Layout options", 1)[1]
-    example = section.split("```\n", 2)[1]
-    assert example.rstrip("\n") == chain().repr(only_child_below=True)
+    blocks = section.split("## ", 1)[0].split("```\n")[1::2]
+    assert [block.rstrip("\n") for block in blocks] == [
+        chain().repr(only_child_below=True),
+        chain().repr(only_child_below=True, arrows=True),
+    ]
