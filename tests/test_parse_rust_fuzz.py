@@ -62,7 +62,18 @@ ARROWS = "\n".join(
     ]
 )
 
-BASES = [PASTED, ARROWS]
+NODES = """0 'r' Add
+  1 [5, 3, 6] Scatter [0:5,0:3,0:3]
+    2 'c' Concat 0
+      3 [2, 3, 3] Scalar 1.2
+      4 Tag 1a280c74-fa9f-4dd9-94f4-5cca4a0cf243
+        5 [3, 3, 3] Scalar 1.2
+  8 [] Einsum ->
+6 'd' [3,2,3,3] Einsum ab->abaa
+  7 's' [3, 2] Symbol 6c6805a0-3aaf-492c-93a3-00851eacaacf"""
+
+BASES = [PASTED, ARROWS, NODES]
+BASE_LINES = [line for base in BASES for line in base.split("\n")] + ["", "  # c", "▼", "|/"]
 RUST_CHARS = "'\\#[]()->,: =\n\t0123456789abcdeftxyzAEIS.é_▼|/├└‣│─\x1b"
 
 
@@ -82,6 +93,7 @@ def test_the_base_texts_parse():
     pasted = cc.parse_many(PASTED, store=STORE)
     assert [root.name for root in pasted] == ["logits", "sm"]
     assert cc.parse(ARROWS).name == "r"
+    assert [root.name for root in cc.parse_many(NODES)] == ["r", "d"]
 
 
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -91,9 +103,7 @@ def test_mutated_rust_texts_parse_or_raise_parse_error(text, tensors_as_random):
 
 
 @settings(max_examples=500, deadline=None)
-@given(
-    st.lists(st.sampled_from(PASTED.split("\n") + ARROWS.split("\n") + ["", "  # c", "▼", "|/"]), max_size=12)
-)
+@given(st.lists(st.sampled_from(BASE_LINES), max_size=12))
 def test_shuffled_rust_lines_parse_or_raise_parse_error(lines):
     check_parse_or_parse_error("\n".join(lines), tensors_as_random=False)
 
