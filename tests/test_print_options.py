@@ -230,6 +230,20 @@ def test_comments_and_colours_stay_on_their_lines_and_read_back():
     assert cc.parse(text) == chain()
 
 
+def test_annotations_after_the_tree_drawing_read_back():
+    text = chain().repr(
+        arrows=True,
+        only_child_below=True,
+        serials=True,
+        comment=lambda n: n.kind,
+        color=lambda n: "red" if n.name in ("x", "g") else None,
+    )
+    lines = text.split("\n")
+    assert lines[3] == "│ \x1b[31m2 'g' GeneralFunction relu  # GeneralFunction\x1b[0m"
+    assert lines[6] == f"│ ├‣\x1b[31m4 'x' [3,4] Array {X_HASH}  # Array\x1b[0m"
+    assert cc.parse(text) == chain()
+
+
 @pytest.mark.parametrize("option", ["minimal_shapes", "only_child_below", "arrows"])
 @pytest.mark.parametrize("value", [1, "yes", None])
 def test_a_non_boolean_option_is_a_print_error(option, value):
