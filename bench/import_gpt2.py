@@ -1,0 +1,91 @@
+"""Importing a Hugging Face GPT-2 with ``models.from_torch``, and the imported circuit's forward
+against Hugging Face's own, same weights, same run.
+
+Defaults are GPT-2-small dimensions (12 layers, 12 heads, d_model 768,
+vocab 50257, 1024 positions), random weights, batch 8 x 128 tokens, CPU
+float32, 2 threads (as bench/forward_vs_hf.py).  Reported: the import time
+(torch.export, the walk, copying and hashing the weights), the circuit's
+node count, then the logits forward of each, timed alternately over
+several rounds (``c.evaluate()``, the library's ordinary evaluation, against
+``model(input_ids).logits``), their medians and ratio.  The last line is
+the headline ratio (target <= 1.2).
+A quick run (well under a minute): ``python bench/import_gpt2.py --layers 2 --heads 4 --d-model 256 --vocab 5000 --batch 2 --seq 64 --rounds 3``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+from benchtools import add_gpt2_size_arguments
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_gpt2_size_arguments(parser, rounds=5)
+    args = parser.parse_args()
+
+    torch.set_num_threads(args.threads)
+    import transformers
+
+    import circuits as cc
+    from circuits import models
+
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        n_layer=args.layers,
+        n_head=args.heads,
+        n_embd=args.d_model,
+        vocab_size=args.vocab,
+        n_positions=max(1024, args.seq),
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    model = transformers.GPT2LMHeadModel(config).eval()
+    tokens = torch.randint(0, args.vocab, (args.batch, args.seq), generator=torch.Generator().manual_seed(1))
+    print(
+        f"GPT-2 {args.layers} layers, {args.heads} heads, d_model {args.d_model}, vocab {args.vocab}; "
+        f"batch {args.batch} x {args.seq}; float32, {torch.get_num_threads()} threads"
+    )
+    print(f"load average before import (other processes share the cores): {os.getloadavg()[0]:.2f}")
+    start = time.perf_counter()
+    circuit = models.from_torch(model, (tokens,))
+    imported = time.perf_counter() - start
+    nodes = cc.unique_nodes([circuit])
+    aten = sum(isinstance(n, cc.GeneralFunction) and n.spec.name.startswith("aten.") for n in nodes)
+    print(f"import: {imported:.2f} s; {len(nodes)} distinct nodes, {aten} of them aten GeneralFunctions")
+
+    def circuit_logits():
+        return circuit.evaluate()
+
+    def hf_logits():
+        return model(input_ids=tokens).logits
+
+    with torch.inference_mode():
+        diff = (circuit_logits() - hf_logits()).abs().max().item()  # agreement, and a warm-up of both
+        print(f"max |logits diff| {diff:.3g}")
+        print(f"load average before timing: {os.getloadavg()[0]:.2f}")
+        times: dict[str, list[float]] = {"circuit": [], "hf": []}
+        pairs = [("circuit", circuit_logits), ("hf", hf_logits)]
+        for round_ in range(args.rounds):
+            for name, fn in pairs if round_ % 2 == 0 else pairs[::-1]:  # alternate who goes first
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+    print(f"load average after timing: {os.getloadavg()[0]:.2f}")
+    med = {name: statistics.median(values) for name, values in times.items()}
+    for name, values in times.items():
+        print(
+            f"{name:8s} median {med[name] * 1000:8.1f} ms  min {min(values) * 1000:8.1f} ms  "
+            f"(rounds: {', '.join(f'{v * 1000:.0f}' for v in values)})"
+        )
+    print(f"best-of-rounds ratio: {min(times['circuit']) / min(times['hf']):.3f}")
+    print(f"ratio (imported circuit / HF forward logits): {med['circuit'] / med['hf']:.3f} (target <= 1.2)")
+
+
+if __name__ == "__main__":
+    main()
