@@ -252,6 +252,7 @@ class Circuit:
         minimal_shapes: bool = False,
         only_child_below: bool = False,
         arrows: bool = False,
+        comment_arg_names: bool = False,
     ) -> str:
         """This circuit in the FORMAT.md text (see ``circuits.printing.repr_many``).
 
@@ -259,7 +260,8 @@ class Circuit:
         reaches; ``comment(node)`` adds ``  # text`` to a node's line; ``color(node)`` names
         an ANSI colour for it; ``costs=True`` comments each node with its own static cost
         (``comment=cc.cost(self).comment``).  Annotated text still parses back, and so does
-        text laid out with ``minimal_shapes``, ``only_child_below`` or ``arrows`` (rust_circuit's).
+        text laid out with ``minimal_shapes``, ``only_child_below``, ``arrows`` or
+        ``comment_arg_names`` (rust_circuit's).
         """
         from circuits.printing import repr_many
 
@@ -276,6 +278,7 @@ class Circuit:
             minimal_shapes=minimal_shapes,
             only_child_below=only_child_below,
             arrows=arrows,
+            comment_arg_names=comment_arg_names,
         )
 
     def print(
@@ -292,6 +295,7 @@ class Circuit:
         minimal_shapes: bool = False,
         only_child_below: bool = False,
         arrows: bool = False,
+        comment_arg_names: bool = False,
     ) -> None:
         """Print ``repr`` (the same options)."""
         text = self.repr(
@@ -306,6 +310,7 @@ class Circuit:
             minimal_shapes=minimal_shapes,
             only_child_below=only_child_below,
             arrows=arrows,
+            comment_arg_names=comment_arg_names,
         )
         print(text)
 

@@ -28,8 +28,8 @@ from typing import Any, Callable, Iterable, Protocol, Sequence
 from circuits.errors import PrintError
 from circuits.costs import cost
 from circuits.gcpause import gc_paused
-from circuits.nodes import Array, Circuit, Index, Scalar, Scatter, Symbol
-from circuits.shapes import format_shape
+from circuits.nodes import Array, Circuit, Einsum, Index, Scalar, Scatter, Symbol
+from circuits.shapes import EINSUM_LETTERS, format_shape
 from circuits.store import TensorStore
 
 # Variants whose shape FORMAT.md prints by default: it does not follow from children.
@@ -120,6 +120,7 @@ def repr_many(
     minimal_shapes: bool = False,
     only_child_below: bool = False,
     arrows: bool = False,
+    comment_arg_names: bool = False,
 ) -> str:
     """Print several circuits together, sharing references and serial numbers.
 
@@ -149,11 +150,18 @@ def repr_many(
     nodes do not march to the right.  ``arrows`` draws the tree in the
     indent (``├‣`` before a child, ``└‣`` before a last child, ``│`` down to
     later siblings), as rust_circuit's ``arrows`` does; the parser reads the
-    drawing as indent.  ``serials=True`` is rust_circuit's
-    ``force_use_serial_numbers``.
+    drawing as indent.  ``comment_arg_names`` comments each operand line of an
+    Einsum, repeats included, with its axes (``  # ab``) before any
+    ``comment=`` text, as rust_circuit's option of that name does.
+    ``serials=True`` is rust_circuit's ``force_use_serial_numbers``.
     """
     circuits = list(circuits)
-    _check_flags(minimal_shapes=minimal_shapes, only_child_below=only_child_below, arrows=arrows)
+    _check_flags(
+        minimal_shapes=minimal_shapes,
+        only_child_below=only_child_below,
+        arrows=arrows,
+        comment_arg_names=comment_arg_names,
+    )
     if minimal_shapes and shapes:
         raise PrintError(
             "repr: shapes=True writes every shape and minimal_shapes=True as few as parse back; pass one"
@@ -165,6 +173,8 @@ def repr_many(
     walker = None if traversal is None else as_traversal(traversal)
     with gc_paused():
         layout = _layout(circuits, depth, walker)
+        if comment_arg_names:
+            _name_einsum_operands(layout)  # before only_child_below changes the levels
         if only_child_below:
             _only_children_below(layout)
         if arrows:
@@ -185,6 +195,7 @@ class _Layout:
         # with arrows=True, per line: the drawing before the node, and before lines under it
         self.indents: list[str] | None = None
         self.belows: list[str] | None = None
+        self.arg_names: dict[int, str] = {}  # line -> "  # axes" for an Einsum's operand (comment_arg_names)
 
 
 def _layout(roots: list[Circuit], depth: int | None, traversal: Traversal | None) -> _Layout:
@@ -247,6 +258,30 @@ def _only_children_below(layout: _Layout) -> None:
         if node is not None and len(node.children) == 1 and line not in elided:
             markers.add(line)
             shifts.append((level, shift + 1))
+
+
+def _name_einsum_operands(layout: _Layout) -> None:
+    """``comment_arg_names``: each Einsum operand's line gets ``  # `` and its axes' letters.
+
+    A line's parent is the last line one level up (``parents[level]``); the
+    operand's position is how many of the parent's lines came before it.
+    A rank-0 operand has no letters and gets no comment.
+    """
+    firsts, levels, arg_names = layout.firsts, layout.levels, layout.arg_names
+    parents: list[int] = []
+    positions: dict[int, int] = {}
+    for line, level in enumerate(levels):
+        del parents[level:]
+        if level:
+            parent = parents[-1]
+            position = positions.get(parent, 0)
+            positions[parent] = position + 1
+            node = firsts[parent]
+            if isinstance(node, Einsum) and node.operand_axes[position]:
+                arg_names[line] = "  # " + "".join(
+                    EINSUM_LETTERS[axis] for axis in node.operand_axes[position]
+                )
+        parents.append(line)
 
 
 def _draw_arrows(layout: _Layout) -> None:
@@ -350,7 +385,7 @@ def _text(
 ) -> str:
     # Pass 2: the text.
     firsts, levels, repeats, elided = layout.firsts, layout.levels, layout.repeats, layout.elided
-    markers, indents, belows = layout.markers, layout.indents, layout.belows
+    markers, indents, belows, arg_names = layout.markers, layout.indents, layout.belows, layout.arg_names
     shared_names = _shared_names(firsts)
     references: list[str | None] = [None] * len(firsts)
     colours: dict[int, str] = {}  # line written in full -> its node's ANSI start code ("" for none)
@@ -362,7 +397,7 @@ def _text(
         indent = "  " * levels[line] if indents is None else indents[line]
         if node is None:
             first = repeats[line]
-            text = references[first]
+            text = references[first] + arg_names.get(line, "") if arg_names else references[first]
             write(indent + (text if color is None else _coloured(text, colours[first])))
             continue
         name = node.name
@@ -381,10 +416,10 @@ def _text(
         references[line] = reference
         shape = " " + format_shape(node.shape) if shown(node) else ""
         extra = " " + node.extra if node.extra else ""
-        if comment is None and color is None:
+        if comment is None and color is None and not arg_names:
             write(f"{indent}{reference}{shape} {node.kind}{extra}")
         else:
-            text = f"{reference}{shape} {node.kind}{extra}"
+            text = f"{reference}{shape} {node.kind}{extra}" + arg_names.get(line, "")
             if comment is not None:
                 text += _comment_text(node, comment)
             if color is not None:

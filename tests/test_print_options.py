@@ -202,6 +202,42 @@ def test_arrows_under_a_depth_cut():
     )
 
 
+def einsums() -> cc.Circuit:
+    a, b, s = cc.Symbol((2, 3), name="a"), cc.Symbol((3,), name="b"), cc.Scalar(2.0, name="s")
+    e = cc.Einsum.from_einsum_string("ab,b,->a", a, b, s, name="e")
+    f = cc.Einsum.from_einsum_string("ab,ab->a", a, a, name="f")
+    return cc.Add(e, cc.Einsum.from_einsum_string("a->a", e, name="g"), f, name="r")
+
+
+def test_comment_arg_names_writes_each_einsum_operands_axes():
+    text = einsums().repr(comment_arg_names=True)
+    assert text == "\n".join(
+        [
+            "'r' Add",
+            "  'e' Einsum ab,b,->a",
+            "    'a' [2,3] Symbol  # ab",
+            "    'b' [3] Symbol  # b",
+            "    's' [] Scalar 2",
+            "  'g' Einsum a->a",
+            "    'e'  # a",
+            "  'f' Einsum ab,ab->a",
+            "    'a'  # ab",
+            "    'a'  # ab",
+        ]
+    )
+    assert cc.parse(text) == einsums()
+
+
+def test_comment_arg_names_comes_before_the_comment_and_survives_the_layouts():
+    text = einsums().repr(
+        comment_arg_names=True, only_child_below=True, arrows=True, comment=lambda n: n.kind
+    )
+    lines = text.split("\n")
+    assert lines[2] == "│ ├‣'a' [2,3] Symbol  # ab  # Symbol"
+    assert lines[6:8] == ["│ ▼", "│ 'e'  # a"]
+    assert cc.parse(text) == einsums()
+
+
 def test_depth_counts_nodes_not_indent_under_only_child_below():
     # depth=2 shows r, i, j and their children; the layout does not change what is cut
     assert chain().repr(depth=2, only_child_below=True) == "\n".join(
@@ -244,7 +280,7 @@ def test_annotations_after_the_tree_drawing_read_back():
     assert cc.parse(text) == chain()
 
 
-@pytest.mark.parametrize("option", ["minimal_shapes", "only_child_below", "arrows"])
+@pytest.mark.parametrize("option", ["minimal_shapes", "only_child_below", "arrows", "comment_arg_names"])
 @pytest.mark.parametrize("value", [1, "yes", None])
 def test_a_non_boolean_option_is_a_print_error(option, value):
     with pytest.raises(cc.PrintError, match=f"{option}={value!r}; expected True or False"):
@@ -330,7 +366,14 @@ def test_golden_default_text_is_unchanged(golden_text):
         {"minimal_shapes": True},
         {"only_child_below": True},
         {"arrows": True},
-        {"serials": True, "minimal_shapes": True, "only_child_below": True, "arrows": True},
+        {"comment_arg_names": True},
+        {
+            "serials": True,
+            "minimal_shapes": True,
+            "only_child_below": True,
+            "arrows": True,
+            "comment_arg_names": True,
+        },
     ],
     ids=lambda options: "+".join(options),
 )
@@ -357,6 +400,21 @@ def test_golden_layouts_match_the_references(golden_text):
     assert circuit.repr(minimal_shapes=True) == without_shapes(golden_text, ("Index",))
 
 
+def test_golden_arg_names_comment_every_einsum_operand_of_rank_above_zero(golden_text):
+    circuit = cc.parse(golden_text)
+    text = circuit.repr(comment_arg_names=True)
+    operands = [
+        child
+        for node in cc.unique_nodes([circuit])
+        if node.kind == "Einsum"
+        for child in node.children
+        if child.shape
+    ]
+    assert text.count("  # ") == len(operands) > 0
+    # the comments are the only change
+    assert re.sub(r"  # [A-Za-z]+$", "", text, flags=re.M) == golden_text
+
+
 def test_golden_serials_number_every_full_line(golden_text):
     text = cc.parse(golden_text).repr(serials=True)
     full = [line for line in text.split("\n") if line.rsplit("'", 1)[-1].strip()]
@@ -373,15 +431,24 @@ def store(tmp_path_factory) -> cc.TensorStore:
 
 
 @settings(max_examples=60)
-@given(random_circuits(), st.booleans(), st.booleans(), st.booleans(), st.booleans(), st.booleans())
+@given(
+    random_circuits(),
+    st.booleans(),
+    st.booleans(),
+    st.booleans(),
+    st.booleans(),
+    st.booleans(),
+    st.booleans(),
+)
 def test_every_combination_reads_back(
-    store, circuit, serials, minimal_shapes, only_child_below, arrows, with_store
+    store, circuit, serials, minimal_shapes, only_child_below, arrows, arg_names, with_store
 ):
     options = {
         "serials": serials,
         "minimal_shapes": minimal_shapes,
         "only_child_below": only_child_below,
         "arrows": arrows,
+        "comment_arg_names": arg_names,
     }
     used = store if with_store else None
     text = circuit.repr(**options, store=used)
