@@ -231,3 +231,27 @@ def test_gpt2_import_round_trips_through_text(gpt2_import, tmp_path):
     back = cc.parse(circuit.repr(store=store), store=store)
     assert back == circuit
     torch.testing.assert_close(back.evaluate(), expected, **TOL)
+
+
+def test_attach_gives_the_parameters_their_gradients():
+    """attach=True: the circuit's Arrays are the parameters, so backward fills the same grads as
+    the module's own backward."""
+    model = ControlFlow()
+    x = torch.randn(3, 5)
+    circuit = models.from_torch(model, (x,), attach=True)
+    circuit.evaluate().square().sum().backward()
+    ours = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(x)[0].square().sum().backward()
+    for got, expected in zip(ours, [p.grad for p in model.parameters()]):
+        torch.testing.assert_close(got, expected, **TOL)
+    copied = models.from_torch(model, (x,))
+    assert not copied.get_unique("lin.weight").value.requires_grad
+
+
+def test_imported_names_are_unique(gpt2_import):
+    circuit, _ = gpt2_import
+    nodes = cc.unique_nodes([circuit])
+    named = [n.name for n in nodes]
+    assert len(named) == len(set(named))
+    assert None not in named

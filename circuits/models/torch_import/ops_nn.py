@@ -55,10 +55,14 @@ def gelu(ctx, x, approximate="none"):
 
 @translates("pow")
 def pow_(ctx, x, exponent):
+    """The library's ``pow``; a number exponent stays a number (``aten.pow.Tensor_Scalar(_,3.0)``):
+    torch's kernel for a tensor exponent is several times slower."""
     if not ctx.all_float(x, exponent) or isinstance(x, (int, float)):
         return UNTRANSLATED
-    exponent = ctx.node(float(exponent) if isinstance(exponent, (int, float)) else exponent)
-    return _function(ctx, "pow", ctx.node(x), exponent)
+    if isinstance(exponent, (int, float)) and not isinstance(exponent, bool):
+        spec = f"aten.pow.Tensor_Scalar(_,{float(exponent)!r})"
+        return GeneralFunction(ctx.node(x), spec=spec, name=ctx.name())
+    return _function(ctx, "pow", ctx.node(x), ctx.node(exponent))
 
 
 def _over_last_axis(ctx, x: Circuit, dim: int, spec: str) -> Circuit:
