@@ -11,6 +11,10 @@ reading: a comment is written after the line as ``  # text`` and a colour
 as ANSI codes around it, both of which the parser skips, so annotated text
 still reads back; text cut by ``depth`` or ``traversal`` does not.
 
+The layout options of rust_circuit (``only_child_below``, ``arrows``,
+``comment_arg_names``) are small passes over pass 1's result, each a loop
+over the lines, run between the two passes only when asked for.
+
 The traversal seam.  Printing is core and must not import
 ``circuits.matching``, yet ``traversal=`` takes the matcher forms.  The
 printer asks only the small ``Traversal`` protocol below (a start state and
@@ -141,7 +145,7 @@ def repr_many(
     colour codes, so annotated text reads back to the same circuits.
     ``costs=True`` comments each node with its own static cost (``comment=cc.cost(circuits).comment``).
 
-    Two layouts of rust_circuit's ``PrintOptions``, both read back by the parser:
+    Options of rust_circuit's ``PrintOptions``, whose text the parser reads back:
     ``minimal_shapes`` leaves out every shape the parser can work out (see
     ``shape_needed``), going further than rust_circuit's
     ``shape_only_when_necessary``, which is this printer's default;
@@ -345,6 +349,7 @@ def _shared_names(firsts: list[Circuit | None]) -> set[str]:
 
 
 def _check_flags(**flags: Any) -> None:
+    """A PrintError naming the first option that is not a bool (``1`` or ``"yes"`` would pass a truth test)."""
     for option, value in flags.items():
         if not isinstance(value, bool):
             raise PrintError(f"repr: {option}={value!r}; expected True or False")
