@@ -255,3 +255,36 @@ def test_imported_names_are_unique(gpt2_import):
     named = [n.name for n in nodes]
     assert len(named) == len(set(named))
     assert None not in named
+
+
+class Lookups(torch.nn.Module):
+    """An op with two outputs (max over an axis), a lookup by a computed index tensor, and causal
+    grouped-query attention."""
+
+    def __init__(self):
+        super().__init__()
+        self.q = torch.nn.Linear(8, 8)
+        self.kv = torch.nn.Linear(8, 4)
+
+    def forward(self, x, ids):
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, 4, 2).transpose(1, 2)
+        k = self.kv(x).view(b, s, 2, 2).transpose(1, 2)
+        attended = torch.nn.functional.scaled_dot_product_attention(q, k, k, is_causal=True, enable_gqa=True)
+        mixed = attended.transpose(1, 2).reshape(b, s, 8)
+        picked = mixed[:, ids]  # rows chosen by an input
+        return picked + x.max(dim=1).values[:, None, :]
+
+
+def test_lookups_and_causal_grouped_attention_equal_torch():
+    model = Lookups()
+    x, ids = torch.randn(2, 5, 8), torch.tensor([4, 0, 2])
+    circuit = models.from_torch(model, (x, ids))
+    torch.testing.assert_close(circuit.evaluate(), model(x, ids).detach(), **TOL)
+    specs = {n.spec.name for n in cc.unique_nodes([circuit]) if isinstance(n, cc.GeneralFunction)}
+    assert "aten.max.dim(_,1)[0]" in specs  # the first of max's two outputs
+    assert "gen_index_at_1_no_batch_index" in specs
+    assert circuit.are_any_found("scaled_dot_product_attention.causal_bias")
+    other = torch.tensor([1, 1, 3])
+    swapped = circuit.update("ids", lambda n: cc.Array(other, name="ids"))
+    torch.testing.assert_close(swapped.evaluate(), model(x, other).detach(), **TOL)

@@ -12,7 +12,7 @@ import torch.utils._pytree as pytree
 from torch.export.graph_signature import ConstantArgument, InputKind, TensorArgument
 
 from circuits.errors import ModelError, shown
-from circuits.models.torch_import.walk import Const
+from circuits.models.torch_import.registry import Const
 from circuits.nodes import Array
 
 

@@ -13,7 +13,7 @@ import math
 import torch
 
 from circuits.models.torch_import import shaping
-from circuits.models.torch_import.registry import UNTRANSLATED, translates
+from circuits.models.torch_import.registry import UNTRANSLATED, Const, translates
 from circuits.nodes import Add, Array, Circuit, Einsum, GeneralFunction, Rearrange, Scalar
 
 #: aten op -> the library's GeneralFunction computing it.
@@ -153,9 +153,8 @@ def _mask_bias(ctx, mask, scores_rank: int) -> Circuit | None:
         return None
     dtype = ctx.dtype_of(mask)
     if dtype == torch.bool:
-        tensor = getattr(mask, "tensor", None)
-        if tensor is not None:  # known at import: the bias is a constant
-            bias = torch.zeros(tensor.shape, dtype=ctx.out_dtype).masked_fill(~tensor, -math.inf)
+        if isinstance(mask, Const):  # known at import: the bias is a constant
+            bias = torch.zeros(mask.tensor.shape, dtype=ctx.out_dtype).masked_fill(~mask.tensor, -math.inf)
             return Array(bias, name=ctx.name("mask_bias"))
         return GeneralFunction(
             ctx.node(mask), spec="aten.where.Scalar(_bool,0.0,-inf)", name=ctx.name("mask_bias")

@@ -11,7 +11,7 @@ import torch
 
 from circuits.functions import CAST_NAME
 from circuits.models.torch_import import shaping
-from circuits.models.torch_import.registry import UNTRANSLATED, translates
+from circuits.models.torch_import.registry import UNTRANSLATED, Const, translates
 from circuits.nodes import Circuit, Concat, GeneralFunction, Index
 
 
@@ -170,9 +170,8 @@ def index(ctx, x, indices):
     if dtype is None or dtype.is_floating_point or dtype == torch.bool:
         return UNTRANSLATED
     x = ctx.node(x)
-    tensor = getattr(item, "tensor", None)
-    if tensor is not None and tensor.ndim == 1:
-        values = tensor.long() % max(1, x.shape[axis])
+    if isinstance(item, Const) and item.tensor.ndim == 1:
+        values = item.tensor.long() % max(1, x.shape[axis])
         return Index(x, _axis_index(x, axis, values), name=ctx.name())
     return GeneralFunction(x, ctx.node(item), spec=f"gen_index_at_{axis}_no_batch_index", name=ctx.name())
 

@@ -11,6 +11,18 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import attrs
+import torch
+
+
+@attrs.frozen(eq=False)
+class Const:
+    """A tensor known at import time, and the name it gets if it becomes a node."""
+
+    tensor: torch.Tensor
+    name: str
+
+
 #: What a translator returns when it cannot write this call exactly.
 UNTRANSLATED = object()
 

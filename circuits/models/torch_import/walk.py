@@ -13,26 +13,17 @@ from __future__ import annotations
 import operator
 from typing import Any, Callable, Mapping
 
-import attrs
 import torch
 import torch.fx
 
 from circuits import aten_functions
 from circuits.errors import ModelError
 from circuits.models.torch_import import naming
-from circuits.models.torch_import.registry import OPS, UNTRANSLATED
+from circuits.models.torch_import.registry import OPS, UNTRANSLATED, Const
 from circuits.nodes import Array, Circuit, GeneralFunction, Scalar
 
 # the translators register themselves on import
 from circuits.models.torch_import import ops_arith, ops_nn, ops_shape  # noqa: F401, E402  isort: skip
-
-
-@attrs.frozen(eq=False)
-class Const:
-    """A tensor known at import time, and the name it gets if it becomes a node."""
-
-    tensor: torch.Tensor
-    name: str
 
 
 def _has_node(value: Any) -> bool:
