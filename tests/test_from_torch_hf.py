@@ -39,7 +39,7 @@ def gpt2(attn_implementation: str = "sdpa"):
 def test_gpt2_logits_equal_hugging_face(attn_implementation):
     model = gpt2(attn_implementation)
     tokens = _tokens(41)
-    circuit = models.from_torch(model, (tokens,))
+    circuit = models.from_torch(model, (tokens,), strict=True)  # every op has a translation
     with torch.no_grad():
         expected = model(tokens).logits
     torch.testing.assert_close(circuit.evaluate(), expected, **TOL)
@@ -73,7 +73,7 @@ def test_llama_logits_equal_hugging_face():
     )
     model = _randomized(transformers.LlamaForCausalLM(config))
     tokens = _tokens(43)
-    circuit = models.from_torch(model, (tokens,))
+    circuit = models.from_torch(model, (tokens,), strict=True)
     with torch.no_grad():
         expected = model(tokens).logits
     torch.testing.assert_close(circuit.evaluate(), expected, **TOL)
