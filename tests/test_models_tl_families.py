@@ -282,3 +282,94 @@ def test_report_measured_diffs():
     for key, value in sorted(MEASURED.items()):
         print(f"{key} = {value:.3g}")
     assert all(math.isfinite(v) for v in MEASURED.values())
+
+
+# ------------------------------------------------ the toolkit on each family, against TransformerLens
+
+TOOLKIT = [
+    "gpt2",
+    "opt",
+    "neox-parallel",
+    "neox-sequential",
+    "llama-gqa",
+    "qwen2",
+    "mistral",
+    "gemma",
+    "gemma2",
+]
+
+
+def tl_point(hooked, cache, tokens, kind, layer, head):
+    """TransformerLens's value of the activation point ``kind``, in our node's layout and meaning
+    (docs/models.md's table of kinds; the rotary families' and the layouts' differences here)."""
+    from test_points import tl_expected
+
+    cfg = hooked.cfg
+    group = cfg.n_heads // (cfg.n_key_value_heads or cfg.n_heads)
+    block = f"blocks.{layer}."
+    if kind in ("q", "k", "v", "z"):  # ours [b, h, s, c] after the rotation, one per query head
+        rotated = cfg.positional_embedding_type == "rotary" and kind in ("q", "k")
+        value = cache[block + f"attn.hook_{'rot_' if rotated else ''}{kind}"].transpose(1, 2)
+        value = value.repeat_interleave(group, 1) if kind in ("k", "v") else value
+        return value if head is None else value[:, head]
+    if kind in ("ln1", "ln2", "ln_final") and cfg.normalization_type == "RMS":  # after the weight
+        norm = hooked.ln_final if kind == "ln_final" else getattr(hooked.blocks[layer], kind)
+        return cache[(block if layer is not None else "") + f"{kind}.hook_normalized"] * norm.w
+    if kind == "resid_mid" and cfg.parallel_attn_mlp:  # TransformerLens has none: the residual plus attention
+        return cache[block + "hook_resid_pre"] + cache[block + "hook_attn_out"]
+    if (
+        kind in ("attn_out", "mlp_out") and cfg.use_normalization_before_and_after
+    ):  # ours: before the post-norm
+        post = block + ("ln1_post" if kind == "attn_out" else "ln2_post")
+        return cache[post + ".hook_normalized"] * cache[post + ".hook_scale"]
+    return tl_expected(hooked, cache, kind, layer, head, tokens)
+
+
+@pytest.mark.parametrize("key", TOOLKIT)
+def test_every_activation_point_equals_transformer_lens(key, tmp_path):
+    """Every activation point of the circuit, split and unsplit, is TransformerLens's hook value (in
+    our layout), and every kind a family has finds one node per layer (per head when split)."""
+    model = MODELS[key]()
+    hooked = tl_from_hf(model, tmp_path)
+    hooked.cfg.use_attn_result = True  # for head_out
+    tokens = random_tokens(model.config.vocab_size, True, length=9)
+    circuit = cm.from_transformer_lens(hooked, tokens)
+    with torch.no_grad():
+        _, cache = hooked.run_with_cache(tokens[:, :-1])
+    heads = hooked.cfg.n_heads
+    wanted = {
+        "unsplit": ex.run_with_cache(circuit),
+        "split": ex.run_with_cache(
+            cc.split_heads(circuit),
+            [(kind, layer, h) for kind in ex.HEAD_KINDS for layer in range(2) for h in range(heads)],
+        ),
+    }
+    rotary = hooked.cfg.positional_embedding_type == "rotary"
+    lacking = {"head_out"} | ({"pos_embed"} if rotary else set())  # head_out: split circuits only
+    assert {kind for kind, _, _ in wanted["unsplit"]} == set(ex.POINT_KINDS) - lacking
+    for variant, found in wanted.items():
+        for (kind, layer, head), ours in found.items():
+            theirs = tl_point(hooked, cache, tokens, kind, layer, head)
+            if kind == "attn_scores":  # masked pairs: TransformerLens -inf, ours NEG_INF
+                keep = torch.isfinite(theirs)
+                ours, theirs = ours[keep], theirs[keep]
+            assert ours.shape == theirs.shape, (variant, kind, layer, head)
+            assert (ours - theirs).abs().max().item() < TOL, (variant, kind, layer, head)
+
+
+@pytest.mark.parametrize("key", TOOLKIT)
+def test_patching_a_point_equals_transformer_lens_hook(key, tmp_path):
+    """``ex.patch`` of layer 1's ``z`` (and layer 0's ``mlp_post``) from corrupted tokens equals
+    TransformerLens with the hook's value replaced by its value on the corrupted tokens."""
+    model = MODELS[key]()
+    hooked = tl_from_hf(model, tmp_path)
+    clean = random_tokens(model.config.vocab_size, True, length=9, seed=3)
+    corrupted = random_tokens(model.config.vocab_size, True, length=9, seed=4)
+    circuit = cm.from_transformer_lens(hooked, clean)
+    with torch.no_grad():
+        _, source = hooked.run_with_cache(corrupted[:, :-1])
+    for kind, layer, hook in (("z", 1, "blocks.1.attn.hook_z"), ("mlp_post", 0, "blocks.0.mlp.hook_post")):
+        patched = ex.patch(circuit, ex.point(kind, layer), {names.TOKENS: corrupted})
+        want = tl_logits(hooked, clean[:, :-1], [(hook, lambda value, hook: source[hook.name])])
+        assert (logits_of(patched) - want).abs().max().item() < TOL, kind
+        assert (logits_of(circuit) - want).abs().max().item() > 1e-3, kind
