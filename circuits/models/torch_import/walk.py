@@ -88,7 +88,7 @@ class Translator:
         return outputs
 
     def circuit(self, value: Any) -> Circuit:
-        """``value`` (a node, a Const or a Python number) as a circuit node."""
+        """``value`` (a node or a Const) as a circuit node."""
         if isinstance(value, Circuit):
             return value
         if isinstance(value, Const):
@@ -96,8 +96,6 @@ class Translator:
             if node is None:
                 node = self.wrapped[id(value)] = self._constant_node(value)
             return node
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return Scalar(float(value))
         raise ModelError(f"cannot make a circuit node of a {type(value).__name__} ({value!r})")
 
     def _constant_node(self, const: Const) -> Circuit:
