@@ -415,3 +415,26 @@ def test_causal_scrubbing_runs_on_the_family(key, tmp_path):
             assert (values[claim] - want).abs().max().item() < TOL, claim
     assert (values["head"] - values["all"]).abs().max().item() > 1e-3
     assert (values["head"] - values["none"]).abs().max().item() > 1e-3
+
+
+@pytest.mark.parametrize("key", ["neox-parallel", "llama-gqa", "gemma2"])
+def test_attached_gradients_equal_transformer_lens_backward(key, tmp_path):
+    """With ``attach=True`` the circuit's arrays are the HookedTransformer's parameters: the mean loss's
+    backward through the circuit fills each parameter's ``.grad`` as TransformerLens's own backward;
+    the zero biases the builder has no node for (``b_O``, ``b_U``, ...) get none."""
+    hooked = tl_from_hf(MODELS[key](), tmp_path)
+    tokens = random_tokens(97, True, length=9)
+    circuit = cm.from_transformer_lens(hooked, tokens, attach=True)
+    cc.evaluate(circuit).mean().backward()
+    ours = {name: p.grad for name, p in hooked.named_parameters()}
+    hooked.zero_grad(set_to_none=True)
+    log_probs = torch.log_softmax(hooked(tokens[:, :-1]), dim=-1)
+    (-log_probs.gather(-1, tokens[:, 1:, None])).mean().backward()
+    unused = {name for name, grad in ours.items() if grad is None}
+    for name, param in hooked.named_parameters():
+        if name in unused:
+            assert name.rsplit(".", 1)[-1] in ("b_O", "b_U", "b_in", "b_out", "b_Q", "_b_K", "_b_V"), name
+            assert not param.any(), name
+        else:
+            assert (ours[name] - param.grad).abs().max().item() < 1e-5, name
+    assert len(unused) < len(ours) / 2
