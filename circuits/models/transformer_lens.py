@@ -35,12 +35,13 @@ from circuits.models.tl_families import (
 from circuits.models.text import token_ids
 from circuits.nodes import Circuit
 
-#: The TransformerLens ``HookedTransformer`` state-dict keys accepted, with
+#: The TransformerLens ``HookedTransformer`` state-dict keys accepted for the GPT-2 layout
+#: (``"gpt2"``, ``"opt"``, ``"attn_only"``; the rotary families': ``tl_families``), with
 #: their shapes (H heads, d d_model, c d_head, M d_mlp, V vocab, P positions).
-#: ``mlp.*`` keys are for ``family="gpt2"`` only; ``b_Q``/``b_K``/``b_V``/``b_O``
+#: ``mlp.*`` keys are not for ``family="attn_only"``; ``b_Q``/``b_K``/``b_V``/``b_O``
 #: must be all zero for ``family="attn_only"`` (its builder has no attention
 #: biases); ``unembed.b_U`` is optional.  Buffers (``attn.mask``,
-#: ``attn.IGNORE``, ``hook_*``) are ignored.  Folded layer norms
+#: ``attn.IGNORE``, ``attn.rotary_sin``/``rotary_cos``, ``hook_*``) are ignored.  Folded layer norms
 #: (``fold_ln=True``, TransformerLens's default in ``from_pretrained``) have no
 #: ``ln*.w``/``ln*.b`` keys and are refused: load with
 #: ``from_pretrained_no_processing`` or ``fold_ln=False``.
