@@ -201,6 +201,8 @@ def test_state_dict_and_cfg_equal_the_model_and_family_is_checked(tmp_path):
         cm.from_transformer_lens(state, tokens, family="qwen2")
     with pytest.raises(ModelError, match=r"give family="):
         cm.from_transformer_lens(state, tokens)
+    with pytest.raises(ModelError, match=r"act='relu' but the cfg's act_fn is 'silu'"):
+        cm.from_transformer_lens(hooked, tokens, act="relu")
     with pytest.raises(ModelError, match=r"cfg= is given with a HookedTransformer"):
         cm.from_transformer_lens(hooked, tokens, cfg=hooked.cfg)
     other = dict(hooked.cfg.to_dict(), original_architecture="GPTJForCausalLM")

@@ -224,6 +224,8 @@ def from_transformer_lens(
     options.update(neg_inf=neg_inf, attach=attach)
     if causal is not None:  # None: the family's builder's default
         options["causal"] = causal
+    ln_eps = _own_or_cfg("ln_eps", ln_eps, cfg, "eps", 1e-5)  # the rotary families' come from the cfg
+    act = _own_or_cfg("act", act, cfg, "act_fn", "relu" if family == "opt" else "gelu_new")
     if family in LLAMA_LIKE:
         config = llama_config_from_tl(family, cfg)
         return build_llama(
@@ -232,8 +234,6 @@ def from_transformer_lens(
     if family == "neox":
         config = neox_config_from_tl(cfg)
         return build_neox(config, neox_weights_from_tl(config, state, attach, _ignored), tokens, **options)
-    ln_eps = _own_or_cfg("ln_eps", ln_eps, cfg, "eps", 1e-5)
-    act = _own_or_cfg("act", act, cfg, "act_fn", "relu" if family == "opt" else "gelu_new")
     return _gpt2_like(family, state, tokens, ln_eps, act, attach, options)
 
 
