@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import math
+import pathlib
+import tempfile
 
 import pytest
 import torch
@@ -92,9 +94,11 @@ def _converter(architecture: str):
     }[architecture]
 
 
-def tl_from_hf(model, tmp_path, gemma_act: str = "gelu_pytorch_tanh", **processing):
+def tl_from_hf(model, gemma_act: str = "gelu_pytorch_tanh", **processing):
     """TransformerLens's ``HookedTransformer`` of ``model``, built offline (see the module docstring);
-    ``processing``: ``load_and_process_state_dict``'s options (all off by default)."""
+    ``processing``: ``load_and_process_state_dict``'s options (all off by default).  The config.json
+    goes to a fresh temporary directory: TransformerLens takes a path containing "llama" or "gemma"
+    for a model name and fetches nothing, but reads no config either."""
     from transformer_lens.loading_from_pretrained import convert_hf_model_config
 
     architecture = type(model).__name__
@@ -104,8 +108,10 @@ def tl_from_hf(model, tmp_path, gemma_act: str = "gelu_pytorch_tanh", **processi
         config = json.loads(model.config.to_json_string())
         if architecture == "GPT2LMHeadModel":  # the hub's config.json has it; transformers 5's object not
             config["n_ctx"] = config["n_positions"]
-        (tmp_path / "config.json").write_text(json.dumps(dict(config, architectures=[architecture])))
-        cfg = convert_hf_model_config(str(tmp_path))
+        with tempfile.TemporaryDirectory(prefix="hf_config_") as directory:
+            path = pathlib.Path(directory) / "config.json"
+            path.write_text(json.dumps(dict(config, architectures=[architecture])))
+            cfg = convert_hf_model_config(directory)
         cfg.pop("tokenizer_name")  # no tokenizer offline
         if architecture == "GPTNeoXForCausalLM":  # TransformerLens's entry drops the base: 10000, Pythia's
             cfg["rotary_base"] = model.config.rope_parameters["rope_theta"]
@@ -140,11 +146,11 @@ MODELS = {
 
 
 @pytest.mark.parametrize("key", list(MODELS))
-def test_equals_transformer_lens_and_hugging_face(key, tmp_path):
+def test_equals_transformer_lens_and_hugging_face(key):
     """The circuit read from the HookedTransformer gives TransformerLens's logits and the Hugging
     Face model's, and the family is read off the cfg."""
     model = MODELS[key]()
-    hooked = tl_from_hf(model, tmp_path)
+    hooked = tl_from_hf(model)
     tokens = random_tokens(model.config.vocab_size, True, length=13)
     circuit = cm.from_transformer_lens(hooked, tokens)
     ours = logits_of(circuit)
@@ -158,11 +164,11 @@ def test_equals_transformer_lens_and_hugging_face(key, tmp_path):
 
 
 @pytest.mark.parametrize("key", ["neox-parallel", "llama-gqa", "qwen2", "mistral", "gemma", "gemma2", "opt"])
-def test_zero_ablated_head_equals_transformer_lens_hook_z(key, tmp_path):
+def test_zero_ablated_head_equals_transformer_lens_hook_z(key):
     """Zero-ablating head 1.2 of the split circuit equals TransformerLens with that head's
     ``hook_z`` zeroed; the unablated logits differ (the head matters)."""
     model = MODELS[key]()
-    hooked = tl_from_hf(model, tmp_path)
+    hooked = tl_from_hf(model)
     tokens = random_tokens(model.config.vocab_size, True, length=11, seed=2)
     circuit = cm.from_transformer_lens(hooked, tokens)
     split = cc.split_heads(circuit)
@@ -179,10 +185,10 @@ def test_zero_ablated_head_equals_transformer_lens_hook_z(key, tmp_path):
     assert (logits_of(circuit) - want).abs().max().item() > 1e-3
 
 
-def test_state_dict_and_cfg_equal_the_model_and_family_is_checked(tmp_path):
+def test_state_dict_and_cfg_equal_the_model_and_family_is_checked():
     """``(state_dict, cfg=, family=)`` builds the same circuit as the model; a family unlike the cfg's
     architecture, or one unknown, is refused naming it."""
-    hooked = tl_from_hf(qwen2(2), tmp_path)
+    hooked = tl_from_hf(qwen2(2))
     tokens = random_tokens(97, False)
     state = hooked.state_dict()
     assert cm.from_transformer_lens(
@@ -210,33 +216,33 @@ def test_state_dict_and_cfg_equal_the_model_and_family_is_checked(tmp_path):
         cm.from_transformer_lens(state, tokens, cfg=other)
 
 
-def test_processed_weights_are_refused_or_exact(tmp_path):
+def test_processed_weights_are_refused_or_exact():
     """Folded layer norms are refused naming ``normalization_type``; value biases folded into
     ``b_O`` (Qwen2's) are refused naming ``b_O``; centred writing weights and unembedding are
     still the model TransformerLens runs, and the circuit gives its logits."""
     tokens = random_tokens(97, True)
-    folded = tl_from_hf(llama(2), tmp_path, fold_ln=True)
+    folded = tl_from_hf(llama(2), fold_ln=True)
     with pytest.raises(ModelError, match=r"normalization_type='RMSPre' \(folded layer norms"):
         cm.from_transformer_lens(folded, tokens)
-    folded_gpt2 = tl_from_hf(gpt2(False), tmp_path, fold_ln=True)
+    folded_gpt2 = tl_from_hf(gpt2(False), fold_ln=True)
     with pytest.raises(ModelError, match=r"normalization_type='LNPre' \(folded layer norms"):
         cm.from_transformer_lens(folded_gpt2, tokens)
     with pytest.raises(ModelError, match=r"(?s)missing: 'blocks.0.ln1.w'.*folded layer norms"):
         cm.from_transformer_lens(folded_gpt2.state_dict(), tokens, family="gpt2")
-    value_folded = tl_from_hf(qwen2(2), tmp_path, fold_value_biases=True)
+    value_folded = tl_from_hf(qwen2(2), fold_value_biases=True)
     with pytest.raises(ModelError, match=r"'blocks.0.attn.b_O'.*fold_value_biases=False"):
         cm.from_transformer_lens(value_folded, tokens)
-    centred = tl_from_hf(neox(), tmp_path, center_writing_weights=True, center_unembed=True)
+    centred = tl_from_hf(neox(), center_writing_weights=True, center_unembed=True)
     ours = logits_of(cm.from_transformer_lens(centred, tokens))
     assert (ours - tl_logits(centred, tokens[:, :-1])).abs().max().item() < TOL
 
 
-def test_gemma_with_transformer_lens_own_act_fn_is_transformer_lens_model(tmp_path):
+def test_gemma_with_transformer_lens_own_act_fn_is_transformer_lens_model():
     """TransformerLens's ``google/gemma-2b`` entry says ``act_fn='gelu'`` (exact erf GELU) where Hugging
     Face's Gemma uses the tanh approximation: the circuit follows TransformerLens's cfg, so it equals
     TransformerLens's forward, which is not Hugging Face's."""
     model = gemma(1)
-    hooked = tl_from_hf(model, tmp_path, gemma_act="gelu")
+    hooked = tl_from_hf(model, gemma_act="gelu")
     tokens = random_tokens(97, True)
     circuit = cm.from_transformer_lens(hooked, tokens)
     ours, theirs = logits_of(circuit), tl_logits(hooked, tokens[:, :-1])
@@ -255,21 +261,21 @@ def test_gemma_with_transformer_lens_own_act_fn_is_transformer_lens_model(tmp_pa
         ({"parallel_attn_mlp": True}, "parallel_attn_mlp=True (expected False for family 'gemma2')"),
         ({"act_fn": "gelu_fast"}, "act_fn 'gelu_fast' is not supported"),
         ({"rotary_dim": 4}, "rotary_dim 4 is not d_head 10"),
-        ({"use_NTK_by_parts_rope": True}, "use_NTK_by_parts_rope=True"),
+        ({"use_dynamic_ntk_rope": True}, "use_dynamic_ntk_rope=True"),
     ],
 )
-def test_cfg_options_the_builder_lacks_are_refused(change, fragment, tmp_path):
-    hooked = tl_from_hf(gemma2(2), tmp_path)
+def test_cfg_options_the_builder_lacks_are_refused(change, fragment):
+    hooked = tl_from_hf(gemma2(2))
     cfg = dict(hooked.cfg.to_dict(), **change)
     with pytest.raises(ModelError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
         cm.from_transformer_lens(hooked.state_dict(), random_tokens(97, False), cfg=cfg)
 
 
-def test_gemma2_window_and_caps_matter(tmp_path):
+def test_gemma2_window_and_caps_matter():
     """The Gemma 2 circuit's windowed layers and soft-caps are TransformerLens's: sequences longer
     than the window, and caps small enough to bend the values, still agree (checked above); here the
     circuit built without them is measurably different, so the agreement is not vacuous."""
-    hooked = tl_from_hf(gemma2(2), tmp_path)
+    hooked = tl_from_hf(gemma2(2))
     tokens = random_tokens(97, True, length=3 * GEMMA2_WINDOW)
     want = tl_logits(hooked, tokens[:, :-1])
     assert (logits_of(cm.from_transformer_lens(hooked, tokens)) - want).abs().max().item() < TOL
@@ -328,11 +334,11 @@ def tl_point(hooked, cache, tokens, kind, layer, head):
 
 
 @pytest.mark.parametrize("key", TOOLKIT)
-def test_every_activation_point_equals_transformer_lens(key, tmp_path):
+def test_every_activation_point_equals_transformer_lens(key):
     """Every activation point of the circuit, split and unsplit, is TransformerLens's hook value (in
     our layout), and every kind a family has finds one node per layer (per head when split)."""
     model = MODELS[key]()
-    hooked = tl_from_hf(model, tmp_path)
+    hooked = tl_from_hf(model)
     hooked.cfg.use_attn_result = True  # for head_out
     tokens = random_tokens(model.config.vocab_size, True, length=9)
     circuit = cm.from_transformer_lens(hooked, tokens)
@@ -360,11 +366,11 @@ def test_every_activation_point_equals_transformer_lens(key, tmp_path):
 
 
 @pytest.mark.parametrize("key", TOOLKIT)
-def test_patching_a_point_equals_transformer_lens_hook(key, tmp_path):
+def test_patching_a_point_equals_transformer_lens_hook(key):
     """``ex.patch`` of layer 1's ``z`` (and layer 0's ``mlp_post``) from corrupted tokens equals
     TransformerLens with the hook's value replaced by its value on the corrupted tokens."""
     model = MODELS[key]()
-    hooked = tl_from_hf(model, tmp_path)
+    hooked = tl_from_hf(model)
     clean = random_tokens(model.config.vocab_size, True, length=9, seed=3)
     corrupted = random_tokens(model.config.vocab_size, True, length=9, seed=4)
     circuit = cm.from_transformer_lens(hooked, clean)
@@ -384,7 +390,7 @@ def _tl_loss(hooked, tokens):
 
 
 @pytest.mark.parametrize("key", TOOLKIT)
-def test_causal_scrubbing_runs_on_the_family(key, tmp_path):
+def test_causal_scrubbing_runs_on_the_family(key):
     """On the split circuit: a hypothesis claiming the whole model exactly gives TransformerLens's loss
     on the reference examples, one claiming nothing its loss on the drawn examples, and one claiming
     head 1.2 alone gives another loss (the scrub reaches inside the family's layers)."""
@@ -399,7 +405,7 @@ def test_causal_scrubbing_runs_on_the_family(key, tmp_path):
     )
 
     model = MODELS[key]()
-    hooked = tl_from_hf(model, tmp_path)
+    hooked = tl_from_hf(model)
     tokens = torch.randint(0, model.config.vocab_size, (24, 8), generator=torch.Generator().manual_seed(5))
     circuit = cc.split_heads(cm.from_transformer_lens(hooked, tokens[:2]))
     values = {}
@@ -420,11 +426,11 @@ def test_causal_scrubbing_runs_on_the_family(key, tmp_path):
 
 
 @pytest.mark.parametrize("key", ["neox-parallel", "llama-gqa", "gemma2"])
-def test_attached_gradients_equal_transformer_lens_backward(key, tmp_path):
+def test_attached_gradients_equal_transformer_lens_backward(key):
     """With ``attach=True`` the circuit's arrays are the HookedTransformer's parameters: the mean loss's
     backward through the circuit fills each parameter's ``.grad`` as TransformerLens's own backward;
     the zero biases the builder has no node for (``b_O``, ``b_U``, ...) get none."""
-    hooked = tl_from_hf(MODELS[key](), tmp_path)
+    hooked = tl_from_hf(MODELS[key]())
     tokens = random_tokens(97, True, length=9)
     circuit = cm.from_transformer_lens(hooked, tokens, attach=True)
     cc.evaluate(circuit).mean().backward()
@@ -461,3 +467,75 @@ def test_attn_only_model_family_and_mask_from_its_cfg(masked):
     assert cm.from_transformer_lens(state, tokens, family="gpt2", causal=masked) == cm.from_transformer_lens(
         gpt2_like, tokens, family="gpt2"
     )
+
+
+def llama3(seed: int = 0):
+    """A Llama with Llama 3's scaled rotary positions (NTK by parts), long wavelengths well scaled."""
+    torch.manual_seed(seed)
+    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    config = transformers.LlamaConfig(
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        hidden_size=32,
+        intermediate_size=48,
+        vocab_size=97,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-5,
+        rope_scaling=dict(rope, original_max_position_embeddings=8, rope_theta=10000.0),
+    )
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+transformers = pytest.importorskip("transformers")
+
+
+def test_llama3_scaled_rotary_uses_transformer_lens_tables():
+    """Llama 3's NTK-by-parts rotary: the circuit takes TransformerLens's tables from the state dict, so it
+    gives TransformerLens's logits and Hugging Face's; without the tables the variant is refused, and
+    with them too short for the positions asked for as well."""
+    model = llama3()
+    hooked = tl_from_hf(model)
+    assert hooked.cfg.use_NTK_by_parts_rope
+    tokens = random_tokens(97, True, length=13)
+    ours = logits_of(cm.from_transformer_lens(hooked, tokens))
+    hf = hf_logits(model, tokens[:, :-1])
+    assert (ours - tl_logits(hooked, tokens[:, :-1])).abs().max().item() < TOL
+    assert (ours - hf).abs().max().item() < TOL
+    plain = logits_of(llama_unscaled(hooked, tokens))
+    assert (plain - hf).abs().max().item() > 1e-3  # the scaling matters at these positions
+    state = {k: v for k, v in hooked.state_dict().items() if not k.endswith(("rotary_cos", "rotary_sin"))}
+    with pytest.raises(ModelError, match="use_NTK_by_parts_rope=True"):
+        cm.from_transformer_lens(state, tokens, cfg=hooked.cfg)
+    short = {
+        k: v[:5] if k.endswith(("rotary_cos", "rotary_sin")) else v for k, v in hooked.state_dict().items()
+    }
+    with pytest.raises(ModelError, match="rotary tables hold 5 positions, fewer than the 12 asked for"):
+        cm.from_transformer_lens(short, tokens, cfg=hooked.cfg)
+
+
+def llama_unscaled(hooked, tokens):
+    """The circuit with the plain rotary tables (the scaling dropped from the cfg and the tables)."""
+    cfg = dict(hooked.cfg.to_dict(), use_NTK_by_parts_rope=False)
+    state = {k: v for k, v in hooked.state_dict().items() if not k.endswith(("rotary_cos", "rotary_sin"))}
+    return cm.from_transformer_lens(state, tokens, cfg=cfg)
+
+
+@pytest.mark.parametrize("key", ["llama-gqa", "qwen2", "gemma2"])
+def test_float64_llama_like_equals_transformer_lens_exactly(key):
+    """A float64 HookedTransformer's rotary tables are float64 angles; the circuit takes them, so it is
+    TransformerLens's forward to float64 rounding."""
+    hooked = tl_from_hf(MODELS[key]())
+    cfg = dict(hooked.cfg.to_dict(), dtype=torch.float64)
+    wide = lens.HookedTransformer(lens.HookedTransformerConfig.from_dict(cfg))
+    tables = ("rotary_cos", "rotary_sin")
+    state = {
+        k: v.double()
+        for k, v in hooked.state_dict().items()
+        if v.is_floating_point() and not k.endswith(tables)
+    }
+    wide.load_state_dict(state, strict=False)
+    tokens = random_tokens(97, True, length=13)
+    ours = logits_of(cm.from_transformer_lens(wide, tokens))
+    assert ours.dtype == torch.float64
+    assert (ours - tl_logits(wide, tokens[:, :-1])).abs().max().item() < 1e-10

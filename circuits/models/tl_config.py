@@ -43,9 +43,6 @@ _REFUSED_UNLESS = {
     "clip_qkv": None,
     "use_logn_attn": False,
     "use_dynamic_ntk_rope": False,
-    "use_NTK_by_parts_rope": False,
-    "use_yarn_rope": False,
-    "rotary_scaling_factor": 1.0,
     "rotary_adjacent_pairs": False,
     "scale_attn_by_inverse_layer_idx": False,
     "post_embedding_ln": False,
@@ -53,6 +50,9 @@ _REFUSED_UNLESS = {
     "use_attention_sinks": False,
     "load_in_4bit": False,
 }
+#: Scaled rotary variants: the Llama-like circuit takes TransformerLens's own tables (its state dict's
+#: ``rotary_cos``/``rotary_sin``) for them; without those tables they are refused.
+SCALED_ROPE = {"use_NTK_by_parts_rope": False, "use_yarn_rope": False, "rotary_scaling_factor": 1.0}
 
 
 def raw(cfg: Any, key: str, default: Any = None) -> Any:
@@ -121,8 +121,10 @@ def _expected(family: str) -> dict[str, Any]:
     return expected
 
 
-def check_cfg(family: str, cfg: Any) -> None:
-    """Refuse, naming every field at fault, a cfg whose forward the family's builder would not reproduce."""
+def check_cfg(family: str, cfg: Any, own_tables: bool = False) -> None:
+    """Refuse, naming every field at fault, a cfg whose forward the family's builder would not reproduce.
+
+    ``own_tables``: the circuit takes TransformerLens's rotary tables, so a scaled variant is fine."""
     problems = []
     norm = raw(cfg, "normalization_type")
     if norm in ("LNPre", "RMSPre"):
@@ -130,7 +132,8 @@ def check_cfg(family: str, cfg: Any) -> None:
             f"normalization_type={norm!r} (folded layer norms: load with fold_ln=False, e.g. "
             "from_pretrained_no_processing)"
         )
-    for key, value in {**_REFUSED_UNLESS, **_expected(family)}.items():
+    refused = {**_REFUSED_UNLESS, **({} if own_tables else SCALED_ROPE), **_expected(family)}
+    for key, value in refused.items():
         have = raw(cfg, key, value)
         if have != value and not (key == "normalization_type" and norm in ("LNPre", "RMSPre")):
             problems.append(f"{key}={shown(repr(have))} (expected {value!r} for family {family!r})")

@@ -34,7 +34,7 @@ from circuits.errors import ModelError
 from circuits.models.llama import LlamaConfig, post_norm_weight
 from circuits.models.neox import NeoXConfig
 from circuits.models.reading import Reader
-from circuits.models.tl_config import cfg_int, cfg_number, raw, softcap, tl_act
+from circuits.models.tl_config import SCALED_ROPE, cfg_int, cfg_number, raw, softcap, tl_act
 
 
 def _dims(cfg: Any) -> dict[str, int]:
@@ -111,6 +111,45 @@ def _llama_layer(
     out[names.mlp_weight(layer, "down")] = None if down is None else down.T
     zeros.take(p + "mlp.b_in", (M,))
     zeros.take(p + "mlp.b_out", (d,))
+
+
+def rope_table_keys(cfg: Any) -> list[str]:
+    """The state-dict keys of TransformerLens's rotary tables, every layer's cos and sin."""
+    return [
+        f"blocks.{layer}.attn.rotary_{w}"
+        for layer in range(cfg_int(cfg, "n_layers", low=0))
+        for w in ("cos", "sin")
+    ]
+
+
+def tl_rope_tables(family: str, cfg: Any, state: Mapping[str, Any], positions: int | None):
+    """TransformerLens's own ``(cos, sin)`` ``[positions, d_head]`` (its state dict's buffers, which hold
+    any scaled variant and its float64 angles), or None when absent or too short for a plain rotary
+    (then the builder computes the same tables); refused when layers differ or a scaled variant's are short."""
+    keys = rope_table_keys(cfg)
+    if not keys or not all(isinstance(state.get(k), torch.Tensor) for k in keys):
+        return None  # without them check_cfg has refused a scaled variant
+    scaled = any(raw(cfg, key, plain) != plain for key, plain in SCALED_ROPE.items())
+    if positions is None:
+        if scaled:
+            raise ModelError(
+                f"TransformerLens {family}: its scaled rotary tables need the number of positions: pass tokens "
+                "(an int tensor [S+1] or [B,S+1]) or seq_len= (a positive int), and a known convention"
+            )
+        return None
+    cos, sin = state[keys[0]].detach(), state[keys[1]].detach()
+    if any(not torch.equal(state[k].detach(), state[keys[i % 2]].detach()) for i, k in enumerate(keys)):
+        raise ModelError(
+            f"TransformerLens {family}: the layers' rotary tables differ (per-layer bases or scaling)"
+        )
+    if positions <= cos.shape[0]:
+        return cos[:positions], sin[:positions]
+    if scaled:
+        raise ModelError(
+            f"TransformerLens {family}: its scaled rotary tables hold {cos.shape[0]} positions, fewer than "
+            f"the {positions} asked for"
+        )
+    return None
 
 
 def llama_config_from_tl(family: str, cfg: Any) -> LlamaConfig:

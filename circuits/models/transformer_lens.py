@@ -20,7 +20,7 @@ from circuits import names
 from circuits.errors import ModelError, shown
 from circuits.masks import NEG_INF
 from circuits.models.attn_only import AttnOnlyConfig, build_attn_only
-from circuits.models.common import checked_options
+from circuits.models.common import CONVENTIONS, checked_options
 from circuits.models.gpt2 import GPT2Config, build_gpt2
 from circuits.models.llama import build_llama
 from circuits.models.neox import build_neox
@@ -28,6 +28,8 @@ from circuits.models.reading import Reader, check_attach
 from circuits.models.tl_config import LLAMA_LIKE, STATE_ONLY, cfg_number, check_cfg, family_of, raw, tl_act
 from circuits.models.tl_families import (
     llama_config_from_tl,
+    rope_table_keys,
+    tl_rope_tables,
     llama_weights_from_tl,
     neox_config_from_tl,
     neox_weights_from_tl,
@@ -155,6 +157,21 @@ def _state_and_cfg(source: Any, cfg: Any, attach: bool) -> tuple[Mapping[str, An
     return source.state_dict(keep_vars=attach), source.cfg
 
 
+def _positions(tokens: Any, seq_len: Any, convention: Any) -> int | None:
+    """The positions the circuit will have (for the rotary tables); None to let the builder refuse the call."""
+    if not isinstance(convention, str) or convention not in CONVENTIONS:
+        return None
+    if tokens is None:
+        count = seq_len
+    else:
+        try:
+            shape = tuple(getattr(tokens, "shape", None) or torch.as_tensor(tokens).shape)
+        except (TypeError, ValueError, RuntimeError):
+            return None
+        count = int(shape[-1]) - CONVENTIONS[convention][0] if shape else None
+    return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else None
+
+
 def _own_or_cfg(name: str, given: Any, cfg: Any, key: str, default: Any) -> Any:
     """An option the cfg also sets (``ln_eps`` as ``eps``, ``act`` as ``act_fn``): the cfg's when not given,
     refused when given unlike it."""
@@ -212,7 +229,8 @@ def from_transformer_lens(
             "pass the HookedTransformer, or its cfg as cfg="
         )
     if cfg is not None:
-        check_cfg(family, cfg)
+        own_tables = family in LLAMA_LIKE and isinstance(state, Mapping)
+        check_cfg(family, cfg, own_tables and all(k in state for k in rope_table_keys(cfg)))
         if causal is None:
             causal = raw(cfg, "attention_dir", "causal") == "causal"
     if not isinstance(state, Mapping) or not all(isinstance(k, str) for k in state):
@@ -228,9 +246,9 @@ def from_transformer_lens(
     act = _own_or_cfg("act", act, cfg, "act_fn", "relu" if family == "opt" else "gelu_new")
     if family in LLAMA_LIKE:
         config = llama_config_from_tl(family, cfg)
-        return build_llama(
-            config, llama_weights_from_tl(family, config, state, attach, _ignored), tokens, **options
-        )
+        weights = llama_weights_from_tl(family, config, state, attach, _ignored)
+        rope = tl_rope_tables(family, cfg, state, _positions(tokens, seq_len, convention))
+        return build_llama(config, weights, tokens, rope=rope, **options)
     if family == "neox":
         config = neox_config_from_tl(cfg)
         return build_neox(config, neox_weights_from_tl(config, state, attach, _ignored), tokens, **options)
