@@ -80,7 +80,7 @@ def test_llama_logits_equal_hugging_face():
     assert circuit.get_unique("model.layers.1.mlp.gate_proj.weight").shape == (25, 18)
 
 
-def test_bert_with_attention_mask_equals_hugging_face():
+def test_bert_with_attention_mask_equals_hugging_face(tmp_path):
     config = transformers.BertConfig(
         vocab_size=39,
         hidden_size=15,
@@ -105,6 +105,14 @@ def test_bert_with_attention_mask_equals_hugging_face():
     with torch.no_grad():
         expected = model(tokens, attention_mask=other).last_hidden_state
     torch.testing.assert_close(swapped.evaluate(), expected, **TOL)
+    # the mask is built by aten ops without a translation (int to bool, and, an advanced index):
+    # they print and parse back, and the circuit read back evaluates the same
+    specs = {n.spec.name for n in cc.unique_nodes([circuit]) if isinstance(n, cc.GeneralFunction)}
+    assert any(name.startswith("aten.__and__.Tensor(") for name in specs)
+    store = cc.TensorStore(tmp_path / "tensors")
+    back = cc.parse(circuit.repr(store=store), store=store)
+    assert back == circuit
+    torch.testing.assert_close(back.evaluate(), circuit.evaluate(), atol=0, rtol=0)
     pooled = models.from_torch(model, (tokens,), {"attention_mask": mask}, output="pooler_output")
     with torch.no_grad():
         expected = model(tokens, attention_mask=mask).pooler_output
