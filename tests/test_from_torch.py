@@ -288,3 +288,8 @@ def test_lookups_and_causal_grouped_attention_equal_torch():
     other = torch.tensor([1, 1, 3])
     swapped = circuit.update("ids", lambda n: cc.Array(other, name="ids"))
     torch.testing.assert_close(swapped.evaluate(), model(x, other).detach(), **TOL)
+
+
+def test_an_unknown_option_is_a_model_error_naming_the_accepted_ones():
+    with pytest.raises(ModelError, match="did you mean 'strict'"):
+        models.from_torch(ControlFlow(), (torch.randn(3, 5),), strcit=True)

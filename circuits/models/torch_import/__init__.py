@@ -12,12 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 from circuits.errors import ModelError
+from circuits.models.common import checked_options
 from circuits.models.torch_import import exporting
 from circuits.models.torch_import.naming import Namer
 from circuits.models.torch_import.walk import Translator
 from circuits.nodes import Circuit
 
 
+@checked_options()
 def from_torch(
     module: Any,
     example_inputs: Any = (),
