@@ -293,3 +293,26 @@ def test_lookups_and_causal_grouped_attention_equal_torch():
 def test_an_unknown_option_is_a_model_error_naming_the_accepted_ones():
     with pytest.raises(ModelError, match="did you mean 'strict'"):
         models.from_torch(ControlFlow(), (torch.randn(3, 5),), strcit=True)
+
+
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_batch_norm_in_either_mode_equals_torch(mode):
+    """Eval: the running statistics (buffers, constants of the import); train: the batch's, the
+    running-statistics update (an output of the export besides the module's) left out."""
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3),
+        torch.nn.BatchNorm2d(4),
+        torch.nn.ReLU(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(144, 3),
+    )
+    with torch.no_grad():
+        model[1].running_mean.normal_()
+        model[1].running_var.uniform_(0.5, 2.0)
+    getattr(model, mode)()
+    x = torch.randn(2, 3, 8, 8)
+    circuit = models.from_torch(model, (x,))
+    with torch.no_grad():
+        expected = model(x)
+    torch.testing.assert_close(circuit.evaluate(), expected, **TOL)
+    assert circuit.shape == (2, 3)

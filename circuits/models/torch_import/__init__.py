@@ -54,7 +54,7 @@ def from_torch(
     positions = exporting.output_positions(exporting.output_structure(program), output)
     taken = {value.name for value in leaves.values() if isinstance(value, Circuit)}
     translator = Translator(leaves, Namer(taken))
-    outputs = translator.run(program.graph_module.graph)
+    outputs = exporting.user_outputs(program, translator.run(program.graph_module.graph))
     if strict and translator.missing:
         listing = "; ".join(
             f"{op} (in {', '.join(sorted(set(paths)))})" for op, paths in sorted(translator.missing.items())

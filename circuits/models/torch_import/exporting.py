@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
-from torch.export.graph_signature import ConstantArgument, InputKind, TensorArgument
+from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind, TensorArgument
 
 from circuits.errors import ModelError, shown
 from circuits.models.torch_import.registry import Const
@@ -84,6 +84,13 @@ def leaves(program: torch.export.ExportedProgram, args: tuple, kwargs: dict, att
                 f"from_torch: the program has a {spec.kind.name} input {arg.name!r}, which is not supported"
             )
     return result
+
+
+def user_outputs(program: torch.export.ExportedProgram, values: list) -> list:
+    """The module's own outputs among the graph's (which first lists buffers the forward updates,
+    as training-mode batch norm does: the circuit computes the output, not the update)."""
+    kinds = [spec.kind for spec in program.graph_signature.output_specs]
+    return [value for value, kind in zip(values, kinds) if kind == OutputKind.USER_OUTPUT]
 
 
 def output_structure(program: torch.export.ExportedProgram) -> Any:

@@ -156,8 +156,12 @@ class Translator:
         kwargs = {key: value for key, value in kwargs.items() if key not in ("device", "pin_memory")}
         val = fx_node.meta.get("val")
         outputs = [None] if isinstance(val, torch.Tensor) else list(range(len(val or ())))
+        used = _used_outputs(fx_node)
         results = []
         for out in outputs:
+            if out is not None and used is not None and out not in used:
+                results.append(None)  # an output nobody reads (batch norm's saved statistics)
+                continue
             children.clear()
             try:
                 spec = aten_functions.call_name(target, args, kwargs, out, dtype_of)
@@ -168,6 +172,16 @@ class Translator:
             is_tensor = out is None or isinstance(val[out], torch.Tensor)
             results.append(GeneralFunction(*children, spec=spec, name=ctx.name()) if is_tensor else None)
         return results[0] if val is not None and outputs == [None] else tuple(results)
+
+
+def _used_outputs(fx_node: torch.fx.Node) -> set[int] | None:
+    """Which outputs of a several-output op are read (by ``getitem``); None if it is used whole."""
+    used = set()
+    for user in fx_node.users:
+        if user.target is not operator.getitem:
+            return None
+        used.add(user.args[1])
+    return used
 
 
 def _check_shapes(fx_node: torch.fx.Node, result: Any) -> None:
