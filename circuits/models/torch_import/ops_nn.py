@@ -55,10 +55,15 @@ def gelu(ctx, x, approximate="none"):
 
 @translates("pow")
 def pow_(ctx, x, exponent):
-    """The library's ``pow``; a number exponent stays a number (``aten.pow.Tensor_Scalar(_,3.0)``):
-    torch's kernel for a tensor exponent is several times slower."""
+    """A square as an Einsum ``x * x``; another number exponent stays a number
+    (``aten.pow.Tensor_Scalar(_,3.0)``: torch's kernel for a tensor exponent, the library ``pow``'s,
+    is several times slower); a tensor exponent the library's ``pow``."""
     if not ctx.all_float(x, exponent) or isinstance(x, (int, float)):
         return UNTRANSLATED
+    if exponent == 2 and not isinstance(exponent, bool):  # a square is a product (torch computes x * x)
+        x = ctx.node(x)
+        axes = tuple(range(x.rank))
+        return Einsum((x, axes), (x, axes), out_axes=axes, name=ctx.name())
     if isinstance(exponent, (int, float)) and not isinstance(exponent, bool):
         spec = f"aten.pow.Tensor_Scalar(_,{float(exponent)!r})"
         return GeneralFunction(ctx.node(x), spec=spec, name=ctx.name())
