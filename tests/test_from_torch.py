@@ -316,3 +316,20 @@ def test_batch_norm_in_either_mode_equals_torch(mode):
         expected = model(x)
     torch.testing.assert_close(circuit.evaluate(), expected, **TOL)
     assert circuit.shape == (2, 3)
+
+
+class Gathers(torch.nn.Module):
+    """torch.gather along the last axis (a gen_index) and along another (kept as the aten op)."""
+
+    def forward(self, x, cols):
+        return torch.gather(x, 2, cols) + torch.gather(x, 1, cols[:, :2, :]).sum(1, keepdim=True)
+
+
+def test_gather_equals_torch():
+    x = torch.randn(2, 5, 6)
+    cols = torch.randint(0, 5, (2, 5, 3), generator=torch.Generator().manual_seed(4))
+    circuit = models.from_torch(Gathers(), (x, cols))
+    torch.testing.assert_close(circuit.evaluate(), Gathers()(x, cols), **TOL)
+    specs = {n.spec.name for n in cc.unique_nodes([circuit]) if isinstance(n, cc.GeneralFunction)}
+    assert "gen_index_at_0_batch_x_no_batch_index_c" in specs
+    assert "aten.gather.default(_,1,_int64)" in specs

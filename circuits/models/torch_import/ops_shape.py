@@ -210,3 +210,16 @@ def stack(ctx, tensors, dim=0):
 def checks(ctx, *args, **kwargs):
     """The exporter's checks of a value's dtype, device or range: nothing to compute (no output)."""
     return None
+
+
+@translates("gather")
+def gather(ctx, x, dim, item, sparse_grad=False):
+    """Along the last axis, with the index's other axes those of ``x``: ``gen_index_at_0_batch_x_no_batch_index_c``
+    (each row looks up its own entries; out-of-range indices are errors, as in torch)."""
+    x, dtype = ctx.node(x), ctx.dtype_of(item)
+    if dtype is None or dtype.is_floating_point or dtype == torch.bool or x.rank == 0:
+        return UNTRANSLATED
+    index_node = ctx.node(item)
+    if dim % x.rank != x.rank - 1 or index_node.shape[:-1] != x.shape[:-1]:
+        return UNTRANSLATED
+    return GeneralFunction(x, index_node, spec="gen_index_at_0_batch_x_no_batch_index_c", name=ctx.name())
