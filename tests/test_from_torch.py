@@ -333,3 +333,16 @@ def test_gather_equals_torch():
     specs = {n.spec.name for n in cc.unique_nodes([circuit]) if isinstance(n, cc.GeneralFunction)}
     assert "gen_index_at_0_batch_x_no_batch_index_c" in specs
     assert "aten.gather.default(_,1,_int64)" in specs
+
+
+def test_imported_circuits_pickle_and_deep_copy():
+    """aten GeneralFunctions pickle by name (their functions are closures), like the other families."""
+    import copy
+    import pickle
+
+    model = SmallCNN().eval()
+    images = torch.randn(2, 3, 10, 10)
+    circuit = models.from_torch(model, (images,))
+    for clone in (pickle.loads(pickle.dumps(circuit)), copy.deepcopy(circuit)):
+        assert clone == circuit
+        torch.testing.assert_close(clone.evaluate(), circuit.evaluate(), atol=0, rtol=0)
