@@ -346,3 +346,30 @@ def test_imported_circuits_pickle_and_deep_copy():
     for clone in (pickle.loads(pickle.dumps(circuit)), copy.deepcopy(circuit)):
         assert clone == circuit
         torch.testing.assert_close(clone.evaluate(), circuit.evaluate(), atol=0, rtol=0)
+
+
+class Products(torch.nn.Module):
+    """torch.einsum with an ellipsis, matmul by a vector and with broadcast batch axes, a batched
+    dot, and baddbmm with beta and alpha."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, 6))
+        self.v = torch.nn.Parameter(torch.randn(6))
+
+    def forward(self, x, y):
+        a = torch.einsum("...ij,jk->...ik", x, self.w.T)
+        b = torch.matmul(x, self.v)
+        c = torch.matmul(y, x)  # [3,4,5] @ [2,3,5,6]
+        d = torch.einsum("bhij,bhij->bh", x, x)
+        e = torch.baddbmm(x[0] @ x[1].transpose(1, 2), x[1], x[0].transpose(1, 2), beta=0.5, alpha=2.0)
+        return a.sum() + b.sum() + c.sum() + d.sum(), e
+
+
+def test_products_are_einsums_equal_to_torch():
+    x, y = torch.randn(2, 3, 5, 6), torch.randn(3, 4, 5)
+    model = Products()
+    total, baddbmm = models.from_torch(model, (x, y), output=[0, 1], strict=True)
+    expected_total, expected_baddbmm = model(x, y)
+    torch.testing.assert_close(total.evaluate(), expected_total.detach(), **TOL)
+    torch.testing.assert_close(baddbmm.evaluate(), expected_baddbmm.detach(), **TOL)
