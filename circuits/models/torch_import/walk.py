@@ -17,7 +17,7 @@ import torch
 import torch.fx
 
 from circuits import aten_functions
-from circuits.errors import ModelError
+from circuits.errors import CircuitError, ModelError
 from circuits.models.torch_import import naming
 from circuits.models.torch_import.registry import OPS, UNTRANSLATED, Const
 from circuits.nodes import Array, Circuit, GeneralFunction, Scalar
@@ -125,9 +125,16 @@ class Translator:
             )
         ctx = OpContext(self, fx_node, path, op)
         translate: Callable | None = OPS.get(op)
-        result = UNTRANSLATED if translate is None else translate(ctx, *args, **kwargs)
-        if result is UNTRANSLATED:
-            result = self.fallback(ctx, fx_node, args, kwargs)
+        try:
+            result = UNTRANSLATED if translate is None else translate(ctx, *args, **kwargs)
+            if result is UNTRANSLATED:
+                result = self.fallback(ctx, fx_node, args, kwargs)
+        except ModelError:
+            raise
+        except (CircuitError, ValueError) as error:  # a translation bug, said with the op it was on
+            raise ModelError(
+                f"translating {fx_node.name!r} ({target}, in module {path or '<root>'!r}) failed: {error}"
+            ) from error
         _check_shapes(fx_node, result)
         return result
 
