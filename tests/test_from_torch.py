@@ -316,6 +316,8 @@ def test_batch_norm_in_either_mode_equals_torch(mode):
         expected = model(x)
     torch.testing.assert_close(circuit.evaluate(), expected, **TOL)
     assert circuit.shape == (2, 3)
+    # eval: written out from the running statistics; train: kept as the aten op
+    assert circuit.are_any_found("1._native_batch_norm_legit_no_training.inv_std") == (mode == "eval")
 
 
 class Gathers(torch.nn.Module):

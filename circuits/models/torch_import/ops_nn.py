@@ -216,3 +216,32 @@ def _repeat_heads(ctx, x: Circuit, groups: int, part: str) -> Circuit:
     axes = [names.take() for _ in range(x.rank)]
     out = axes[:-3] + [f"({axes[-3]} grp)"] + axes[-2:]
     return Rearrange(x, f"{' '.join(axes)} -> {' '.join(out)}", name=ctx.name(part), grp=groups)
+
+
+@translates("_native_batch_norm_legit_no_training")
+def batch_norm(ctx, x, weight, bias, running_mean, running_var, momentum, eps):
+    """Eval-mode batch norm over axis 1, from running statistics known at import:
+    ``(x + .neg_mean) * .inv_std * weight + bias`` (the op's other two outputs are empty)."""
+    if not (isinstance(running_mean, Const) and isinstance(running_var, Const)) or not ctx.all_float(x):
+        return UNTRANSLATED
+    x = ctx.node(x)
+    if x.rank < 2:
+        return UNTRANSLATED
+    per_channel = (x.shape[1],) + (1,) * (x.rank - 2)  # broadcast against x's axes after the batch
+    mean, var = running_mean.tensor, running_var.tensor
+    neg_mean = Array((-mean).reshape(per_channel).to(ctx.out_dtype), name=ctx.name("neg_mean"))
+    inv_std = Array(torch.rsqrt(var + eps).to(ctx.out_dtype), name=ctx.name("inv_std"))
+    centered = Add(x, neg_mean, name=ctx.name("centered"))
+    axes = tuple(range(x.rank))
+    operands = [(centered, axes), (inv_std, (1,))]
+    if weight is not None:
+        operands.append((ctx.node(weight), (1,)))
+    scaled = Einsum(*operands, out_axes=axes, name=ctx.name("scaled" if bias is not None else None))
+    if bias is None:
+        return scaled, None, None
+    names = shaping.AxisNames()
+    channel = names.take()
+    bias_node = Rearrange(
+        ctx.node(bias), f"{channel} -> {channel}" + " 1" * (x.rank - 2), name=ctx.name("bias")
+    )
+    return Add(scaled, bias_node, name=ctx.name()), None, None

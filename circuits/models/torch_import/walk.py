@@ -216,7 +216,8 @@ class OpContext:
         self._base_given = False  # whether the op's own node has it
         val = fx_node.meta.get("val")
         self.out_shape = _shape_of(val)
-        self.out_dtype = val.dtype if isinstance(val, torch.Tensor) else None
+        first = val[0] if isinstance(val, (list, tuple)) and val else val  # the main output of several
+        self.out_dtype = first.dtype if isinstance(first, torch.Tensor) else None
         self._dtypes = {}
         for arg in fx_node.all_input_nodes:
             value, meta = translator.env.get(arg), arg.meta.get("val")
