@@ -385,6 +385,43 @@ def _own_fields(cls: type) -> tuple[str, ...]:
 _INIT_FIELDS: dict[type, tuple[str, ...]] = {}
 
 
+def keeps_derivation(node: Circuit) -> bool:
+    """Whether ``rebuilt_like(node, ...)`` may stand for ``node``'s constructor (its class's
+    ``_derive`` reads nothing of the children but their shapes)."""
+    return type(node) in _KEEP_DERIVED_CLASSES
+
+
+def rebuilt_like(prototype: Circuit, children: tuple[Circuit, ...], name: str | None) -> Circuit:
+    """The node ``type(prototype)``'s constructor builds from ``prototype``'s fields with
+    ``children`` and ``name`` in place of its own, without deriving it again.
+
+    Only for a prototype that ``keeps_derivation`` and ``children`` of the
+    shapes of its own (the caller's promise): then ``_derive`` would return
+    what it returned for the prototype, so only the hash is computed anew.
+    ``with_children`` and the parser, which meets many lines alike, build so.
+    (``Circuit._set_derived``'s work is done here: no class that keeps
+    derivations overrides it.)
+    """
+    cls = type(prototype)
+    node = object.__new__(cls)
+    try:
+        copied = _COPIED_FIELDS[cls]
+    except KeyError:
+        copied = _COPIED_FIELDS[cls] = tuple(field for field in _own_fields(cls) if field != "name")
+    for field in copied:
+        _setattr(node, field, getattr(prototype, field))
+    shape, extra = prototype.shape, prototype.extra
+    _setattr(node, "children", children)
+    _setattr(node, "name", name)
+    _setattr(node, "shape", shape)
+    _setattr(node, "extra", extra)
+    _setattr(node, "hash", node_hash(cls.kind, name, shape, extra, children))
+    return node
+
+
+_COPIED_FIELDS: dict[type, tuple[str, ...]] = {}  # rebuilt_like's fields of each class, name aside
+
+
 def _no_children(cls: type, fields: Mapping[str, Any]) -> None:
     if fields["children"]:
         raise LeafError(
@@ -963,40 +1000,3 @@ def _unflatten(records: list[tuple]) -> Circuit:
 # The classes whose _derive with_children may keep over children of the same shapes.  A class
 # defined elsewhere (a subclass, say) is always rebuilt by its constructor: it may derive more.
 _KEEP_DERIVED_CLASSES = frozenset({Einsum, Add, GeneralFunction, Index, Rearrange, Concat})
-
-
-def keeps_derivation(node: Circuit) -> bool:
-    """Whether ``rebuilt_like(node, ...)`` may stand for ``node``'s constructor (its class's
-    ``_derive`` reads nothing of the children but their shapes)."""
-    return type(node) in _KEEP_DERIVED_CLASSES
-
-
-def rebuilt_like(prototype: Circuit, children: tuple[Circuit, ...], name: str | None) -> Circuit:
-    """The node ``type(prototype)``'s constructor builds from ``prototype``'s fields with
-    ``children`` and ``name`` in place of its own, without deriving it again.
-
-    Only for a prototype that ``keeps_derivation`` and ``children`` of the
-    shapes of its own (the caller's promise): then ``_derive`` would return
-    what it returned for the prototype, so only the hash is computed anew.
-    ``with_children`` and the parser, which meets many lines alike, build so.
-    (``Circuit._set_derived``'s work is done here: no class that keeps
-    derivations overrides it.)
-    """
-    cls = type(prototype)
-    node = object.__new__(cls)
-    try:
-        copied = _COPIED_FIELDS[cls]
-    except KeyError:
-        copied = _COPIED_FIELDS[cls] = tuple(field for field in _own_fields(cls) if field != "name")
-    for field in copied:
-        _setattr(node, field, getattr(prototype, field))
-    shape, extra = prototype.shape, prototype.extra
-    _setattr(node, "children", children)
-    _setattr(node, "name", name)
-    _setattr(node, "shape", shape)
-    _setattr(node, "extra", extra)
-    _setattr(node, "hash", node_hash(cls.kind, name, shape, extra, children))
-    return node
-
-
-_COPIED_FIELDS: dict[type, tuple[str, ...]] = {}  # rebuilt_like's fields of each class, name aside
