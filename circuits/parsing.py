@@ -31,9 +31,8 @@ from circuits.nodes import (
     Rearrange,
     Scalar,
     Symbol,
-    keeps_derivation,
-    rebuilt_like,
 )
+from circuits.nodes import keeps_derivation, rebuilt_like
 from circuits.shapes import EINSUM_LETTERS
 from circuits.store import TensorStore
 
@@ -188,21 +187,22 @@ class _Reader:
             raise line.error(f"indented under line {last.number}, a repeat, which has no children")
         if pending and pending[-1].depth >= depth:
             self._close_to(depth)
-        if not pending:
-            if depth:
-                raise self._too_deep(line, -1)
-            self.root_lines.append(line)
-        elif depth != pending[-1].depth + 1:
-            raise self._too_deep(line, pending[-1].depth)
-        elif pending[-1].kind in LEAF_KINDS:
+        if pending:
             parent = pending[-1]
-            raise line.error(f"indented under line {parent.number}, a {parent.kind}, which is a leaf")
-        if line.kind is not None:
-            self._open(line)
-        elif pending:
-            pending[-1].children.append(self._resolve(line))
+            if depth != parent.depth + 1:
+                raise self._too_deep(line, parent.depth)
+            if parent.kind in LEAF_KINDS:
+                raise line.error(f"indented under line {parent.number}, a {parent.kind}, which is a leaf")
+            siblings = parent.children
+        elif depth:
+            raise self._too_deep(line, -1)
         else:
-            self.roots.append(self._resolve(line))
+            self.root_lines.append(line)
+            siblings = self.roots
+        if line.kind is None:
+            siblings.append(self._resolve(line))
+        else:
+            self._open(line)
 
     @staticmethod
     def _too_deep(line: _Line, parent_depth: int) -> ParseError:
@@ -439,7 +439,7 @@ class _Reader:
 
     def _close_to(self, depth: int) -> None:
         """Finish every pending node at ``depth`` or deeper: its children are complete."""
-        pending, prototypes = self.pending, self.prototypes
+        pending, prototypes, by_name = self.pending, self.prototypes, self.by_name
         while pending and pending[-1].depth >= depth:
             line = pending.pop()
             children = line.children
@@ -453,8 +453,8 @@ class _Reader:
                 self.by_serial[line.serial] = node
             name = node.name
             if name is not None:
-                known = self.by_name.setdefault(name, node)
-                if known.hash != node.hash:
+                known = by_name.setdefault(name, node)
+                if known is not node and known.hash != node.hash:
                     self.name_hashes.setdefault(name, {known.hash}).add(node.hash)
             if pending:
                 pending[-1].children.append(node)
