@@ -137,7 +137,7 @@ def _read(text: str, store: TensorStore | None, tensors_as_random: bool) -> _Rea
     if not isinstance(text, str):
         raise ParseError(f"expected text (str), got {type(text).__name__}")
     reader = _Reader(store, tensors_as_random)
-    with gc_paused():
+    with gc_paused(long_lived=True):  # the nodes are the result
         reader.read(text)
     return reader
 

@@ -9,6 +9,7 @@ node (fields, hash) and the error that the slow way gives.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 
 import attrs
@@ -191,3 +192,29 @@ def test_a_name_written_twice_for_one_node_is_not_ambiguous():
     text = "'r' Add\n  'x' [3] Symbol\n  'a' Add\n    'x' [3] Symbol\n  'x'"
     x = cc.Symbol((3,), name="x")
     assert cc.parse(text) == cc.Add(x, cc.Add(x, name="a"), x, name="r")
+
+
+def test_parse_hands_its_nodes_to_the_oldest_generation_and_restores_the_collector():
+    text = repeated_branches(2).repr()
+    was_enabled = gc.isenabled()
+    try:
+        for enabled in (True, False):
+            (gc.enable if enabled else gc.disable)()
+            root = cc.parse(text)
+            assert gc.isenabled() is enabled
+            assert any(node is root for node in gc.get_objects(generation=2))
+            with pytest.raises(cc.ParseError):
+                cc.parse(text + "\n  'nope'")
+            assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was_enabled else gc.disable)()
+
+
+def test_parse_leaves_objects_frozen_by_gc_freeze_frozen():
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        cc.parse(repeated_branches(2).repr())
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
