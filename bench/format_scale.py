@@ -103,7 +103,7 @@ def bare_walk(circuit: cc.Circuit) -> int:
 def construct_again(plan: list[tuple[cc.Circuit, tuple[int, ...]]]) -> cc.Circuit:
     """The circuit made again node by node the cheapest way (the construction floor; see above)."""
     made: list[cc.Circuit] = []
-    with gc_paused():  # as parse pauses it
+    with gc_paused(long_lived=True):  # as parse pauses it
         for node, places in plan:
             made.append(rebuilt_like(node, tuple([made[i] for i in places]), node.name) if places else node)
     return made[-1]
