@@ -289,10 +289,10 @@ class _Reader:
         return shape
 
     def _split(self, number: int, spaces: int, body: str) -> _Line | None:
-        """Take a line apart into reference, shape, variant and extra.
+        """``_line`` for a line the scan did not read: a comment, an odd indent, colour codes...
 
-        One regex reads every line the printer writes; anything else (comments,
-        spaces in shapes, mistakes) goes the slower way that explains errors.
+        A coloured line is read without its codes by the printer's pattern;
+        anything else goes the slower way that explains errors.
         """
         if not body.strip() or body.startswith("#"):
             return None
