@@ -7,6 +7,7 @@ full ``FULL_HEX_DIGITS``) and structural node hashes all agree.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 import torch
@@ -47,13 +48,25 @@ def node_hash(kind: str, name: str | None, shape: tuple, extra: str, children, i
     equals ``c`` even when array tensors are not at hand.  The one exception
     is ``identity``: an Array whose tensor requires grad is a distinct
     variable, told apart from an equal-valued one by its tensor object.
+
+    The bytes hashed are ``kind, len(named), named, shape, len(extra), extra,
+    len(children)`` joined by ``\\x1f`` (``named`` is ``\\x00`` for no name, else
+    ``\\x01`` and the name), then each child's hash.  Every stored hash depends
+    on them: they must never change.
     """
-    hasher = hashlib.blake2b(digest_size=NODE_DIGEST_SIZE)
-    named = "\x00" if name is None else "\x01" + name
-    header = f"{kind}\x1f{len(named)}\x1f{named}\x1f{shape}\x1f{len(extra)}\x1f{extra}\x1f{len(children)}"
+    if name is None:
+        header = kind + "\x1f1\x1f\x00" + _header_tail(shape, extra, len(children))
+    else:
+        header = f"{kind}\x1f{len(name) + 1}\x1f\x01{name}{_header_tail(shape, extra, len(children))}"
     if identity:
         header += f"\x1f{identity}"
-    hasher.update(header.encode("utf-8", "surrogatepass"))
+    hasher = hashlib.blake2b(header.encode("utf-8", "surrogatepass"), digest_size=NODE_DIGEST_SIZE)
     for child in children:
         hasher.update(child.hash)
     return hasher.digest()
+
+
+@functools.lru_cache(maxsize=4096)
+def _header_tail(shape: tuple, extra: str, num_children: int) -> str:
+    """The header after the name (cached: many nodes share shape, extra and arity)."""
+    return f"\x1f{shape}\x1f{len(extra)}\x1f{extra}\x1f{num_children}"

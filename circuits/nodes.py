@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # only annotations here
     from circuits.store import TensorStore
 
 Shape = shape_rules.Shape
+_setattr = object.__setattr__  # how a frozen node's fields are set, as attrs sets them
 _HASH_HEX = re.compile(r"[0-9a-f]{%d,}" % PRINTED_HEX_DIGITS)
 
 
@@ -122,9 +123,9 @@ class Circuit:
 
     def _set_derived(self, shape: Shape, extra: str) -> None:
         """Set every derived field, given ``_derive``'s result (a subclass with more sets them here)."""
-        object.__setattr__(self, "shape", shape)
-        object.__setattr__(self, "extra", extra)
-        object.__setattr__(self, "hash", node_hash(self.kind, self.name, shape, extra, self.children))
+        _setattr(self, "shape", shape)
+        _setattr(self, "extra", extra)
+        _setattr(self, "hash", node_hash(self.kind, self.name, shape, extra, self.children))
 
     # ------------------------------------------------------------ identity
 
@@ -224,12 +225,7 @@ class Circuit:
             if not changed:
                 return self
             if keep_derived:
-                node = object.__new__(type(self))
-                for name in _own_fields(type(self)):
-                    object.__setattr__(node, name, getattr(self, name))
-                object.__setattr__(node, "children", children)
-                node._set_derived(self.shape, self.extra)
-                return node
+                return rebuilt_like(self, children, self.name)
         try:
             return self.evolve(children=children)
         except Exception as error:
@@ -407,6 +403,43 @@ def _own_fields(cls: type) -> tuple[str, ...]:
 
 
 _INIT_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def keeps_derivation(node: Circuit) -> bool:
+    """Whether ``rebuilt_like(node, ...)`` may stand for ``node``'s constructor (its class's
+    ``_derive`` reads nothing of the children but their shapes)."""
+    return type(node) in _KEEP_DERIVED_CLASSES
+
+
+def rebuilt_like(prototype: Circuit, children: tuple[Circuit, ...], name: str | None) -> Circuit:
+    """The node ``type(prototype)``'s constructor builds from ``prototype``'s fields with
+    ``children`` and ``name`` in place of its own, without deriving it again.
+
+    Only for a prototype that ``keeps_derivation`` and ``children`` of the
+    shapes of its own (the caller's promise): then ``_derive`` would return
+    what it returned for the prototype, so only the hash is computed anew.
+    ``with_children`` and the parser, which meets many lines alike, build so.
+    (``Circuit._set_derived``'s work is done here: no class that keeps
+    derivations overrides it.)
+    """
+    cls = type(prototype)
+    node = object.__new__(cls)
+    try:
+        copied = _COPIED_FIELDS[cls]
+    except KeyError:
+        copied = _COPIED_FIELDS[cls] = tuple(field for field in _own_fields(cls) if field != "name")
+    for field in copied:
+        _setattr(node, field, getattr(prototype, field))
+    shape, extra = prototype.shape, prototype.extra
+    _setattr(node, "children", children)
+    _setattr(node, "name", name)
+    _setattr(node, "shape", shape)
+    _setattr(node, "extra", extra)
+    _setattr(node, "hash", node_hash(cls.kind, name, shape, extra, children))
+    return node
+
+
+_COPIED_FIELDS: dict[type, tuple[str, ...]] = {}  # rebuilt_like's fields of each class, name aside
 
 
 def _no_children(cls: type, fields: Mapping[str, Any]) -> None:

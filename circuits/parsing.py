@@ -35,10 +35,20 @@ from circuits.nodes import (
     Symbol,
     Tag,
 )
+from circuits.nodes import keeps_derivation, rebuilt_like
 from circuits.shapes import EINSUM_LETTERS
 from circuits.store import TensorStore
 
 _INDENT = re.compile(r" *")
+# Every line of the text in one scan (MULTILINE): its indent (group 1), then its body (group 2),
+# which is either exactly what the printer writes, [serial] ['name'] [ [shape]] [ Variant [extra]]
+# (groups 3 to 7: read at once), or anything else (groups 3 to 7 None: the slower way explains).
+_LINE = re.compile(
+    r"^( *)((?:(\d+)?"
+    r"(?:(?(3) )'([^'\\\n]*(?:\\.[^'\\\n]*)*)')?"
+    r"(?: (?:\[((?:\d+(?:,\d+)*)?)\] )?([A-Za-z]+)(?: ([^#\n]*[^#\n ]))?)?)$|.*)",
+    re.MULTILINE,
+)
 _SERIAL = re.compile(r"\d+")
 _NAME = re.compile(r"'((?:[^'\\]|\\.)*)'")
 _ESCAPE = re.compile(r"\\(.)")
@@ -130,7 +140,7 @@ def _read(text: str, store: TensorStore | None, tensors_as_random: bool) -> _Rea
     if not isinstance(text, str):
         raise ParseError(f"expected text (str), got {type(text).__name__}")
     reader = _Reader(store, tensors_as_random)
-    with gc_paused():
+    with gc_paused(long_lived=True):  # the nodes are the result
         reader.read(text)
     return reader
 
@@ -140,10 +150,16 @@ class _Reader:
         self.store = store
         # swapping the Array builder costs the other nodes nothing
         self.builders = {**_BUILDERS, "Array": _random_array} if tensors_as_random else _BUILDERS
+        # variants a printed line may name with nothing more to check (shaped and unknown ones are checked)
+        self.plain_kinds = frozenset(self.builders).difference(_UNSUPPORTED_KINDS, _SHAPED_KINDS)
         self.roots: list[Circuit] = []
         self.pending: list[_Line] = []
         self.by_serial: dict[int, Circuit | _Line] = {}
-        self.by_name: dict[str, dict[bytes, Circuit]] = {}
+        self.by_name: dict[str, Circuit] = {}  # the first node of each name
+        self.name_hashes: dict[str, set[bytes]] = {}  # the distinct nodes of a name several carry
+        # the first node built for each (variant, extra, printed shape, children's shapes): see _build
+        self.prototypes: dict[tuple, Circuit] = {}
+        self.shapes: dict[str, tuple[int, ...]] = {}  # printed shapes read so far, by their text
         # the line that starts each top-level circuit, for parse's error on a second one
         self.root_lines: list[_Line] = []
         # (number, indent, line as written) of an only-child marker whose child line is still to come
@@ -153,38 +169,50 @@ class _Reader:
     def read(self, text: str) -> None:
         last: _Line | None = None
         self.base = _base_indent(text)
-        lines = _lines(text)
-        for number, spaces, body in _dedent_checked(lines, self.base) if self.base else lines:
-            line = self._split(number, spaces, body)
+        for number, match in enumerate(_LINE.finditer(text), 1):
+            line = self._line(number, match)
             if line is None:
                 continue
             if self.marker is not None:
                 self._only_child(line, last)
-                last = line
-                continue
-            if last is not None and last.is_repeat and line.depth > last.depth:
-                raise line.error(f"indented under line {last.number}, a repeat, which has no children")
-            self._close_to(line.depth)
-            parent_depth = self.pending[-1].depth if self.pending else -1
-            if line.depth > parent_depth + 1:
-                raise line.error(
-                    f"indented to depth {line.depth} but the enclosing node is at depth {parent_depth}; "
-                    "a child is indented two spaces more than its parent"
-                )
-            if line.depth and self.pending[-1].kind in LEAF_KINDS:
-                parent = self.pending[-1]
-                raise line.error(f"indented under line {parent.number}, a {parent.kind}, which is a leaf")
-            if not self.pending:
-                self.root_lines.append(line)
-            if line.is_repeat:
-                self._attach(self._resolve(line))
             else:
-                self._open(line)
+                self._place(line, last)
             last = line
         if self.marker is not None:
             number, _, shown = self.marker
             raise ParseError("the text ends after an only-child marker; its child is missing", number, shown)
         self._close_to(0)
+
+    def _place(self, line: _Line, last: _Line | None) -> None:
+        """Put the node or repeat of ``line`` in its place: the indent says under which open node."""
+        depth, pending = line.depth, self.pending
+        if last is not None and last.kind is None and depth > last.depth:
+            raise line.error(f"indented under line {last.number}, a repeat, which has no children")
+        if pending and pending[-1].depth >= depth:
+            self._close_to(depth)
+        if pending:
+            parent = pending[-1]
+            if depth != parent.depth + 1:
+                raise self._too_deep(line, parent.depth)
+            if parent.kind in LEAF_KINDS:
+                raise line.error(f"indented under line {parent.number}, a {parent.kind}, which is a leaf")
+            siblings = parent.children
+        elif depth:
+            raise self._too_deep(line, -1)
+        else:
+            self.root_lines.append(line)
+            siblings = self.roots
+        if line.kind is None:
+            siblings.append(self._resolve(line))
+        else:
+            self._open(line)
+
+    @staticmethod
+    def _too_deep(line: _Line, parent_depth: int) -> ParseError:
+        return line.error(
+            f"indented to depth {line.depth} but the enclosing node is at depth {parent_depth}; "
+            "a child is indented two spaces more than its parent"
+        )
 
     def _open(self, line: _Line) -> None:
         """Make ``line`` the node whose children the next deeper lines are."""
@@ -223,11 +251,51 @@ class _Reader:
 
     # ------------------------------------------------------------ lines
 
-    def _split(self, number: int, spaces: int, body: str) -> _Line | None:
-        """Take a line apart into reference, shape, variant and extra.
+    def _line(self, number: int, match: re.Match) -> _Line | None:
+        """Take a line apart into reference, shape, variant and extra (None for a blank line).
 
-        One regex reads every line the printer writes; anything else (comments,
-        spaces in shapes, mistakes) goes the slower way that explains errors.
+        One scan of the text reads every line the printer writes; anything
+        else (comments, spaces in shapes, mistakes) goes the slower way that
+        explains errors.
+        """
+        indent, body, serial, name, shape, kind, extra = match.groups()
+        spaces = len(indent)
+        beyond = spaces - self.base
+        if (serial is None and name is None) or beyond < 0 or beyond & 1:
+            if not body:
+                return None
+            _check_dedent(number, spaces, body, self.base)
+            return self._split(number, spaces, body)
+        if serial is not None:
+            serial = int(serial) if len(serial) < _MAX_DIGITS else self._serial(serial, number, spaces, body)
+        if name is not None and "\\" in name:
+            name = self._unescape(name, number, _shown_line(spaces, body))
+        if kind is None:
+            return _Line(number, spaces, beyond >> 1, body, serial, name)
+        line = _Line(number, spaces, beyond >> 1, body, serial, name, None, kind, extra or "")
+        if shape is not None:
+            known = self.shapes.get(shape)
+            line.shape = known if known is not None else self._printed_shape(shape, line)
+        if kind not in self.plain_kinds:
+            self._check_variant(line)
+        return line
+
+    @staticmethod
+    def _serial(digits: str, number: int, spaces: int, body: str) -> int:
+        return _integer(digits, "serial number", number, _shown_line(spaces, body))
+
+    def _printed_shape(self, text: str, line: _Line) -> tuple[int, ...]:
+        """A shape as the printer writes it (``4,8`` for [4,8]), remembered: shapes repeat."""
+        raw = _shown_line(line.spaces, line.body)
+        shape = tuple(_integer(size, "size", line.number, raw) for size in text.split(",")) if text else ()
+        self.shapes[text] = shape
+        return shape
+
+    def _split(self, number: int, spaces: int, body: str) -> _Line | None:
+        """``_line`` for a line the scan did not read: a comment, an odd indent, colour codes...
+
+        A coloured line is read without its codes by the printer's pattern;
+        anything else goes the slower way that explains errors.
         """
         if not body.strip() or body.startswith("#"):
             return None
@@ -374,14 +442,27 @@ class _Reader:
 
     def _close_to(self, depth: int) -> None:
         """Finish every pending node at ``depth`` or deeper: its children are complete."""
-        while self.pending and self.pending[-1].depth >= depth:
-            line = self.pending.pop()
-            node = self._build(line)
+        pending, prototypes, by_name = self.pending, self.prototypes, self.by_name
+        while pending and pending[-1].depth >= depth:
+            line = pending.pop()
+            children = line.children
+            key = (line.kind, line.extra, line.shape, tuple([child.shape for child in children]))
+            prototype = prototypes.get(key)
+            if prototype is None:
+                node = self._build(line, key)
+            else:
+                node = rebuilt_like(prototype, tuple(children), line.name)
             if line.serial is not None:
                 self.by_serial[line.serial] = node
-            if node.name is not None:
-                self.by_name.setdefault(node.name, {})[node.hash] = node
-            self._attach(node)
+            name = node.name
+            if name is not None:
+                known = by_name.setdefault(name, node)
+                if known is not node and known.hash != node.hash:
+                    self.name_hashes.setdefault(name, {known.hash}).add(node.hash)
+            if pending:
+                pending[-1].children.append(node)
+            else:
+                self.roots.append(node)
 
     def _attach(self, node: Circuit) -> None:
         if self.pending:
@@ -389,7 +470,16 @@ class _Reader:
         else:
             self.roots.append(node)
 
-    def _build(self, line: _Line) -> Circuit:
+    def _build(self, line: _Line, key: tuple) -> Circuit:
+        """The node of a line whose children are complete, by its variant's builder.
+
+        ``key`` says what the builder reads of the line and its children:
+        variant, extra, printed shape and the children's shapes.  The node is
+        kept as the prototype of its key, so that a later line of the same key
+        gets its class, fields and derivation over its own children
+        (``nodes.rebuilt_like``): the node the builder would make, without
+        checking and deriving it all again.
+        """
         builder = self.builders[line.kind]
         try:
             node = builder(line, self.store)
@@ -404,6 +494,8 @@ class _Reader:
                 f"the line says shape {list(line.shape)} but the {line.kind} computes "
                 f"{list(node.shape)} from its children"
             )
+        if line.children and keeps_derivation(node):
+            self.prototypes[key] = node
         return node
 
     def _resolve(self, line: _Line) -> Circuit:
@@ -420,8 +512,8 @@ class _Reader:
             if line.name is not None and found.name != line.name:
                 raise line.error(f"serial number {line.serial} is {found.describe()}, not {line.name!r}")
             return found
-        candidates = self.by_name.get(line.name, {})
-        if not candidates:
+        found = self.by_name.get(line.name)
+        if found is None:
             enclosing = any(p.name == line.name for p in self.pending)
             why = (
                 "an enclosing node (a circuit cannot contain itself)"
@@ -429,12 +521,12 @@ class _Reader:
                 else "defined by no earlier line"
             )
             raise line.error(f"repeat of {line.name!r}, which is {why}")
-        if len(candidates) > 1:
+        if line.name in self.name_hashes:
             raise line.error(
-                f"repeat of {line.name!r} is ambiguous: {len(candidates)} distinct nodes carry that "
-                "name; refer to one by its serial number"
+                f"repeat of {line.name!r} is ambiguous: {len(self.name_hashes[line.name])} distinct nodes "
+                "carry that name; refer to one by its serial number"
             )
-        return next(iter(candidates.values()))
+        return found
 
 
 def _base_indent(text: str) -> int:
@@ -446,20 +538,15 @@ def _base_indent(text: str) -> int:
     return next((spaces for _, spaces, body in _lines(text) if body.strip() and body[0] != "#"), 0)
 
 
-def _dedent_checked(lines, base: int):
-    """Refuse a line indented less than the first node line (blank and comment lines aside).
-
-    Only indented blocks pay for this check; unindented text does not pass here.
-    """
-    for number, spaces, body in lines:
-        if spaces < base and body.strip() and body[0] != "#":
-            raise ParseError(
-                f"indented by {spaces} spaces, less than the {base} of the block's first line; "
-                "a block is indented as a whole",
-                number,
-                _shown_line(spaces, body),
-            )
-        yield number, spaces, body
+def _check_dedent(number: int, spaces: int, body: str, base: int) -> None:
+    """Refuse a line indented less than the first node line (blank and comment lines aside)."""
+    if spaces < base and body.strip() and body[0] != "#":
+        raise ParseError(
+            f"indented by {spaces} spaces, less than the {base} of the block's first line; "
+            "a block is indented as a whole",
+            number,
+            _shown_line(spaces, body),
+        )
 
 
 def _lines(text: str):
