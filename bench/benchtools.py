@@ -33,6 +33,25 @@ def add_gpt2_size_arguments(parser: argparse.ArgumentParser, rounds: int) -> Non
     parser.add_argument("--threads", type=int, default=2)
 
 
+def hf_gpt2_model(args: argparse.Namespace):
+    """A Hugging Face GPT-2 of the size flags with random weights (seeded), in eval mode."""
+    import torch
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        n_layer=args.layers,
+        n_head=args.heads,
+        n_embd=args.d_model,
+        vocab_size=args.vocab,
+        n_positions=max(1024, args.seq),
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
 def tl_gpt2_model(args: argparse.Namespace):
     """A TransformerLens GPT-2 of the size flags (and ``args.seed``), every parameter perturbed.
 

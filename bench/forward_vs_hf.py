@@ -21,7 +21,7 @@ import statistics
 import time
 
 import torch
-from benchtools import add_gpt2_size_arguments
+from benchtools import add_gpt2_size_arguments, hf_gpt2_model
 
 
 def main() -> None:
@@ -30,23 +30,11 @@ def main() -> None:
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
-    import transformers
 
     import circuits as cc
     import circuits.models as cm
 
-    transformers.logging.set_verbosity_error()
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        n_layer=args.layers,
-        n_head=args.heads,
-        n_embd=args.d_model,
-        vocab_size=args.vocab,
-        n_positions=max(1024, args.seq),
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    model = transformers.GPT2LMHeadModel(config).eval()
+    model = hf_gpt2_model(args)
     tokens = torch.randint(
         0, args.vocab, (args.batch, args.seq + 1), generator=torch.Generator().manual_seed(1)
     )
