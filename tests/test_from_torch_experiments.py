@@ -81,3 +81,31 @@ def test_zeroing_one_head_equals_zeroing_its_slice_of_c_proj_input(gpt2):
     )
     torch.testing.assert_close(ablated.evaluate(), expected, **TOL)
     assert not torch.allclose(ablated.evaluate(), circuit.evaluate(), atol=1e-3)
+
+
+def test_split_heads_with_split_to_concat_then_patch_one_head(gpt2):
+    """An imported attention split into one named node per head, and one head patched from the corrupted run."""
+    model, clean, corrupt, circuit = gpt2
+    c_proj = model.transformer.h[1].attn.c_proj
+    head = slice(1 * D_HEAD, 2 * D_HEAD)
+    stored = {}
+    handle = c_proj.register_forward_pre_hook(lambda m, args: stored.setdefault("z", args[0].clone()))
+    with torch.no_grad():
+        model(corrupt)
+    handle.remove()
+
+    def patch_head(module, args):
+        (x,) = args
+        x = x.clone()
+        x[..., head] = stored["z"][..., head]
+        return (x,)
+
+    expected = _logits_with_hook(model, clean, c_proj, patch_head, pre=True)
+
+    attention = "transformer.h.1.attn.scaled_dot_product_attention"
+    names = [f"L1H{h}" for h in range(HEADS)]
+    split = circuit.update(attention, lambda node: cc.split_to_concat(node, 1, 1, names=names))
+    torch.testing.assert_close(split.evaluate(), circuit.evaluate(), atol=0, rtol=0)
+    patched = ex.patch(split, "L1H1", {"input_ids": corrupt})
+    torch.testing.assert_close(patched.evaluate(), expected, **TOL)
+    assert not torch.allclose(patched.evaluate(), circuit.evaluate(), atol=1e-3)
