@@ -12,6 +12,7 @@ import functools
 import hashlib
 import math
 import re
+from collections.abc import Iterable, Mapping
 from typing import Callable
 from uuid import UUID
 
@@ -51,7 +52,14 @@ _LINE = re.compile(
 )
 _SERIAL = re.compile(r"\d+")
 _NAME = re.compile(r"'((?:[^'\\]|\\.)*)'")
-_ESCAPE = re.compile(r"\\(.)")
+# rust_circuit's reading of a quoted name, tried when ours fails: a quote after a backslash may
+# end the name or belong to it, and ends it only if what follows can follow a name (rust's line
+# regex decides by backtracking; ``'??`` tries ending first, as it does).  Each alternative
+# starts differently, so a long line cannot make it backtrack more than once per quote.
+_RUST_QUOTED = r"'((?:[^'\\]|\\'??)*)'(?= |[\s│├└‣─]*(?:#|\Z))"
+_RUST_HEAD = re.compile(rf"(?:(\d+)|{_RUST_QUOTED})(?: +{_RUST_QUOTED})?")
+_ESCAPE = re.compile(r"\\(.?)")  # (.?): a lone backslash at the end is an error, not kept
+_AUTONAME_OFF = re.compile(r" +AD(?= |#|\Z)")  # rust_circuit's "autoname disabled" flag
 _ESCAPES = {"\\": "\\", "'": "'", "n": "\n", "r": "\r"}
 _SHAPE = re.compile(r"\[([^\[\]]*)\]")
 _VARIANT = re.compile(r"[A-Za-z]+")
@@ -64,6 +72,9 @@ _PRINTED_LINE = re.compile(
 _HEX = re.compile(f"[0-9a-f]{{{PRINTED_HEX_DIGITS},{FULL_HEX_DIGITS}}}")
 _INT = re.compile(r"-?\d+")
 _DIGITS = re.compile(r"[0-9]+")  # not str.isdigit, which takes "²" that int() refuses
+# a size in a shape as rust_circuit reads it: digits with "_" separators (1_000), or a product (2*3)
+_SIZE_PRODUCT = re.compile(r"[0-9][0-9_]*(?:\s*\*\s*[0-9][0-9_]*)*")
+_AXIS_LABEL = re.compile(r"[^\s:\[\],]*")  # rust_circuit's axis name in a shape ([large:3])
 _DECIMAL = re.compile(r"-?(\d+(\.\d*)?|\.\d+|inf|nan)")
 _SLICE = re.compile(r"(-?\d+)?:(-?\d+)?")
 _INT_LIST = re.compile(r"-?\d+(,-?\d+)*")
@@ -102,6 +113,10 @@ class _Line:
     extra: str = ""
     children: list[Circuit] = attrs.field(factory=list)
     shown: str | None = None  # the line as written, when that is not its indent and body
+    # rust_circuit's quoted identifier, when a second quoted string is the name ('id' 'name' ...)
+    ident: str | None = None
+    autoname_off: bool = False  # rust_circuit's AD after the name: read and otherwise ignored
+    node: Circuit | None = None  # the line's node, once its children are complete
 
     @property
     def is_repeat(self) -> bool:
@@ -111,14 +126,22 @@ class _Line:
         return ParseError(message, self.number, self.shown or _shown_line(self.spaces, self.body))
 
 
-def parse(text: str, store: TensorStore | None = None, tensors_as_random: bool = False) -> Circuit:
+def parse(
+    text: str,
+    store: TensorStore | None = None,
+    tensors_as_random: bool = False,
+    reference_circuits: Mapping[str, Circuit] | Iterable[Circuit] | None = None,
+) -> Circuit:
     """Read exactly one circuit.
 
     ``tensors_as_random=True`` (rust_circuit's option) reads every Array as
     a seeded random array of its printed shape, for texts whose weights are
     not at hand (see ``_random_array`` for the seed rule).
+    ``reference_circuits`` (rust_circuit's option): circuits the text names
+    without defining them, as a mapping name -> circuit or as named circuits;
+    a line that is just ``'name'`` is that circuit.
     """
-    reader = _read(text, store, tensors_as_random)
+    reader = _read(text, store, tensors_as_random, reference_circuits)
     roots = reader.roots
     if len(roots) > 1:
         second = reader.root_lines[1]
@@ -131,30 +154,42 @@ def parse(text: str, store: TensorStore | None = None, tensors_as_random: bool =
     return roots[0]
 
 
-def parse_many(text: str, store: TensorStore | None = None, tensors_as_random: bool = False) -> list[Circuit]:
+def parse_many(
+    text: str,
+    store: TensorStore | None = None,
+    tensors_as_random: bool = False,
+    reference_circuits: Mapping[str, Circuit] | Iterable[Circuit] | None = None,
+) -> list[Circuit]:
     """Read every top-level circuit in ``text``, in order (options as for ``parse``)."""
-    return _read(text, store, tensors_as_random).roots
+    return _read(text, store, tensors_as_random, reference_circuits).roots
 
 
-def _read(text: str, store: TensorStore | None, tensors_as_random: bool) -> _Reader:
+def _read(text: str, store: TensorStore | None, tensors_as_random: bool, references) -> _Reader:
     if not isinstance(text, str):
         raise ParseError(f"expected text (str), got {type(text).__name__}")
-    reader = _Reader(store, tensors_as_random)
+    reader = _Reader(store, tensors_as_random, _references(references))
     with gc_paused(long_lived=True):  # the nodes are the result
         reader.read(text)
     return reader
 
 
 class _Reader:
-    def __init__(self, store: TensorStore | None, tensors_as_random: bool = False):
+    def __init__(
+        self,
+        store: TensorStore | None,
+        tensors_as_random: bool = False,
+        references: dict[str, Circuit] | None = None,
+    ):
         self.store = store
+        self.references = references or {}  # rust_circuit's reference_circuits, by name
         # swapping the Array builder costs the other nodes nothing
         self.builders = {**_BUILDERS, "Array": _random_array} if tensors_as_random else _BUILDERS
         # variants a printed line may name with nothing more to check (shaped and unknown ones are checked)
         self.plain_kinds = frozenset(self.builders).difference(_UNSUPPORTED_KINDS, _SHAPED_KINDS)
         self.roots: list[Circuit] = []
         self.pending: list[_Line] = []
-        self.by_serial: dict[int, Circuit | _Line] = {}
+        self.by_serial: dict[int, _Line] = {}  # the line defining each serial (its node once built)
+        self.by_ident: dict[str, _Line] = {}  # the line defining each quoted identifier ('id' 'name')
         self.by_name: dict[str, Circuit] = {}  # the first node of each name
         self.name_hashes: dict[str, set[bytes]] = {}  # the distinct nodes of a name several carry
         # the first node built for each (variant, extra, printed shape, children's shapes): see _build
@@ -187,7 +222,8 @@ class _Reader:
         """Put the node or repeat of ``line`` in its place: the indent says under which open node."""
         depth, pending = line.depth, self.pending
         if last is not None and last.kind is None and depth > last.depth:
-            raise line.error(f"indented under line {last.number}, a repeat, which has no children")
+            what = "a reference circuit" if self._is_reference(last) else "a repeat"
+            raise line.error(f"indented under line {last.number}, {what}, which has no children in the text")
         if pending and pending[-1].depth >= depth:
             self._close_to(depth)
         if pending:
@@ -205,7 +241,7 @@ class _Reader:
         if line.kind is None:
             siblings.append(self._resolve(line))
         else:
-            self._open(line)
+            self._open(line, siblings)
 
     @staticmethod
     def _too_deep(line: _Line, parent_depth: int) -> ParseError:
@@ -214,13 +250,83 @@ class _Reader:
             "a child is indented two spaces more than its parent"
         )
 
-    def _open(self, line: _Line) -> None:
-        """Make ``line`` the node whose children the next deeper lines are."""
+    def _open(self, line: _Line, siblings: list[Circuit]) -> None:
+        """Make ``line`` the node whose children the next deeper lines are.
+
+        A line whose identifier is already defined is a repeat that restates
+        its node's info (rust_circuit's ``1 [2] Scalar 1`` again, or ``1
+        Scalar``): the node goes among ``siblings``, once the info is checked.
+        """
         if line.serial is not None:
-            if line.serial in self.by_serial:
-                raise line.error(f"serial number {line.serial} is already used")
-            self.by_serial[line.serial] = line
+            first = self.by_serial.setdefault(line.serial, line)
+            if first is not line:
+                siblings.append(self._restated(line, first))
+                return
+        elif line.ident is not None or self.by_ident or self.references:
+            first = self._first_by_ident(line)
+            if first is not None:
+                siblings.append(self._restated(line, first))
+                return
         self.pending.append(line)
+
+    def _first_by_ident(self, line: _Line) -> _Line | None:
+        """The earlier line defining a quoted identifier this line restates, if any.
+
+        The identifier is the first quoted string (``'id'`` of ``'id' 'name'``,
+        or the name alone); a new ``'id' 'name'`` line is remembered under it.
+        """
+        ident = line.ident if line.ident is not None else line.name
+        if ident in self.references:
+            raise line.error(
+                f"{ident!r} is a reference circuit (reference_circuits=): a line naming it holds "
+                "nothing else, no name, shape, variant or extra"
+            )
+        first = self.by_ident.get(ident)
+        if first is not None:
+            if line.ident is None:  # 'id' [2] Scalar 1: the quoted string was the identifier, not a name
+                line.ident, line.name = line.name, None
+            return first
+        if line.ident is not None:
+            if ident in self.by_name or any(p.name == ident for p in self.pending):
+                raise line.error(
+                    f"identifier {ident!r} is already the name of an earlier line; a repeat of that "
+                    f"node is written {ident!r} alone"
+                )
+            self.by_ident[ident] = line
+        return None
+
+    def _restated(self, line: _Line, first: _Line) -> Circuit:
+        """The node of a repeat that restates its info, which must equal the first definition's.
+
+        As rust_circuit checks it (``on_repeat_check_info_same``): each field
+        the line gives (name, shape, variant, extra, AD) is compared; the
+        shape with the node's, printed or computed.  The line is a repeat from
+        here on (it takes no children).
+        """
+        node = first.node
+        reference = f"serial number {line.serial}" if line.serial is not None else repr(line.ident)
+        if node is None:
+            raise line.error(
+                f"repeat of {reference}, whose line {first.number} is an enclosing node "
+                "(a circuit cannot contain itself)"
+            )
+        fields = (
+            ("name", line.name, node.name),
+            ("shape", None if line.shape is None else list(line.shape), list(node.shape)),
+            ("variant", line.kind, first.kind),
+            ("extra", line.extra or None, first.extra),
+            ("AD (autoname disabled)", line.autoname_off or None, first.autoname_off),
+        )
+        mismatches = [f"{field} {new!r} != {old!r}" for field, new, old in fields if new not in (None, old)]
+        if mismatches:
+            if "!" in line.extra:
+                raise _child_info_error(line)
+            raise line.error(
+                f"this line restates {reference}, defined on line {first.number}, with different info: "
+                + "; ".join(mismatches)
+            )
+        line.kind = None
+        return node
 
     def _only_child(self, line: _Line, last: _Line | None) -> None:
         """Place the line after rust_circuit's only-child marker (``▼``, ``|/``).
@@ -247,7 +353,7 @@ class _Reader:
         if line.is_repeat:
             self._attach(self._resolve(line))
         else:
-            self._open(line)
+            self._open(line, self.pending[-1].children)
 
     # ------------------------------------------------------------ lines
 
@@ -277,6 +383,8 @@ class _Reader:
             known = self.shapes.get(shape)
             line.shape = known if known is not None else self._printed_shape(shape, line)
         if kind not in self.plain_kinds:
+            if kind == "AD":  # rust_circuit's autoname flag, not a variant
+                return self._split_slowly(number, spaces, body)
             self._check_variant(line)
         return line
 
@@ -311,6 +419,8 @@ class _Reader:
             if match is None or indent % 2:
                 return self._split_slowly(number, spaces, body)
         serial, name, shape, kind, extra = match.group("serial", "name", "shape", "kind", "extra")
+        if kind == "AD":  # rust_circuit's autoname flag, not a variant
+            return self._split_slowly(number, spaces, body)
         if name is not None and "\\" in name:
             name = self._unescape(name, number, _shown_line(spaces, body))
         raw = _shown_line(spaces, body)
@@ -351,45 +461,112 @@ class _Reader:
             raise ParseError(
                 f"indented by {indent} spaces{beyond}; indent is two spaces per depth", number, raw
             )
-        position = 0
-        serial = None
+        line = _Line(number, spaces, indent // 2, body, None, None, shown=raw)
+        strict = None
+        try:
+            position = self._reference(line, body)
+        except ParseError as error:  # our reading of the names failed: try rust_circuit's
+            strict = error
+            position = self._rust_reference(line, body, strict)
+        match = _AUTONAME_OFF.match(body, position)
+        if match:
+            line.autoname_off, position = True, match.end()
+        rest = body[position:].split("#", 1)[0].rstrip()
+        try:
+            if rest:
+                self._rest(line, rest)
+        except ParseError:
+            if strict is not None:  # the rest of rust_circuit's reading fails too: ours explains it
+                raise strict from None
+            raise
+        return line
+
+    def _reference(self, line: _Line, body: str) -> int:
+        """Read ``serial``, ``'name'``, ``serial 'name'`` or ``'ident' 'name'`` into the line.
+
+        Returns where the rest of the line starts.  Names are read with this
+        library's escapes (``\\\\``, ``\\'``, ``\\n``, ``\\r``).
+        """
         match = _SERIAL.match(body)
         if match:
-            serial = _integer(match.group(), "serial number", number, raw)
+            line.serial = _integer(match.group(), "serial number", line.number, line.shown)
             position = match.end()
-            if body[position : position + 1] == " ":
-                position += 1
-            elif position < len(body) and body[position] != "#":
-                raise ParseError("expected a space after the serial number", number, raw)
-        name = None
-        if body[position : position + 1] == "'":
-            match = _NAME.match(body, position)
-            if not match:
-                raise ParseError(
-                    "unterminated quoted name (a quote inside a name is written \\')", number, raw
-                )
-            name = self._unescape(match.group(1), number, raw)
-            position = match.end()
-        if serial is None and name is None:
-            raise ParseError("expected a reference: a serial number, a 'quoted name', or both", number, raw)
-        rest = body[position:].split("#", 1)[0].rstrip()
-        line = _Line(number, spaces, indent // 2, body, serial, name, shown=raw)
-        if not rest:
-            return line
-        if not rest.startswith(" ") and name is not None:
-            raise ParseError("expected a space after the name", number, raw)
+            if position < len(body) and body[position] not in " #":
+                raise line.error("expected a space after the serial number")
+        else:
+            position = 0
+        quoted = []
+        for _ in range(1 if match else 2):
+            start = len(body) - len(body[position:].lstrip(" "))  # rust_circuit allows several spaces
+            if body[start : start + 1] != "'":
+                break
+            found = _NAME.match(body, start)
+            if not found:
+                raise line.error("unterminated quoted name (a quote inside a name is written \\')")
+            quoted.append(self._unescape(found.group(1), line.number, line.shown))
+            position = found.end()
+            if position < len(body) and body[position] not in " #":
+                raise line.error("expected a space after the name")
+        self._take_names(line, quoted)
+        return position
+
+    def _rust_reference(self, line: _Line, body: str, strict: ParseError) -> int:
+        """``_reference`` by rust_circuit's name regex, for names ours refuses (``'\\\\'\\\\'``).
+
+        rust_circuit lets a quote after a backslash end a name or belong to
+        it, whichever lets the rest of the line read.  The names found are
+        unescaped as ours are, left to right (which gives rust_circuit's
+        names on the texts it writes); if that fails too, ``strict`` stands.
+        """
+        match = _RUST_HEAD.match(body)
+        if match is None or match.group(1) is not None and match.group(3) is None:
+            raise strict
+        try:
+            quoted = [
+                self._unescape(text, line.number, line.shown)
+                for text in match.group(2, 3)
+                if text is not None
+            ]
+        except ParseError:
+            raise strict from None
+        if match.group(1) is not None:
+            line.serial = _integer(match.group(1), "serial number", line.number, line.shown)
+        self._take_names(line, quoted)
+        return match.end()
+
+    @staticmethod
+    def _take_names(line: _Line, quoted: list[str]) -> None:
+        if line.serial is None and not quoted:
+            raise line.error("expected a reference: a serial number, a 'quoted name', or both")
+        if len(quoted) == 2:
+            line.ident, line.name = quoted
+        elif quoted:
+            line.name = quoted[0]
+
+    def _rest(self, line: _Line, rest: str) -> None:
+        """Read ``[shape] Variant extra`` (what follows the reference) into the line."""
+        if not rest.startswith(" "):
+            raise line.error(f"expected a space before {rest!r}")
         rest = rest.lstrip(" ")
         match = _SHAPE.match(rest)
         if match:
             line.shape = self._shape(match.group(1), line)
             rest = rest[match.end() :].lstrip(" ")
         match = _VARIANT.match(rest)
-        if not match:
-            raise line.error(f"expected a variant name (Array, Einsum, ...) but found {rest!r}")
+        if not match or match.end() < len(rest) and rest[match.end()] != " ":
+            if rest.startswith("!"):
+                raise _child_info_error(line)
+            word = rest.split(" ", 1)[0]
+            hint = (
+                f"; a name is quoted ({word!r}): rust_circuit's unquoted repeat {line.serial} {word} "
+                "(printed with on_repeat_check_info_same=False) is not read"
+                if line.serial is not None and line.shape is None and word.replace(".", "_").isidentifier()
+                else ""
+            )
+            raise line.error(f"expected a variant name (Array, Einsum, ...) but found {rest!r}{hint}")
         line.kind = match.group()
         line.extra = rest[match.end() :].strip(" ")
         self._check_variant(line)
-        return line
 
     def _mark_only_child(self, number: int, spaces: int, shown: str) -> None:
         if self.marker is not None:
@@ -401,14 +578,23 @@ class _Reader:
             )
         self.marker = (number, spaces, shown)
 
-    @staticmethod
-    def _check_variant(line: _Line) -> None:
-        if line.kind in _UNSUPPORTED_KINDS:
-            raise line.error(f"rust_circuit's {line.kind} is not supported: this library has no such node")
-        if line.kind not in _BUILDERS:
-            raise line.error(f"unknown variant {line.kind!r}; expected one of {', '.join(_BUILDERS)}")
-        if line.shape is None and line.kind in _SHAPED_KINDS:
-            raise line.error(f"{line.kind} needs its shape, e.g. [300,256], before the variant")
+    def _check_variant(self, line: _Line) -> None:
+        kind = line.kind
+        if kind in _UNSUPPORTED_KINDS:
+            raise line.error(f"rust_circuit's {kind} is not supported: this library has no such node")
+        if kind in _BUILDERS and (line.shape is not None or kind not in _SHAPED_KINDS):
+            return
+        if self._restates(line):  # a repeat restating its info: checked against its definition
+            return
+        if kind not in _BUILDERS:
+            raise line.error(f"unknown variant {kind!r}; expected one of {', '.join(_BUILDERS)}")
+        raise line.error(f"{kind} needs its shape, e.g. [300,256], before the variant")
+
+    def _restates(self, line: _Line) -> bool:
+        """Whether a line with a variant names an identifier defined earlier (see ``_open``)."""
+        if line.serial is not None:
+            return line.serial in self.by_serial
+        return (line.ident if line.ident is not None else line.name) in self.by_ident
 
     @staticmethod
     def _unescape(escaped: str, number: int, raw: str) -> str:
@@ -416,6 +602,10 @@ class _Reader:
             try:
                 return _ESCAPES[match.group(1)]
             except KeyError:
+                if not match.group(1):
+                    raise ParseError(
+                        "a name ends in a lone backslash (write \\\\\\\\)", number, raw
+                    ) from None
                 raise ParseError(
                     f"unknown escape \\{match.group(1)} in a name (only \\\\, \\', \\n and \\r)", number, raw
                 ) from None
@@ -424,19 +614,34 @@ class _Reader:
 
     @staticmethod
     def _shape(text: str, line: _Line) -> tuple[int, ...]:
-        parts = [part.strip() for part in text.split(",")] if text.strip() else []
+        """A shape as rust_circuit reads it: ``[5, 3]``, ``[large:3, small:1]`` (names dropped), ``[1_000]``."""
+        parts = [part.strip() for part in text.split(",")]
+        if len(parts) > 1 and not parts[-1]:
+            parts.pop()  # a trailing comma, as rust_circuit allows
+        if parts == [""]:
+            return ()
+        raw = _shown_line(line.spaces, line.body)
+        sizes = []
         for part in parts:
-            if _SYMBOLIC_SIZE.fullmatch(part):
+            size = part
+            if ":" in part:  # a named axis: this library's nodes have no axis names, so it is dropped
+                label, _, size = part.partition(":")
+                size = size.strip()
+                if ":" in size or not _AXIS_LABEL.fullmatch(label.strip()):
+                    raise line.error(
+                        f"malformed named axis {part!r} in [{text}]: expected name:size, e.g. large:3"
+                    )
+            if _SYMBOLIC_SIZE.fullmatch(size.replace(" ", "")):
                 raise line.error(
                     f"symbolic size {part!r} in [{text}] is not supported: sizes must be integers"
                 )
-            if ":" in part:
-                raise line.error(f"named axis {part!r} in [{text}] is not supported: sizes must be integers")
-        if any(not _DIGITS.fullmatch(part) for part in parts):
-            raise line.error(f"malformed shape [{text}]: expected comma-separated sizes like [300,256]")
-        return tuple(
-            _integer(part, "size", line.number, _shown_line(line.spaces, line.body)) for part in parts
-        )
+            if not _SIZE_PRODUCT.fullmatch(size):
+                raise line.error(f"malformed shape [{text}]: expected comma-separated sizes like [300,256]")
+            value = 1
+            for factor in size.split("*"):
+                value *= _integer(factor.strip().replace("_", ""), "size", line.number, raw)
+            sizes.append(_integer(str(value), "size", line.number, raw))
+        return tuple(sizes)
 
     # ------------------------------------------------------------ nodes
 
@@ -452,8 +657,7 @@ class _Reader:
                 node = self._build(line, key)
             else:
                 node = rebuilt_like(prototype, tuple(children), line.name)
-            if line.serial is not None:
-                self.by_serial[line.serial] = node
+            line.node = node
             name = node.name
             if name is not None:
                 known = by_name.setdefault(name, node)
@@ -483,11 +687,13 @@ class _Reader:
         builder = self.builders[line.kind]
         try:
             node = builder(line, self.store)
-        except ParseError:
-            raise
-        except CircuitError as error:
-            raise line.error(str(error)) from error
-        except (ValueError, TypeError, IndexError, OverflowError) as error:
+        except (CircuitError, ValueError, TypeError, IndexError, OverflowError) as error:
+            if "!" in line.extra:  # what failed is rust_circuit's child info, not the extra
+                raise _child_info_error(line) from None
+            if isinstance(error, ParseError):
+                raise
+            if isinstance(error, CircuitError):
+                raise line.error(str(error)) from error
             raise line.error(f"cannot build {line.kind} from {line.extra!r}: {error}") from error
         if line.shape is not None and tuple(node.shape) != line.shape:
             raise line.error(
@@ -499,19 +705,28 @@ class _Reader:
         return node
 
     def _resolve(self, line: _Line) -> Circuit:
-        """The node a repeat line names; it must have been written before."""
+        """The node a repeat line names; it must have been written before.
+
+        A quoted identifier is looked up among the reference circuits, then
+        the ``'id' 'name'`` identifiers, then the names (rust_circuit's order).
+        """
         if line.serial is not None:
-            found = self.by_serial.get(line.serial)
-            if found is None:
+            first = self.by_serial.get(line.serial)
+            if first is None:
                 raise line.error(f"repeat of serial number {line.serial}, which no earlier line defines")
-            if isinstance(found, _Line):
+            found = first.node
+            if found is None:
                 raise line.error(
-                    f"repeat of serial number {line.serial}, whose line {found.number} is an "
+                    f"repeat of serial number {line.serial}, whose line {first.number} is an "
                     "enclosing node (a circuit cannot contain itself)"
                 )
             if line.name is not None and found.name != line.name:
                 raise line.error(f"serial number {line.serial} is {found.describe()}, not {line.name!r}")
             return found
+        if self.references or self.by_ident or line.ident is not None:
+            found = self._resolve_ident(line)
+            if found is not None:
+                return found
         found = self.by_name.get(line.name)
         if found is None:
             enclosing = any(p.name == line.name for p in self.pending)
@@ -527,6 +742,30 @@ class _Reader:
                 "carry that name; refer to one by its serial number"
             )
         return found
+
+    def _resolve_ident(self, line: _Line) -> Circuit | None:
+        """A repeat by quoted identifier: a reference circuit or an ``'id' 'name'`` line's node."""
+        ident = line.ident if line.ident is not None else line.name
+        reference = self.references.get(ident)
+        if reference is not None:
+            if line.ident is not None:
+                raise line.error(
+                    f"{ident!r} is a reference circuit (reference_circuits=): a line naming it holds "
+                    f"nothing else, found the name {line.name!r}"
+                )
+            return reference
+        first = self.by_ident.get(ident)
+        if first is not None:
+            if line.ident is None:
+                line.ident, line.name = line.name, None
+            return self._restated(line, first)
+        if line.ident is not None:
+            raise line.error(f"repeat of identifier {ident!r}, which no earlier line defines")
+        return None
+
+    def _is_reference(self, line: _Line) -> bool:
+        """Whether a repeat line is a reference circuit's."""
+        return line.serial is None and line.ident is None and line.name in self.references
 
 
 def _base_indent(text: str) -> int:
@@ -594,6 +833,40 @@ def _integer(digits: str, what: str, number: int, raw: str) -> int:
     return int(digits)
 
 
+def _child_info_error(line: _Line) -> ParseError:
+    return line.error(
+        "'!' child info (rust_circuit's '! 'symbol'' after a line) is for the inputs of a Module only, "
+        "and modules are not supported"
+    )
+
+
+def _references(references: Mapping[str, Circuit] | Iterable[Circuit] | None) -> dict[str, Circuit]:
+    """rust_circuit's reference circuits as a dict name -> circuit: given by name, or named circuits."""
+    if references is None:
+        return {}
+    if isinstance(references, Mapping):
+        pairs = list(references.items())
+    elif isinstance(references, (str, Circuit)) or not isinstance(references, Iterable):
+        raise ParseError(
+            "reference_circuits must be a mapping name -> circuit or an iterable of named circuits, "
+            f"not {type(references).__name__}"
+        )
+    else:
+        pairs = [(getattr(circuit, "name", None), circuit) for circuit in references]
+    by_name: dict[str, Circuit] = {}
+    for name, circuit in pairs:
+        if not isinstance(circuit, Circuit):
+            raise ParseError(f"reference circuit {name!r} is a {type(circuit).__name__}, not a Circuit")
+        if not isinstance(name, str):
+            raise ParseError(
+                f"reference circuit {circuit.describe()} needs a str name to be referred to by, got {name!r}"
+            )
+        if name in by_name:
+            raise ParseError(f"reference_circuits names {name!r} twice")
+        by_name[name] = circuit
+    return by_name
+
+
 def _shown_line(spaces: int, body: str) -> str:
     """The line as error messages show it; a very deep indent is abbreviated."""
     return " " * spaces + body if spaces <= 120 else f"<{spaces} spaces>{body}"
@@ -616,6 +889,11 @@ def _build_array(line: _Line, store: TensorStore | None) -> Circuit:
     if line.extra == _RANDOM:
         return _random_array(line, store)
     _no_children(line)
+    if not line.extra:
+        raise line.error(
+            "this Array has no hash (rust_circuit writes a bare Array for a random one): parse with "
+            "tensors_as_random=True to read it as a random array of its shape, or write its hash or rand"
+        )
     if not _HEX.fullmatch(line.extra):
         raise line.error(
             f"Array needs a {PRINTED_HEX_DIGITS}-hex content hash (or rand), found {line.extra!r}"
@@ -642,7 +920,7 @@ _MAX_RANDOM_ELEMENTS = 2**30
 
 
 def _random_array(line: _Line, store: TensorStore | None) -> Circuit:
-    """``Array rand`` (and every Array under ``tensors_as_random``): seeded normal values.
+    """``Array rand`` (and every Array under ``tensors_as_random``, bare ``Array`` too): seeded normals.
 
     rust_circuit draws fresh values each time; here the seed is the SHA-256
     of the line's serial number, name, shape and hash (or ``rand``), so the
@@ -654,7 +932,7 @@ def _random_array(line: _Line, store: TensorStore | None) -> Circuit:
     _no_children(line)
     if line.shape is None:
         raise line.error("a random Array needs its shape, e.g. [300,256], before the variant")
-    if line.extra != _RANDOM and not _HEX.fullmatch(line.extra):
+    if line.extra and line.extra != _RANDOM and not _HEX.fullmatch(line.extra):
         raise line.error(f"Array needs a {PRINTED_HEX_DIGITS}-hex content hash or rand, found {line.extra!r}")
     if math.prod(line.shape) > _MAX_RANDOM_ELEMENTS:
         raise line.error(
