@@ -208,8 +208,8 @@ def gpt2_import():
 
 
 def test_gpt2_import_through_passes_keeps_its_value(gpt2_import):
-    """simplify, canonicalize and push_down_index apply and keep the value; causal_mask and
-    split_heads look for the builders' names ('a.attn_scores', 'b{L}.a'), which an import has not."""
+    """simplify, canonicalize and push_down_index apply and keep the value; causal_mask (by default)
+    and split_heads look for the builders' names ('a.attn_scores', 'b{L}.a'), which an import has not."""
     circuit, expected = gpt2_import
     for rewrite in (cc.simplify, cc.canonicalize, cc.push_down_index):
         rewritten = rewrite(circuit)
@@ -220,9 +220,24 @@ def test_gpt2_import_through_passes_keeps_its_value(gpt2_import):
     assert pushed != picked
     torch.testing.assert_close(pushed.evaluate(), expected[1, 2:5], **TOL)
     with pytest.raises(PassError, match="a.attn_scores"):
-        cc.causal_mask(circuit)
+        cc.causal_mask(circuit)  # the builders' names by default
     with pytest.raises(PassError, match="b\\{L\\}.a"):
         cc.split_heads(circuit)
+
+
+def test_causal_mask_on_an_import_finds_its_scores_by_matcher(gpt2_import):
+    """The import's scores already carry the causal mask (as '.mask_bias'): masking them again through
+    scores= keeps the value (the issue's "passes through causal_mask unchanged in value")."""
+    circuit, expected = gpt2_import
+    scores = cc.Matcher.regex(r"scaled_dot_product_attention\.scores$")
+    masked = cc.causal_mask(circuit, scores=scores)
+    assert len(masked.get(cc.Matcher.regex(r"\.scores_raw$"))) == 2  # both layers
+    torch.testing.assert_close(masked.evaluate(), expected, **TOL)
+    knockout = torch.ones(7, 7).tril()
+    knockout[3, 1] = 0
+    knocked = cc.causal_mask(circuit, mask=knockout, scores=scores).evaluate()
+    torch.testing.assert_close(knocked[:, :3], expected[:, :3], **TOL)  # earlier queries never see it
+    assert not torch.allclose(knocked[:, 3], expected[:, 3], atol=1e-4)
 
 
 def test_gpt2_import_round_trips_through_text(gpt2_import, tmp_path):

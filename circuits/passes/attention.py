@@ -10,7 +10,7 @@ The mask nodes themselves are written by ``circuits.masks``.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Sequence, Union
+from typing import Any, Callable, Iterable, Sequence, Union
 
 import torch
 
@@ -29,7 +29,9 @@ MaskSpec = Union[None, torch.Tensor, Callable[[int, int], torch.Tensor]]
 # ------------------------------------------------------------------ masking
 
 
-def causal_mask(circuit: Circuit, mask: MaskSpec = None, neg_inf: float = NEG_INF) -> Circuit:
+def causal_mask(
+    circuit: Circuit, mask: MaskSpec = None, neg_inf: float = NEG_INF, scores: Any = names.SCORES
+) -> Circuit:
     """Every ``'a.attn_scores'`` rewritten into the masked form of the golden file.
 
     ``scores`` becomes ``Add('a.attn_scores_raw', 'a.score_neg_inf_bias')``:
@@ -38,34 +40,44 @@ def causal_mask(circuit: Circuit, mask: MaskSpec = None, neg_inf: float = NEG_IN
     None for the causal mask, a ``[query, key]`` 0/1 tensor shared by every
     layer and head, or a function ``mask(layer, head) -> [query, key]``
     tensor (attention knockout of chosen pairs).  Scores already masked get
-    the new mask instead.
+    the new mask instead.  ``scores`` (a matcher form) finds the score
+    Einsums of circuits not named by the builders, e.g. an import's
+    ``cc.Matcher.regex("attention.scores$")``; a node
+    ``'x'`` becomes ``Add('x_raw', ...)`` named ``'x'``.
     """
-    if not circuit.are_any_found(names.SCORES):
-        raise PassError(f"causal_mask: the circuit has no {names.SCORES!r} node to mask")
+    if not circuit.are_any_found(scores):
+        raise PassError(
+            f"causal_mask: the circuit has no {scores!r} node to mask (scores= finds other score nodes)"
+        )
 
-    def masked(scores: Circuit) -> Circuit:
-        raw = _unmasked(scores)
+    def masked(node: Circuit) -> Circuit:
+        raw = _unmasked(node)
         heads, queries, keys = raw.shape[-3:]
         if mask is None:
-            _check_only_causal(scores, queries, keys)
-        mask_node = _mask_node(mask, scores, heads, queries, keys)
+            _check_only_causal(node, queries, keys)
+        mask_node = _mask_node(mask, node, heads, queries, keys)
         letters = raw.out_axes[-3:] if mask_node.rank == 3 else raw.out_axes[-2:]
         with_mask = Einsum(
             *zip(raw.children, raw.operand_axes),
             (mask_node, letters),
             out_axes=raw.out_axes,
-            name=names.RAW_SCORES,
+            name=_raw_name(node),
         )
-        return Add(with_mask, neg_inf_bias(mask_node, neg_inf), name=names.SCORES)
+        return Add(with_mask, neg_inf_bias(mask_node, neg_inf), name=node.name)
 
     # update works bottom-up, so a later layer's scores are rebuilt over the earlier, masked ones
-    return circuit.update(names.SCORES, masked)
+    return circuit.update(scores, masked)
+
+
+def _raw_name(scores: Circuit) -> str | None:
+    """``'a.attn_scores_raw'`` for the builders' scores, ``'x_raw'`` for a node ``'x'``."""
+    return None if scores.name is None else f"{scores.name}_raw"
 
 
 def _check_only_causal(scores: Circuit, queries: int, keys: int) -> None:
     """Replacing a mask by the causal one is a no-op unless the mask was something else (a
     sliding window, a knockout): refused then, rather than silently changing the model."""
-    if not (isinstance(scores, Add) and scores.children and scores.children[0].name == names.RAW_SCORES):
+    if not (isinstance(scores, Add) and scores.children and scores.children[0].name == _raw_name(scores)):
         return
     existing = scores.children[0].children[-1]
     if not isinstance(existing, Array) or existing.value is None or existing.rank != 2:
@@ -86,12 +98,12 @@ def _unmasked(scores: Circuit) -> Einsum:
         )
     if isinstance(scores, Einsum) and len(scores.out_axes) >= 3:
         return scores
-    if isinstance(scores, Add) and scores.children and scores.children[0].name == names.RAW_SCORES:
+    if isinstance(scores, Add) and scores.children and scores.children[0].name == _raw_name(scores):
         raw = scores.children[0]
         return Einsum(*zip(raw.children[:-1], raw.operand_axes[:-1]), out_axes=raw.out_axes, name=raw.name)
     raise PassError(
         f"causal_mask: {scores.describe()} is neither an Einsum ending in head, query, key axes "
-        f"nor an already masked Add of {names.RAW_SCORES!r}"
+        f"nor an already masked Add of {_raw_name(scores)!r}"
     )
 
 
