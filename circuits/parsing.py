@@ -615,11 +615,11 @@ class _Reader:
     @staticmethod
     def _shape(text: str, line: _Line) -> tuple[int, ...]:
         """A shape as rust_circuit reads it: ``[5, 3]``, ``[large:3, small:1]`` (names dropped), ``[1_000]``."""
+        if not text.strip():
+            return ()
         parts = [part.strip() for part in text.split(",")]
         if len(parts) > 1 and not parts[-1]:
             parts.pop()  # a trailing comma, as rust_circuit allows
-        if parts == [""]:
-            return ()
         raw = _shown_line(line.spaces, line.body)
         sizes = []
         for part in parts:
@@ -722,7 +722,7 @@ class _Reader:
                 )
             if line.name is not None and found.name != line.name:
                 raise line.error(f"serial number {line.serial} is {found.describe()}, not {line.name!r}")
-            return found
+            return self._restated(line, first) if line.autoname_off else found
         if self.references or self.by_ident or line.ident is not None:
             found = self._resolve_ident(line)
             if found is not None:
@@ -748,10 +748,10 @@ class _Reader:
         ident = line.ident if line.ident is not None else line.name
         reference = self.references.get(ident)
         if reference is not None:
-            if line.ident is not None:
+            if line.ident is not None or line.autoname_off:
                 raise line.error(
                     f"{ident!r} is a reference circuit (reference_circuits=): a line naming it holds "
-                    f"nothing else, found the name {line.name!r}"
+                    "nothing else (no name, no AD)"
                 )
             return reference
         first = self.by_ident.get(ident)
