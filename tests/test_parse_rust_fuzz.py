@@ -4,7 +4,10 @@ The base texts use every spelling the parser accepts beyond our own printer's
 (comments with colour codes, an indented block, blank lines, spaces in lists,
 only-child markers, tree drawing, fancy einsums, sized rearranges, index
 tensors by hash, random arrays, rust_circuit's function names, tags, scatters,
-symbols with uuids, repeated output letters and the empty einsum), so a
+symbols with uuids, repeated output letters and the empty einsum, quoted
+identifiers with their own names, repeats restating their info, AD, named
+axes, digit separators and products in shapes, names with backslashes as
+rust_circuit reads them, a reference circuit and a bare Array), so a
 mutation lands in each of their code paths.  Nothing else may escape: no
 IndexError, ValueError or KeyError from a half-read line.
 """
@@ -72,15 +75,34 @@ NODES = """0 'r' Add
 6 'd' [3,2,3,3] Einsum ab->abaa
   7 's' [3, 2] Symbol 6c6805a0-3aaf-492c-93a3-00851eacaacf"""
 
-BASES = [PASTED, ARROWS, NODES]
+# the reference circuit every parse here is given (rust_circuit's reference_circuits)
+OUTSIDE = cc.Scalar(0.25, shape=(3, 1), name="outside")
+
+IDENTS = r"""0 'top' AD [3, 1] Add
+  1 [rows:3, 1] Scatter [0:2,0:1]
+    '  w id' '# w' [2, 1] Scalar 1
+  2 'sum' [1] Einsum ab->b
+    '  w id'
+  2 [1] Einsum
+  3 [3_, 1] Scalar 0.5
+  3 Scalar
+  4 '\\'\\' [3*1, 1] Scalar 2
+  4 Scalar
+  'outside'
+  6 [3, 1] Array
+7 [1_000] Scalar 0"""
+
+BASES = [PASTED, ARROWS, NODES, IDENTS]
 BASE_LINES = [line for base in BASES for line in base.split("\n")] + ["", "  # c", "▼", "|/"]
-RUST_CHARS = "'\\#[]()->,: =\n\t0123456789abcdeftxyzAEIS.é_▼|/├└‣│─\x1b"
+RUST_CHARS = "'\\#[]()->,: =\n\t0123456789abcdeftxyzADEIS.é_*!▼|/├└‣│─\x1b"
 
 
 def check_parse_or_parse_error(text: str, tensors_as_random: bool) -> None:
     """Either parses and round-trips through our printer, or raises ParseError naming a real line."""
     try:
-        roots = cc.parse_many(text, store=STORE, tensors_as_random=tensors_as_random)
+        roots = cc.parse_many(
+            text, store=STORE, tensors_as_random=tensors_as_random, reference_circuits=[OUTSIDE]
+        )
     except cc.ParseError as error:
         if error.line_number is not None:
             assert 1 <= error.line_number <= len(text.split("\n"))
@@ -94,6 +116,9 @@ def test_the_base_texts_parse():
     assert [root.name for root in pasted] == ["logits", "sm"]
     assert cc.parse(ARROWS).name == "r"
     assert [root.name for root in cc.parse_many(NODES)] == ["r", "d"]
+    top, thousand = cc.parse_many(IDENTS, tensors_as_random=True, reference_circuits=[OUTSIDE])
+    assert top.name == "top" and thousand.shape == (1000,)
+    assert OUTSIDE in top.children
 
 
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
