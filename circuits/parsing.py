@@ -638,9 +638,10 @@ class _Reader:
             if not _SIZE_PRODUCT.fullmatch(size):
                 raise line.error(f"malformed shape [{text}]: expected comma-separated sizes like [300,256]")
             value = 1
-            for factor in size.split("*"):
+            for factor in size.split("*"):  # checked as it grows: a long product stays cheap
                 value *= _integer(factor.strip().replace("_", ""), "size", line.number, raw)
-            sizes.append(_integer(str(value), "size", line.number, raw))
+                value = _integer(str(value), "size", line.number, raw)
+            sizes.append(value)
         return tuple(sizes)
 
     # ------------------------------------------------------------ nodes
