@@ -106,17 +106,18 @@ class _Line:
     spaces: int  # the line's own indent, for showing it in errors
     depth: int  # from the indent beyond the block's first line
     body: str
-    serial: int | None
+    # the line's identifier: its serial number, or (a str) rust_circuit's quoted identifier
+    # when a second quoted string is the name ('id' 'name' ...)
+    serial: int | str | None
     name: str | None
     shape: tuple[int, ...] | None = None
     kind: str | None = None
     extra: str = ""
     children: list[Circuit] = attrs.field(factory=list)
     shown: str | None = None  # the line as written, when that is not its indent and body
-    # rust_circuit's quoted identifier, when a second quoted string is the name ('id' 'name' ...)
-    ident: str | None = None
-    autoname_off: bool = False  # rust_circuit's AD after the name: read and otherwise ignored
-    node: Circuit | None = None  # the line's node, once its children are complete
+    # the line's node, once its children are complete (unset before: not in __init__, which
+    # every line pays for)
+    node: Circuit = attrs.field(init=False)
 
     @property
     def is_repeat(self) -> bool:
@@ -188,8 +189,11 @@ class _Reader:
         self.plain_kinds = frozenset(self.builders).difference(_UNSUPPORTED_KINDS, _SHAPED_KINDS)
         self.roots: list[Circuit] = []
         self.pending: list[_Line] = []
-        self.by_serial: dict[int, _Line] = {}  # the line defining each serial (its node once built)
-        self.by_ident: dict[str, _Line] = {}  # the line defining each quoted identifier ('id' 'name')
+        # the line defining each identifier, serial number or quoted ('id' 'name'); its node once built
+        self.by_serial: dict[int | str, _Line] = {}
+        # whether a quoted name alone may be an identifier: reference circuits, or 'id' 'name' lines read
+        self.quoted_idents = bool(self.references)
+        self.autoname_lines: set[int] = set()  # the numbers of the lines carrying rust_circuit's AD
         self.by_name: dict[str, Circuit] = {}  # the first node of each name
         self.name_hashes: dict[str, set[bytes]] = {}  # the distinct nodes of a name several carry
         # the first node built for each (variant, extra, printed shape, children's shapes): see _build
@@ -262,38 +266,45 @@ class _Reader:
             if first is not line:
                 siblings.append(self._restated(line, first))
                 return
-        elif line.ident is not None or self.by_ident or self.references:
-            first = self._first_by_ident(line)
+        elif self.quoted_idents:
+            first = self._quoted_ident(line)
             if first is not None:
                 siblings.append(self._restated(line, first))
                 return
         self.pending.append(line)
 
-    def _first_by_ident(self, line: _Line) -> _Line | None:
-        """The earlier line defining a quoted identifier this line restates, if any.
+    def _quoted_ident(self, line: _Line) -> _Line | None:
+        """The line defining the identifier a line's only quoted string is, if it is one.
 
-        The identifier is the first quoted string (``'id'`` of ``'id' 'name'``,
-        or the name alone); a new ``'id' 'name'`` line is remembered under it.
+        In rust_circuit ``'x' [2] Scalar 1`` restates an earlier ``'x' 'name'``
+        line; a reference circuit's name holds nothing else.
         """
-        ident = line.ident if line.ident is not None else line.name
-        if ident in self.references:
-            raise line.error(
-                f"{ident!r} is a reference circuit (reference_circuits=): a line naming it holds "
-                "nothing else, no name, shape, variant or extra"
-            )
-        first = self.by_ident.get(ident)
+        if line.name in self.references:
+            raise self._more_on_reference(line, line.name)
+        first = self.by_serial.get(line.name)
         if first is not None:
-            if line.ident is None:  # 'id' [2] Scalar 1: the quoted string was the identifier, not a name
-                line.ident, line.name = line.name, None
-            return first
-        if line.ident is not None:
-            if ident in self.by_name or any(p.name == ident for p in self.pending):
-                raise line.error(
-                    f"identifier {ident!r} is already the name of an earlier line; a repeat of that "
-                    f"node is written {ident!r} alone"
-                )
-            self.by_ident[ident] = line
-        return None
+            line.serial, line.name = line.name, None  # the quoted string was the identifier, not a name
+        return first
+
+    def _more_on_reference(self, line: _Line, name: str) -> ParseError:
+        return line.error(
+            f"{name!r} is a reference circuit (reference_circuits=): a line naming it holds nothing "
+            "else, no name, AD, shape, variant or extra"
+        )
+
+    def _check_quoted_ident(self, line: _Line) -> None:
+        """A line ``'id' 'name' ...``: ``'id'`` is not a reference circuit, nor another line's name."""
+        ident = line.serial
+        self.quoted_idents = True
+        if ident in self.references:
+            raise self._more_on_reference(line, ident)
+        if ident not in self.by_serial and (
+            ident in self.by_name or any(p.name == ident for p in self.pending)
+        ):
+            raise line.error(
+                f"identifier {ident!r} is already the name of an earlier line; a repeat of that "
+                f"node is written {ident!r} alone"
+            )
 
     def _restated(self, line: _Line, first: _Line) -> Circuit:
         """The node of a repeat that restates its info, which must equal the first definition's.
@@ -303,19 +314,20 @@ class _Reader:
         shape with the node's, printed or computed.  The line is a repeat from
         here on (it takes no children).
         """
-        node = first.node
-        reference = f"serial number {line.serial}" if line.serial is not None else repr(line.ident)
+        node = getattr(first, "node", None)
+        reference = _ident_text(line.serial)
         if node is None:
             raise line.error(
                 f"repeat of {reference}, whose line {first.number} is an enclosing node "
                 "(a circuit cannot contain itself)"
             )
+        autoname = self.autoname_lines
         fields = (
             ("name", line.name, node.name),
             ("shape", None if line.shape is None else list(line.shape), list(node.shape)),
             ("variant", line.kind, first.kind),
             ("extra", line.extra or None, first.extra),
-            ("AD (autoname disabled)", line.autoname_off or None, first.autoname_off),
+            ("AD (autoname disabled)", (line.number in autoname) or None, first.number in autoname),
         )
         mismatches = [f"{field} {new!r} != {old!r}" for field, new, old in fields if new not in (None, old)]
         if mismatches:
@@ -468,9 +480,12 @@ class _Reader:
         except ParseError as error:  # our reading of the names failed: try rust_circuit's
             strict = error
             position = self._rust_reference(line, body, strict)
+        if isinstance(line.serial, str):
+            self._check_quoted_ident(line)
         match = _AUTONAME_OFF.match(body, position)
         if match:
-            line.autoname_off, position = True, match.end()
+            self.autoname_lines.add(number)
+            position = match.end()
         rest = body[position:].split("#", 1)[0].rstrip()
         try:
             if rest:
@@ -539,7 +554,7 @@ class _Reader:
         if line.serial is None and not quoted:
             raise line.error("expected a reference: a serial number, a 'quoted name', or both")
         if len(quoted) == 2:
-            line.ident, line.name = quoted
+            line.serial, line.name = quoted  # rust_circuit's quoted identifier, then the name
         elif quoted:
             line.name = quoted[0]
 
@@ -560,7 +575,9 @@ class _Reader:
             hint = (
                 f"; a name is quoted ({word!r}): rust_circuit's unquoted repeat {line.serial} {word} "
                 "(printed with on_repeat_check_info_same=False) is not read"
-                if line.serial is not None and line.shape is None and word.replace(".", "_").isidentifier()
+                if isinstance(line.serial, int)
+                and line.shape is None
+                and word.replace(".", "_").isidentifier()
                 else ""
             )
             raise line.error(f"expected a variant name (Array, Einsum, ...) but found {rest!r}{hint}")
@@ -592,9 +609,7 @@ class _Reader:
 
     def _restates(self, line: _Line) -> bool:
         """Whether a line with a variant names an identifier defined earlier (see ``_open``)."""
-        if line.serial is not None:
-            return line.serial in self.by_serial
-        return (line.ident if line.ident is not None else line.name) in self.by_ident
+        return (line.serial if line.serial is not None else line.name) in self.by_serial
 
     @staticmethod
     def _unescape(escaped: str, number: int, raw: str) -> str:
@@ -708,26 +723,35 @@ class _Reader:
     def _resolve(self, line: _Line) -> Circuit:
         """The node a repeat line names; it must have been written before.
 
-        A quoted identifier is looked up among the reference circuits, then
-        the ``'id' 'name'`` identifiers, then the names (rust_circuit's order).
+        A quoted name alone is looked up among the reference circuits, then
+        the quoted identifiers, then the names (rust_circuit's order).
         """
         if line.serial is not None:
             first = self.by_serial.get(line.serial)
             if first is None:
-                raise line.error(f"repeat of serial number {line.serial}, which no earlier line defines")
-            found = first.node
-            if found is None:
+                raise line.error(f"repeat of {_ident_text(line.serial)}, which no earlier line defines")
+            try:
+                found = first.node
+            except AttributeError:  # not built yet: the line is still open
                 raise line.error(
-                    f"repeat of serial number {line.serial}, whose line {first.number} is an "
-                    "enclosing node (a circuit cannot contain itself)"
-                )
+                    f"repeat of {_ident_text(line.serial)}, whose line {first.number} is an enclosing node "
+                    "(a circuit cannot contain itself)"
+                ) from None
             if line.name is not None and found.name != line.name:
-                raise line.error(f"serial number {line.serial} is {found.describe()}, not {line.name!r}")
-            return self._restated(line, first) if line.autoname_off else found
-        if self.references or self.by_ident or line.ident is not None:
-            found = self._resolve_ident(line)
-            if found is not None:
-                return found
+                raise line.error(f"{_ident_text(line.serial)} is {found.describe()}, not {line.name!r}")
+            if self.autoname_lines and line.number in self.autoname_lines:
+                return self._restated(line, first)
+            return found
+        if self.quoted_idents:
+            reference = self.references.get(line.name)
+            if reference is not None:
+                if line.number in self.autoname_lines:
+                    raise self._more_on_reference(line, line.name)
+                return reference
+            first = self.by_serial.get(line.name)
+            if first is not None:
+                line.serial, line.name = line.name, None
+                return self._restated(line, first)
         found = self.by_name.get(line.name)
         if found is None:
             enclosing = any(p.name == line.name for p in self.pending)
@@ -744,29 +768,9 @@ class _Reader:
             )
         return found
 
-    def _resolve_ident(self, line: _Line) -> Circuit | None:
-        """A repeat by quoted identifier: a reference circuit or an ``'id' 'name'`` line's node."""
-        ident = line.ident if line.ident is not None else line.name
-        reference = self.references.get(ident)
-        if reference is not None:
-            if line.ident is not None or line.autoname_off:
-                raise line.error(
-                    f"{ident!r} is a reference circuit (reference_circuits=): a line naming it holds "
-                    "nothing else (no name, no AD)"
-                )
-            return reference
-        first = self.by_ident.get(ident)
-        if first is not None:
-            if line.ident is None:
-                line.ident, line.name = line.name, None
-            return self._restated(line, first)
-        if line.ident is not None:
-            raise line.error(f"repeat of identifier {ident!r}, which no earlier line defines")
-        return None
-
     def _is_reference(self, line: _Line) -> bool:
         """Whether a repeat line is a reference circuit's."""
-        return line.serial is None and line.ident is None and line.name in self.references
+        return line.serial is None and line.name in self.references
 
 
 def _base_indent(text: str) -> int:
@@ -832,6 +836,11 @@ def _integer(digits: str, what: str, number: int, raw: str) -> int:
     if len(digits) > _MAX_DIGITS or int(digits) >= 2**63:
         raise ParseError(f"{what} {shown(digits, 30)} is too large (at most 2**63 - 1)", number, raw)
     return int(digits)
+
+
+def _ident_text(serial: int | str) -> str:
+    """A line's identifier as messages say it."""
+    return f"serial number {serial}" if isinstance(serial, int) else f"identifier {serial!r}"
 
 
 def _child_info_error(line: _Line) -> ParseError:
