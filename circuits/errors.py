@@ -201,3 +201,14 @@ class IllegalCorrespondenceError(CausalScrubbingError):
     incomplete correspondence, a matcher that finds no node or several, a branch that does not
     reach the inputs or leaves its parent's, two interpretation nodes claiming one node.  The
     message names the interpretation node and says what is wrong."""
+
+
+class RandomVariableError(CircuitError, ValueError):
+    """A DiscreteVar, StoredCumulantVar or Cumulant (rust_circuit's random-variable nodes)
+    built from children or fields that do not fit: probabilities of the wrong shape, a
+    cumulant of the wrong shape, a missing mean or variance, a bad uuid."""
+
+
+class RandomVariableEvaluationError(EvaluationError, RandomVariableError):
+    """Evaluating a circuit holding a DiscreteVar, StoredCumulantVar or Cumulant: rust_circuit
+    samples or expands those, this library does not, so they have no value here."""

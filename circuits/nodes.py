@@ -30,6 +30,7 @@ from circuits.errors import (
     MissingTensorError,
     NodeTypeError,
     IndexSpecError,
+    RandomVariableError,
     RearrangeError,
     StaleTensorError,
     TagError,
@@ -1111,6 +1112,175 @@ class Scatter(Circuit):
         return self.children[0]
 
 
+@attrs.frozen(init=False, eq=False, repr=False)
+class DiscreteVar(Circuit):
+    """A random variable drawn from the rows of ``values``: rust_circuit's DiscreteVar.
+
+    Row ``i`` of ``values`` (its first axis enumerates the samples) comes with
+    probability ``probs_and_group[i]``; the variable has the shape of one row.
+    rust_circuit samples it (Monte Carlo expectations); this library keeps it
+    in the tree, printed, parsed and saved, but cannot evaluate it.  Without
+    ``probs_and_group`` the samples are equally likely, under a fresh Tag (so
+    two such variables are sampled independently), as in rust_circuit.
+    """
+
+    def __init__(self, values: Circuit, probs_and_group: Circuit | None = None, name: str | None = None):
+        where = shape_rules.describe("DiscreteVar", name)
+        check_node(values, f"{where}: values", RandomVariableError)
+        if probs_and_group is None:
+            if not values.shape:
+                raise RandomVariableError(
+                    f"{where}: values has shape [], but its first axis must count the samples"
+                )
+            count = values.shape[0]
+            probs_and_group = Tag.new_with_random_uuid(Scalar(1.0 / count if count else 0.0, (count,)))
+        check_node(probs_and_group, f"{where}: probs_and_group", RandomVariableError)
+        self.__attrs_init__(children=(values, probs_and_group), name=name)
+
+    def _derive(self):
+        if len(self.children) != 2:
+            raise RandomVariableError(
+                f"{self.describe()}: a DiscreteVar has two children (values, probs_and_group), "
+                f"got {len(self.children)}"
+            )
+        values, probs = (child.shape for child in self.children)
+        if len(probs) != 1:
+            raise RandomVariableError(
+                f"{self.describe()}: probs_and_group has shape {list(probs)}; it must be 1-d"
+            )
+        if not values:
+            raise RandomVariableError(
+                f"{self.describe()}: values has shape [], but its first axis must count the samples"
+            )
+        if values[0] != probs[0]:
+            raise RandomVariableError(
+                f"{self.describe()}: values has {values[0]} samples (shape {list(values)}) but "
+                f"probs_and_group has {probs[0]} probabilities (shape {list(probs)})"
+            )
+        return values[1:], ""
+
+    @classmethod
+    def _from_fields(cls, fields: dict[str, Any], old: DiscreteVar | None) -> DiscreteVar:
+        children = fields["children"]
+        if len(children) != 2:
+            raise RandomVariableError(
+                f"{shape_rules.describe(cls.kind, fields['name'])}: a DiscreteVar has two children "
+                f"(values, probs_and_group), got {len(children)}"
+            )
+        return cls(children[0], children[1], name=fields["name"])
+
+    @property
+    def values(self) -> Circuit:
+        return self.children[0]
+
+    @property
+    def probs_and_group(self) -> Circuit:
+        return self.children[1]
+
+
+@attrs.frozen(init=False, eq=False, repr=False)
+class StoredCumulantVar(Circuit):
+    """A random variable known by its cumulants: rust_circuit's StoredCumulantVar.
+
+    ``cumulants`` maps an order k (1 the mean, 2 the covariance: both required)
+    to a node of the variable's shape repeated k times; the children are the
+    cumulants by increasing order.  The uuid tells apart variables of equal
+    cumulants (independent draws).  Printed ``1, 2|<uuid>``; not evaluable.
+    """
+
+    orders: tuple[int, ...] = attrs.field()
+    uuid: uuid_module.UUID = attrs.field()
+
+    def __init__(self, cumulants: Mapping[int, Circuit], uuid: Any = None, name: str | None = None):
+        where = shape_rules.describe("StoredCumulantVar", name)
+        if not isinstance(cumulants, Mapping):
+            raise RandomVariableError(
+                f"{where}: cumulants is a {type(cumulants).__name__}, not a mapping of order -> node"
+            )
+        for order in cumulants:
+            if isinstance(order, bool) or not isinstance(order, (int, np.integer)) or order < 1:
+                raise RandomVariableError(f"{where}: cumulant order {shown(repr(order))} is not an int >= 1")
+        orders = tuple(sorted(int(order) for order in cumulants))
+        children = tuple(
+            check_node(cumulants[order], f"{where}: cumulant {order}", RandomVariableError)
+            for order in orders
+        )
+        uuid = uuid_module.uuid4() if uuid is None else _uuid(uuid, where, RandomVariableError)
+        self.__attrs_init__(children=children, name=name, orders=orders, uuid=uuid)
+
+    @classmethod
+    def new_mv(
+        cls,
+        mean: Circuit,
+        variance: Circuit,
+        higher_cumulants: Mapping[int, Circuit] | None = None,
+        uuid: Any = None,
+        name: str | None = None,
+    ) -> StoredCumulantVar:
+        """From the mean and variance, and any higher cumulants (rust_circuit's name)."""
+        return cls({**(higher_cumulants or {}), 1: mean, 2: variance}, uuid=uuid, name=name)
+
+    def _derive(self):
+        if len(self.orders) != len(self.children) or 1 not in self.orders or 2 not in self.orders:
+            raise RandomVariableError(
+                f"{self.describe()}: needs the cumulants of orders 1 and 2 (mean, variance), one child "
+                f"each; got orders {list(self.orders)} over {len(self.children)} children"
+            )
+        base = self.children[self.orders.index(1)].shape
+        for order, child in zip(self.orders, self.children):
+            if child.shape != base * order:
+                raise RandomVariableError(
+                    f"{self.describe()}: cumulant {order} has shape {list(child.shape)}, but the variable's "
+                    f"shape {list(base)} repeated {order} times is {list(base * order)}"
+                )
+        return base, f"{', '.join(map(str, self.orders))}|{self.uuid}"
+
+    @classmethod
+    def _from_fields(cls, fields: dict[str, Any], old: StoredCumulantVar | None) -> StoredCumulantVar:
+        orders, children = fields["orders"], fields["children"]
+        if len(orders) != len(children):
+            raise RandomVariableError(
+                f"{shape_rules.describe(cls.kind, fields['name'])}: {len(orders)} cumulant orders "
+                f"{list(orders)} for {len(children)} children"
+            )
+        return cls(dict(zip(orders, children)), fields["uuid"], name=fields["name"])
+
+    @property
+    def cumulants(self) -> dict[int, Circuit]:
+        return dict(zip(self.orders, self.children))
+
+
+@attrs.frozen(init=False, eq=False, repr=False)
+class Cumulant(Circuit):
+    """The joint cumulant of its children: rust_circuit's Cumulant.
+
+    Its shape is the children's shapes one after another (an outer-product
+    layout: the covariance of x [3] and y [2] is [3, 2]).  rust_circuit
+    expands it into expectations and samples; this library does not evaluate it.
+    """
+
+    def __init__(self, *nodes: Circuit, name: str | None = None):
+        where = shape_rules.describe("Cumulant", name)
+        for position, node in enumerate(nodes):
+            check_node(node, f"{where}: child {position}", RandomVariableError)
+        self.__attrs_init__(children=tuple(nodes), name=name)
+
+    def _derive(self):
+        return tuple(size for child in self.children for size in child.shape), ""
+
+    @classmethod
+    def _from_fields(cls, fields: dict[str, Any], old: Cumulant | None) -> Cumulant:
+        return cls(*fields["children"], name=fields["name"])
+
+    @property
+    def nodes(self) -> tuple[Circuit, ...]:
+        return self.children
+
+    @property
+    def cumulant_number(self) -> int:
+        return len(self.children)
+
+
 # ------------------------------------------------------------ pickling
 
 
@@ -1144,4 +1314,18 @@ def _unflatten(records: list[tuple]) -> Circuit:
 
 # The classes whose _derive with_children may keep over children of the same shapes.  A class
 # defined elsewhere (a subclass, say) is always rebuilt by its constructor: it may derive more.
-_KEEP_DERIVED_CLASSES = frozenset({Einsum, Add, GeneralFunction, Index, Rearrange, Concat, Tag, Scatter})
+_KEEP_DERIVED_CLASSES = frozenset(
+    {
+        Einsum,
+        Add,
+        GeneralFunction,
+        Index,
+        Rearrange,
+        Concat,
+        Tag,
+        Scatter,
+        DiscreteVar,
+        StoredCumulantVar,
+        Cumulant,
+    }
+)

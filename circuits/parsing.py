@@ -27,12 +27,15 @@ from circuits.nodes import (
     Array,
     Circuit,
     Concat,
+    Cumulant,
+    DiscreteVar,
     Einsum,
     GeneralFunction,
     Index,
     Rearrange,
     Scalar,
     Scatter,
+    StoredCumulantVar,
     Symbol,
     Tag,
 )
@@ -93,9 +96,7 @@ LEAF_KINDS = ("Array", "Scalar", "Symbol")
 # kinds whose shape must be printed (it follows from nothing else): as in rust_circuit
 _SHAPED_KINDS = ("Scalar", "Symbol", "Scatter")
 # node types rust_circuit prints that this library does not have
-_UNSUPPORTED_KINDS = frozenset(
-    ("Module", "Cumulant", "DiscreteVar", "StoredCumulantVar", "SetSymbolicShape", "Conv")
-)
+_UNSUPPORTED_KINDS = frozenset(("Module", "SetSymbolicShape", "Conv"))
 
 
 @attrs.define
@@ -1180,6 +1181,40 @@ def _build_concat(line: _Line, store: TensorStore | None) -> Circuit:
     return Concat(*line.children, axis=int(line.extra), name=line.name)
 
 
+def _build_discrete_var(line: _Line, store: TensorStore | None) -> Circuit:
+    _no_extra(line)
+    if len(line.children) != 2:
+        raise line.error(
+            f"DiscreteVar takes two children (values, probs_and_group), found {len(line.children)}"
+        )
+    return DiscreteVar(line.children[0], line.children[1], name=line.name)
+
+
+def _build_stored_cumulant_var(line: _Line, store: TensorStore | None) -> Circuit:
+    """``StoredCumulantVar 1, 2|<uuid>``: the orders of the children, in their order, then the uuid."""
+    orders_text, bar, uuid = line.extra.partition("|")
+    if not bar or "|" in uuid:
+        raise line.error(
+            f"StoredCumulantVar needs its orders and uuid as '1, 2|<uuid>' after the variant, found {line.extra!r}"
+        )
+    orders = [part.strip() for part in orders_text.split(",")]
+    if not all(part.isdigit() for part in orders):
+        raise line.error(f"StoredCumulantVar orders {orders_text!r} are not ints separated by commas")
+    orders = [int(part) for part in orders]
+    if len(set(orders)) != len(orders):
+        raise line.error(f"StoredCumulantVar orders {orders_text!r} repeat an order")
+    if len(orders) != len(line.children):
+        raise line.error(
+            f"StoredCumulantVar lists {len(orders)} orders but has {len(line.children)} children"
+        )
+    return StoredCumulantVar(dict(zip(orders, line.children)), uuid.strip(), name=line.name)
+
+
+def _build_cumulant(line: _Line, store: TensorStore | None) -> Circuit:
+    _no_extra(line)
+    return Cumulant(*line.children, name=line.name)
+
+
 _BUILDERS: dict[str, Callable[[_Line, TensorStore | None], Circuit]] = {
     "Array": _build_array,
     "Scalar": _build_scalar,
@@ -1192,4 +1227,7 @@ _BUILDERS: dict[str, Callable[[_Line, TensorStore | None], Circuit]] = {
     "Concat": _build_concat,
     "Tag": _build_tag,
     "Scatter": _build_scatter,
+    "DiscreteVar": _build_discrete_var,
+    "StoredCumulantVar": _build_stored_cumulant_var,
+    "Cumulant": _build_cumulant,
 }

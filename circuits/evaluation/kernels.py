@@ -16,7 +16,21 @@ import torch
 from circuits.errors import StaleTensorError
 from circuits.evaluation.einsum import einsum_kernel
 from circuits.functions import FunctionSpec, is_library_function
-from circuits.nodes import Add, Circuit, Concat, Einsum, GeneralFunction, Index, Rearrange, Scatter, Tag
+from circuits.errors import RandomVariableEvaluationError
+from circuits.nodes import (
+    Add,
+    Circuit,
+    Concat,
+    Cumulant,
+    DiscreteVar,
+    Einsum,
+    GeneralFunction,
+    Index,
+    Rearrange,
+    Scatter,
+    StoredCumulantVar,
+    Tag,
+)
 from circuits.shapes import format_shape, shape_or_type
 
 __all__ = ["KERNEL_MAKERS", "default_kernel", "kernel_maker"]
@@ -153,6 +167,15 @@ def _scatter_step(node: Scatter) -> Callable:
     return functools.partial(torch.nn.functional.pad, pad=tuple(pads))
 
 
+def _random_variable_step(node: Circuit) -> Callable:
+    """None: a random variable has no value to compute (rust_circuit samples it; this library does not)."""
+    raise RandomVariableEvaluationError(
+        f"cannot evaluate {node.describe()}: a {node.kind} is one of rust_circuit's random-variable nodes, which it "
+        "samples (or expands into expectations) and this library does not; it has no deterministic value",
+        node=node,
+    )
+
+
 KERNEL_MAKERS: dict[type, Callable[[Any], Callable]] = {
     Einsum: _einsum_step,
     Add: _add_step,
@@ -162,6 +185,9 @@ KERNEL_MAKERS: dict[type, Callable[[Any], Callable]] = {
     Concat: _concat_step,
     Tag: _tag_step,
     Scatter: _scatter_step,
+    DiscreteVar: _random_variable_step,
+    StoredCumulantVar: _random_variable_step,
+    Cumulant: _random_variable_step,
 }
 
 

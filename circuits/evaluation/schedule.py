@@ -14,7 +14,12 @@ from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
-from circuits.errors import EvaluationError, StaleTensorError, StaleTensorEvaluationError
+from circuits.errors import (
+    EvaluationError,
+    RandomVariableEvaluationError,
+    StaleTensorError,
+    StaleTensorEvaluationError,
+)
 from circuits.evaluation.kernels import KERNEL_MAKERS, kernel_maker
 from circuits.evaluation.leaves import Call, check_options, finish_leaves, leaf_handler
 from circuits.evaluation.plan import Plan, Steps
@@ -177,6 +182,10 @@ class _Walk:
                         raise StaleTensorEvaluationError(
                             f"cannot evaluate: {error}", node=node, path=(*path, node)
                         ) from error
+                    except RandomVariableEvaluationError as error:
+                        raise RandomVariableEvaluationError(
+                            str(error), node=node, path=(*path, node)
+                        ) from None
                     add_fn(fn if kernel is None else _overridden(kernel, node, fn, path))
                     add_out(slot)
                     position += 1
