@@ -45,7 +45,7 @@ import einops
 import opt_einsum
 import torch
 
-from circuits.errors import NodeTypeError, shown
+from circuits.errors import NodeTypeError, RandomVariableError, shown
 from circuits.evaluation.einsum import is_batched_dot, split_multipliers
 from circuits.functions import GEN_INDEX_NAME
 from circuits.gcpause import gc_paused
@@ -54,11 +54,14 @@ from circuits.nodes import (
     Array,
     Circuit,
     Concat,
+    Cumulant,
+    DiscreteVar,
     Einsum,
     GeneralFunction,
     Index,
     Rearrange,
     Scatter,
+    StoredCumulantVar,
     Symbol,
     Tag,
 )
@@ -197,6 +200,11 @@ def _dtype(node: Circuit, dtypes: dict[bytes, torch.dtype], float_dtype: torch.d
 
 
 def _node_cost(node: Circuit, dtype: torch.dtype, sizes: dict[bytes, int]) -> NodeCost:
+    if isinstance(node, (DiscreteVar, StoredCumulantVar, Cumulant)):
+        raise RandomVariableError(
+            f"cost: {node.describe()} is one of rust_circuit's random-variable nodes, which this library "
+            "does not evaluate, so it has no cost"
+        )
     elements = math.prod(node.shape)
     out_bytes = elements * dtype.itemsize
     if not node.children:  # Scalars and constants are stride-0 views of one 0-d tensor: nothing allocated
