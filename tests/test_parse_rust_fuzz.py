@@ -72,6 +72,13 @@ NODES = """0 'r' Add
       4 Tag 1a280c74-fa9f-4dd9-94f4-5cca4a0cf243
         5 [3, 3, 3] Scalar 1.2
   8 [] Einsum ->
+  9 'k' Cumulant
+    10 'v' DiscreteVar
+      11 [4, 6] Scalar 0.5
+      12 [4] Scalar 0.25
+  13 StoredCumulantVar 1,2|1a280c74-fa9f-4dd9-94f4-5cca4a0cf243
+    14 [6] Scalar 0.1
+    15 [6, 6] Scalar 1.2
 6 'd' [3,2,3,3] Einsum ab->abaa
   7 's' [3, 2] Symbol 6c6805a0-3aaf-492c-93a3-00851eacaacf"""
 
