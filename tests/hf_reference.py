@@ -24,3 +24,39 @@ def hf_logits(model, inputs: torch.Tensor) -> torch.Tensor:
 def logits_of(circuit) -> torch.Tensor:
     """The circuit's logits, ``'t.call'``."""
     return circuit.get_unique(names.LOGITS).evaluate()
+
+
+def logits_with_head_zeroed(model, inputs: torch.Tensor, projection, head: int, d_head: int) -> torch.Tensor:
+    """The model's logits with head ``head``'s slice of ``projection``'s input zeroed (a forward
+    pre-hook on the attention's output projection): the reference for zero-ablating a head."""
+
+    def zero_head(module, args):
+        (x,) = args
+        x = x.clone()
+        x[..., head * d_head : (head + 1) * d_head] = 0
+        return (x,)
+
+    handle = projection.register_forward_pre_hook(zero_head)
+    try:
+        return hf_logits(model, inputs)
+    finally:
+        handle.remove()
+
+
+def check_heads_and_points(model, circuit, tokens, projection, head: int, d_head: int, kinds) -> None:
+    """``split_heads`` keeps the value; zero-ablating head ``head`` of layer 1 equals the model with
+    that head's slice of ``projection`` (layer 1's output projection) zeroed; each point of ``kinds``
+    finds one node of layer 1 (and of the head, after splitting)."""
+    from circuits import experiments as ex
+    from circuits import split_heads
+
+    split = split_heads(circuit)
+    torch.testing.assert_close(split.evaluate(), circuit.evaluate(), rtol=1e-10, atol=1e-10)
+    ablated = ex.zero_ablate(split, names.head(1, head))
+    want = logits_with_head_zeroed(model, tokens[..., :-1], projection, head, d_head)
+    assert (logits_of(ablated) - want).abs().max().item() < 1e-10
+    assert (logits_of(circuit) - want).abs().max().item() > 1e-3
+    for kind in kinds:
+        assert len(circuit.get(ex.point(kind, 1))) == 1, kind
+        if kind in ex.HEAD_KINDS:
+            assert len(split.get(ex.point(kind, 1, head))) == 1, kind
