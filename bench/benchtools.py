@@ -33,6 +33,42 @@ def add_gpt2_size_arguments(parser: argparse.ArgumentParser, rounds: int) -> Non
     parser.add_argument("--threads", type=int, default=2)
 
 
+def gc_timed(action: Callable[[], Any]) -> tuple[float, Any]:
+    """Seconds ``action`` takes after a full collection (no run pays for another's garbage), and its result."""
+    import gc
+
+    gc.collect()
+    start = time.perf_counter()
+    result = action()
+    return time.perf_counter() - start, result
+
+
+def native_gpt2_circuit(args: argparse.Namespace):
+    """The native builder's GPT-2 of the size flags (random weights, seed 0) on seeded tokens;
+    prints what it built."""
+    import torch
+
+    import circuits as cc
+    from circuits.models.gpt2 import GPT2Config, build_gpt2, gpt2_random_weights
+
+    config = GPT2Config(
+        n_layers=args.layers,
+        n_heads=args.heads,
+        d_model=args.d_model,
+        vocab_size=args.vocab,
+        n_ctx=max(1024, args.seq + 1),
+    )
+    tokens = torch.randint(
+        0, args.vocab, (args.batch, args.seq + 1), generator=torch.Generator().manual_seed(1)
+    )
+    circuit = build_gpt2(config, gpt2_random_weights(config, seed=0), tokens)
+    print(
+        f"GPT-2 {args.layers} layers, {args.heads} heads, d_model {args.d_model}, vocab {args.vocab}; "
+        f"batch {args.batch} x {args.seq}; {args.threads} threads; {len(cc.unique_nodes(circuit))} nodes"
+    )
+    return circuit
+
+
 def hf_gpt2_model(args: argparse.Namespace):
     """A Hugging Face GPT-2 of the size flags with random weights (seeded), in eval mode."""
     import torch

@@ -12,22 +12,13 @@ A quick run: ``python bench/profile_overhead.py --layers 2 --heads 4 --d-model 2
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import statistics
-import time
 
 import torch
-from benchtools import add_gpt2_size_arguments
+from benchtools import add_gpt2_size_arguments, gc_timed, native_gpt2_circuit
 
 TARGET = 1.10
-
-
-def timed(action):
-    gc.collect()
-    start = time.perf_counter()
-    result = action()
-    return time.perf_counter() - start, result
 
 
 def main() -> None:
@@ -36,32 +27,16 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    import circuits as cc
-    from circuits.models.gpt2 import GPT2Config, build_gpt2, gpt2_random_weights
     from circuits.profiling import profile
 
-    config = GPT2Config(
-        n_layers=args.layers,
-        n_heads=args.heads,
-        d_model=args.d_model,
-        vocab_size=args.vocab,
-        n_ctx=max(1024, args.seq + 1),
-    )
-    tokens = torch.randint(
-        0, args.vocab, (args.batch, args.seq + 1), generator=torch.Generator().manual_seed(1)
-    )
-    circuit = build_gpt2(config, gpt2_random_weights(config, seed=0), tokens)
-    print(
-        f"GPT-2 {args.layers} layers, {args.heads} heads, d_model {args.d_model}, vocab {args.vocab}; "
-        f"batch {args.batch} x {args.seq}; {args.threads} threads; {len(cc.unique_nodes(circuit))} nodes"
-    )
+    circuit = native_gpt2_circuit(args)
     plain_times, profiled_times = [], []
     with torch.no_grad():
         circuit.evaluate()  # warm-up: allocator, einsum paths
         for _ in range(args.rounds):
-            seconds, _ = timed(circuit.evaluate)
+            seconds, _ = gc_timed(circuit.evaluate)
             plain_times.append(seconds)
-            seconds, result = timed(lambda: profile(circuit))
+            seconds, result = gc_timed(lambda: profile(circuit))
             profiled_times.append(seconds)
     plain, profiled = statistics.median(plain_times), statistics.median(profiled_times)
     print(f"plain evaluate: median {plain:.3f} s of {[round(t, 3) for t in plain_times]}")
