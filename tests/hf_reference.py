@@ -60,3 +60,21 @@ def check_heads_and_points(model, circuit, tokens, projection, head: int, d_head
         assert len(circuit.get(ex.point(kind, 1))) == 1, kind
         if kind in ex.HEAD_KINDS:
             assert len(split.get(ex.point(kind, 1, head))) == 1, kind
+
+
+def check_logits_and_loss(model, circuit, tokens: torch.Tensor, tol: float) -> float:
+    """The circuit's logits equal the model's own within ``tol`` (and are not all near zero), and its
+    per-token loss equals the cross entropy of the model's logits within ``10 * tol``; returns the
+    largest logits difference."""
+    logits = logits_of(circuit)
+    want = hf_logits(model, tokens[..., :-1])
+    assert logits.dtype == want.dtype and logits.shape == want.shape
+    assert want.abs().max() > 1.0  # the comparison is not between near-zero logits
+    diff = (logits - want).abs().max().item()
+    assert diff < tol
+    targets = tokens[..., 1:]
+    want_loss = torch.nn.functional.cross_entropy(
+        want.reshape(-1, want.shape[-1]), targets.reshape(-1), reduction="none"
+    ).reshape(targets.shape)
+    assert (circuit.evaluate() - want_loss).abs().max().item() < 10 * tol
+    return diff

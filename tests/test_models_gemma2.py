@@ -16,7 +16,7 @@ import dataclasses
 
 import pytest
 import torch
-from hf_reference import hf_logits, logits_of, random_tokens, check_heads_and_points
+from hf_reference import hf_logits, logits_of, random_tokens, check_heads_and_points, check_logits_and_loss
 
 import circuits as cc
 import circuits.models as cm
@@ -97,16 +97,8 @@ def test_equals_hugging_face_forward(kv_heads, tied, batched, dtype, monkeypatch
     model = gemma2(kv_heads, tied=tied).to(dtype)
     tokens = tokens_for(batched)
     circuit = cm.from_hf(model, tokens)
-    logits = logits_of(circuit)
-    want = hf_logits(model, tokens[..., :-1])
-    assert logits.dtype == want.dtype == dtype and logits.shape == want.shape
-    assert want.abs().max() > 1.0  # the comparison is not between near-zero logits
-    assert (logits - want).abs().max().item() < TOL[dtype]
-    targets = tokens[..., 1:]
-    want_loss = torch.nn.functional.cross_entropy(
-        want.reshape(-1, VOCAB), targets.reshape(-1), reduction="none"
-    ).reshape(targets.shape)
-    assert (cc.evaluate(circuit) - want_loss).abs().max().item() < 10 * TOL[dtype]
+    check_logits_and_loss(model, circuit, tokens, TOL[dtype])
+    assert logits_of(circuit).dtype == dtype
 
 
 def test_the_config():

@@ -15,7 +15,7 @@ import json
 
 import pytest
 import torch
-from hf_reference import hf_logits, logits_of, random_tokens, check_heads_and_points
+from hf_reference import hf_logits, logits_of, random_tokens, check_heads_and_points, check_logits_and_loss
 
 import circuits as cc
 import circuits.models as cm
@@ -61,16 +61,8 @@ def test_equals_hugging_face_forward(parallel, batched, dtype):
     model = neox(parallel).to(dtype)
     tokens = tokens_for(batched)
     circuit = cm.from_hf(model, tokens)
-    logits = logits_of(circuit)
-    want = hf_logits(model, tokens[..., :-1])
-    assert logits.dtype == want.dtype == dtype and logits.shape == want.shape
-    assert want.abs().max() > 1.0  # the comparison is not between near-zero logits
-    assert (logits - want).abs().max().item() < TOL[dtype]
-    targets = tokens[..., 1:]
-    want_loss = torch.nn.functional.cross_entropy(
-        want.reshape(-1, VOCAB), targets.reshape(-1), reduction="none"
-    ).reshape(targets.shape)
-    assert (cc.evaluate(circuit) - want_loss).abs().max().item() < 10 * TOL[dtype]
+    check_logits_and_loss(model, circuit, tokens, TOL[dtype])
+    assert logits_of(circuit).dtype == dtype
 
 
 @pytest.mark.parametrize("rotary_pct", [0.0, 1.0], ids=["no-rotary", "full-rotary"])

@@ -14,7 +14,7 @@ import dataclasses
 
 import pytest
 import torch
-from hf_reference import hf_logits, logits_of, random_tokens, check_heads_and_points
+from hf_reference import hf_logits, logits_of, random_tokens, check_heads_and_points, check_logits_and_loss
 
 import circuits as cc
 import circuits.models as cm
@@ -75,19 +75,10 @@ def test_equals_hugging_face_forward(kv_heads, tied, batched, dtype, monkeypatch
     model = qwen2(kv_heads, tied).to(dtype)
     tokens = tokens_for(batched)
     circuit = cm.from_hf(model, tokens)
-    logits = logits_of(circuit)
-    want = hf_logits(model, tokens[..., :-1])
-    assert logits.dtype == want.dtype == dtype and logits.shape == want.shape
-    assert want.abs().max() > 1.0  # the comparison is not between near-zero logits
-    diff = (logits - want).abs().max().item()
-    MEASURED[f"{kv_heads}-{tied}-{batched}-{dtype}"] = diff
-    assert diff < TOL[dtype]
-    loss = cc.evaluate(circuit)
-    targets = tokens[..., 1:]
-    want_loss = torch.nn.functional.cross_entropy(
-        want.reshape(-1, VOCAB), targets.reshape(-1), reduction="none"
-    ).reshape(targets.shape)
-    assert (loss - want_loss).abs().max().item() < 10 * TOL[dtype]
+    MEASURED[f"{kv_heads}-{tied}-{batched}-{dtype}"] = check_logits_and_loss(
+        model, circuit, tokens, TOL[dtype]
+    )
+    assert logits_of(circuit).dtype == dtype
 
 
 def test_the_biases_are_in_the_circuit_and_matter():
