@@ -1,6 +1,8 @@
 """What the faster parser relies on, each against a reference built independently.
 
-The parser reads every printed line in one scan, and builds a line like an
+The parser reads every printed line in one scan (checked against the
+printer's line pattern, written out here), places a plain repeat by name
+without the general bookkeeping, and builds a line like an
 earlier one (same variant, extra and printed shape, over children of the same
 shapes) with ``rebuilt_like`` from the earlier node instead of its builder;
 ``node_hash`` caches part of its header.  Each shortcut must give exactly the
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import re
 
 import attrs
 import pytest
@@ -22,6 +25,7 @@ from strategies import names, random_circuits, shapes
 import circuits as cc
 from circuits.hashing import node_hash
 from circuits.nodes import keeps_derivation, rebuilt_like
+from circuits.parsing import _LINE
 
 
 class Child:
@@ -218,3 +222,84 @@ def test_parse_leaves_objects_frozen_by_gc_freeze_frozen():
         assert gc.get_freeze_count() == frozen
     finally:
         gc.unfreeze()
+
+
+# What the printer writes, one line at a time: [serial] ['name'] [ [shape]] [ Variant [extra]]
+PRINTED = re.compile(
+    r"(\d+)?(?:(?(1) )'((?:[^'\\]|\\.)*)')?(?: (?:\[((?:\d+(?:,\d+)*)?)\] )?([A-Za-z]+)(?: ([^#]*[^# ]))?)?"
+)
+LINE_PIECES = [
+    "0",
+    "12",
+    " ",
+    "  ",
+    "'a b'",
+    "'a\\'b'",
+    "'x\\\\'",
+    "'",
+    "\\",
+    " [2,3]",
+    " []",
+    " [2, 3]",
+    " Add",
+    " Einsum ab,b->a",
+    " Array 1f",
+    " #c",
+    "# c",
+    "x",
+    "\n",
+]
+
+
+@given(st.lists(st.lists(st.sampled_from(LINE_PIECES), max_size=8).map("".join), max_size=12).map("\n".join))
+def test_the_one_scan_reads_each_line_as_the_printers_pattern_does(text):
+    lines = text.split("\n")
+    scanned = list(_LINE.finditer(text))
+    assert len(scanned) == len(lines)
+    for match, line in zip(scanned, lines):
+        body = line.lstrip(" ")
+        assert match.group(1, 2) == (line[: len(line) - len(body)], body)
+        printed = PRINTED.fullmatch(body) if (body and body[0] != " ") else None
+        if printed is None or not any(printed.groups()):
+            assert match.group(3, 4, 5, 6, 7) == (None,) * 5
+        else:
+            assert match.group(3, 4, 5, 6, 7) == printed.groups()
+
+
+@pytest.mark.parametrize(
+    "text, line_number, message",
+    [
+        ("'r' Add\n  'x' [3] Symbol\n  'x'\n    'y' [3] Symbol", 4, "indented under line 3, a repeat"),
+        (
+            "'r' Add\n  'x' [3] Symbol\n  'x'\n\n  # c\n      'y' [3] Symbol",
+            6,
+            "indented under line 3, a repeat",
+        ),
+        ("'r' Add\n  'x' [3] Symbol\n  'x'\n      'x'", 4, "indented under line 3, a repeat"),
+        (
+            "'r' Add\n  'x' [3] Symbol\n  'x'\n  \u25bc\n  'y' [3] Symbol",
+            4,
+            "an only-child marker must follow",
+        ),
+        ("'r' Add\n  'x' Add\n    'x'", 3, "repeat of 'x', which is an enclosing node"),
+        ("'r' Add\n  'x' [3] Symbol\n  'z'", 3, "repeat of 'z', which is defined by no earlier line"),
+        ("'r' Add\n  'x' [3] Symbol\n 'x'", 3, "indented by 1 spaces"),
+        ("'r' Add\n  'x' [3] Symbol\n    'x'", 3, "indented under line 2, a Symbol, which is a leaf"),
+        ("'r' Add\n  'x' [3] Symbol\n'x'", 3, "expected one circuit, found 2 top-level circuits"),
+    ],
+)
+def test_a_plain_repeat_and_the_line_after_it_are_refused_as_the_general_way_refuses(
+    text, line_number, message
+):
+    with pytest.raises(cc.ParseError) as caught:
+        cc.parse(text)
+    assert caught.value.line_number == line_number
+    assert message in str(caught.value)
+
+
+def test_plain_repeats_closing_their_siblings_land_under_the_right_parent():
+    text = "'r' Add\n  'x' [3] Symbol\n  'a' Add\n    'b' Add\n      'x'\n    'x'\n  'b'\n  'a'"
+    x = cc.Symbol((3,), name="x")
+    b = cc.Add(x, name="b")
+    a = cc.Add(b, x, name="a")
+    assert cc.parse(text) == cc.Add(x, a, b, a, name="r")
