@@ -295,6 +295,8 @@ class _Reader:
             siblings = self.roots
         if line.kind is None:
             siblings.append(self._resolve(line))
+        elif line.serial is None and not self.quoted_idents:
+            pending.append(line)  # a node by name or unnamed, the commonest line: see _open
         else:
             self._open(line, siblings)
 
@@ -730,10 +732,7 @@ class _Reader:
                 known = by_name.setdefault(name, node)
                 if known is not node and known.hash != node.hash:
                     self.name_hashes.setdefault(name, {known.hash}).add(node.hash)
-            if pending:
-                pending[-1].children.append(node)
-            else:
-                self.roots.append(node)
+            (pending[-1].children if pending else self.roots).append(node)
 
     def _attach(self, node: Circuit) -> None:
         if self.pending:
