@@ -1,8 +1,9 @@
 """What the faster parser relies on, each against a reference built independently.
 
 The parser reads every printed line in one scan (checked against the
-printer's line pattern, written out here), places a plain repeat by name
-without the general bookkeeping, and builds a line like an
+printer's line pattern, written out here), places the printer's node and
+repeat lines without the general bookkeeping (refusing what is amiss with
+the general way's errors), and builds a line like an
 earlier one (same variant, extra and printed shape, over children of the same
 shapes) with ``rebuilt_like`` from the earlier node instead of its builder;
 ``node_hash`` caches part of its header.  Each shortcut must give exactly the
@@ -286,11 +287,25 @@ def test_the_one_scan_reads_each_line_as_the_printers_pattern_does(text):
         ("'r' Add\n  'x' [3] Symbol\n 'x'", 3, "indented by 1 spaces"),
         ("'r' Add\n  'x' [3] Symbol\n    'x'", 3, "indented under line 2, a Symbol, which is a leaf"),
         ("'r' Add\n  'x' [3] Symbol\n'x'", 3, "expected one circuit, found 2 top-level circuits"),
+        # node lines, which are placed at once too when nothing is amiss
+        (
+            "'r' Add\n  'w' [2] Array 000000000000000000000000\n    'y' Add",
+            3,
+            "line 2, a Array, which is a leaf",
+        ),
+        ("'r' Add\n  0 'a' Add\n    1 'x' [3] Symbol\n  0 'a' Einsum a->a", 4, "variant 'Einsum' != 'Add'"),
+        ("'r' Add\n  0 'a' Add\n    0 'a' Add", 3, "repeat of serial number 0, whose line 2 is an enclosing"),
+        ("'r' Add\n  'a' Add\n      'b' Add", 3, "indented to depth 3 but the enclosing node is at depth 1"),
+        ("'r' Add\n  'a' Add\n    'x' [3] Symbol\n   'c' Add", 4, "indented by 3 spaces"),
+        ("'r' Add\n  'a' Add\n    'x' [3] Symbol\n'b' Add\n  'x'", 4, "found 2 top-level circuits"),
+        (
+            "'r' Add\n  'a' [3,4] Add\n    'x' [3,4] Symbol\n  'b' [3,4] Add\n    'y' [3,5] Symbol",
+            4,
+            "the line says shape [3, 4] but the Add computes [3, 5]",
+        ),
     ],
 )
-def test_a_plain_repeat_and_the_line_after_it_are_refused_as_the_general_way_refuses(
-    text, line_number, message
-):
+def test_the_printers_lines_placed_at_once_are_refused_as_the_general_way_refuses(text, line_number, message):
     with pytest.raises(cc.ParseError) as caught:
         cc.parse(text)
     assert caught.value.line_number == line_number
