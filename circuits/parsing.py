@@ -216,13 +216,8 @@ class _Reader:
         ceiling = _NO_CEILING
         self.base = _base_indent(text)
         for number, match in enumerate(_LINE.finditer(text), 1):
-            # the printer's lines, placed at once; anything else, or amiss, goes the general way
-            if match.group(6) is None:
-                if (depth := self._placed_repeat(match, ceiling)) is not None:
-                    last, ceiling = (number, match), depth
-                    continue
-            elif (line := self._placed_node(number, match, ceiling)) is not None:
-                last, ceiling = line, _NO_CEILING
+            if match.group(6) is None and (depth := self._placed_repeat(match, ceiling)) is not None:
+                last, ceiling = (number, match), depth
                 continue
             line = self._line(number, match)
             if line is None:
@@ -269,41 +264,6 @@ class _Reader:
             return None
         pending[-1].children.append(found)
         return depth
-
-    def _placed_node(self, number: int, match: re.Match, ceiling: int) -> _Line | None:
-        """Place a line that opens a node as the printer writes it (a variant with nothing
-        more to check, a shape read before, no backslash in its name, a new serial number)
-        and return it (None: the general way reads it and says what is wrong, if anything).
-        """
-        indent, body, serial, name, shape, kind, extra = match.groups()
-        spaces = len(indent)
-        beyond = spaces - self.base
-        depth, pending = beyond >> 1, self.pending
-        if not (
-            kind in self.plain_kinds
-            and pending
-            and 0 <= depth <= ceiling
-            and not beyond & 1
-            and self.marker is None
-            and not self.quoted_idents
-            and (name is None or "\\" not in name)
-            and (shape is None or shape in self.shapes)
-        ):
-            return None
-        if serial is not None:
-            if len(serial) >= _MAX_DIGITS or int(serial) in self.by_serial:
-                return None
-            serial = int(serial)
-        if pending[-1].depth >= depth:
-            self._close_to(depth)
-        if not pending or pending[-1].depth + 1 != depth or pending[-1].kind in LEAF_KINDS:
-            return None
-        shape = None if shape is None else self.shapes[shape]
-        line = _Line(number, spaces, depth, body, serial, name, shape, kind, extra or "")
-        if serial is not None:
-            self.by_serial[serial] = line
-        pending.append(line)
-        return line
 
     def _line_before(self, last: _Line | tuple[int, re.Match] | None) -> _Line | None:
         """The line before as a _Line (which a repeat that _placed_repeat placed has not)."""

@@ -1,9 +1,9 @@
 """What the faster parser relies on, each against a reference built independently.
 
 The parser reads every printed line in one scan (checked against the
-printer's line pattern, written out here), places the printer's node and
-repeat lines without the general bookkeeping (refusing what is amiss with
-the general way's errors), and builds a line like an
+printer's line pattern, written out here), places a plain repeat by name
+without the general bookkeeping (refusing what is amiss, and the line after
+it, with the general way's errors), and builds a line like an
 earlier one (same variant, extra and printed shape, over children of the same
 shapes) with ``rebuilt_like`` from the earlier node instead of its builder;
 ``node_hash`` caches part of its header.  Each shortcut must give exactly the
@@ -287,7 +287,7 @@ def test_the_one_scan_reads_each_line_as_the_printers_pattern_does(text):
         ("'r' Add\n  'x' [3] Symbol\n 'x'", 3, "indented by 1 spaces"),
         ("'r' Add\n  'x' [3] Symbol\n    'x'", 3, "indented under line 2, a Symbol, which is a leaf"),
         ("'r' Add\n  'x' [3] Symbol\n'x'", 3, "expected one circuit, found 2 top-level circuits"),
-        # node lines, which are placed at once too when nothing is amiss
+        # node lines after such repeats, and lines like them
         (
             "'r' Add\n  'w' [2] Array 000000000000000000000000\n    'y' Add",
             3,
