@@ -44,7 +44,6 @@ if TYPE_CHECKING:  # only annotations here
     from circuits.store import TensorStore
 
 Shape = shape_rules.Shape
-_setattr = object.__setattr__  # how a frozen node's fields are set, as attrs sets them
 _HASH_HEX = re.compile(r"[0-9a-f]{%d,}" % PRINTED_HEX_DIGITS)
 
 
@@ -124,9 +123,9 @@ class Circuit:
 
     def _set_derived(self, shape: Shape, extra: str) -> None:
         """Set every derived field, given ``_derive``'s result (a subclass with more sets them here)."""
-        _setattr(self, "shape", shape)
-        _setattr(self, "extra", extra)
-        _setattr(self, "hash", node_hash(self.kind, self.name, shape, extra, self.children))
+        _set_shape(self, shape)
+        _set_extra(self, extra)
+        _set_hash(self, node_hash(self.kind, self.name, shape, extra, self.children))
 
     # ------------------------------------------------------------ identity
 
@@ -374,6 +373,13 @@ class Circuit:
         return replace(self, mapping)
 
 
+# Setting a frozen node's field through its slot's bound __set__ takes two thirds of the time of
+# object.__setattr__ (which looks the slot up each time); construction and rebuilt_like set so.
+_set_children, _set_name, _set_shape, _set_extra, _set_hash = (
+    getattr(Circuit, field).__set__ for field in ("children", "name", "shape", "extra", "hash")
+)
+
+
 def _shapes_of(nodes: Sequence[Any]) -> list:
     """Children shapes for an error message (a non-node shows its type)."""
     return [list(n.shape) if isinstance(n, Circuit) else type(n).__name__ for n in nodes]
@@ -428,19 +434,22 @@ def rebuilt_like(prototype: Circuit, children: tuple[Circuit, ...], name: str | 
     try:
         copied = _COPIED_FIELDS[cls]
     except KeyError:
-        copied = _COPIED_FIELDS[cls] = tuple(field for field in _own_fields(cls) if field != "name")
-    for field in copied:
-        _setattr(node, field, getattr(prototype, field))
+        copied = _COPIED_FIELDS[cls] = tuple(
+            (field, getattr(cls, field).__set__) for field in _own_fields(cls) if field != "name"
+        )
+    for field, set_field in copied:
+        set_field(node, getattr(prototype, field))
     shape, extra = prototype.shape, prototype.extra
-    _setattr(node, "children", children)
-    _setattr(node, "name", name)
-    _setattr(node, "shape", shape)
-    _setattr(node, "extra", extra)
-    _setattr(node, "hash", node_hash(cls.kind, name, shape, extra, children))
+    _set_children(node, children)
+    _set_name(node, name)
+    _set_shape(node, shape)
+    _set_extra(node, extra)
+    _set_hash(node, node_hash(cls.kind, name, shape, extra, children))
     return node
 
 
-_COPIED_FIELDS: dict[type, tuple[str, ...]] = {}  # rebuilt_like's fields of each class, name aside
+# rebuilt_like's fields of each class, name aside, with their slots' setters
+_COPIED_FIELDS: dict[type, tuple[tuple[str, Callable[[Any, Any], None]], ...]] = {}
 
 
 def _no_children(cls: type, fields: Mapping[str, Any]) -> None:
