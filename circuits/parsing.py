@@ -210,16 +210,17 @@ class _Reader:
         self.base = 0  # the indent of the text's first node line, which is depth 0
 
     def read(self, text: str) -> None:
-        # the line before: its _Line, or (number, match) of a repeat that _placed_repeat placed
-        last: _Line | tuple[int, re.Match] | None = None
+        # the line before: its _Line, or (number, groups) of a repeat that _placed_repeat placed
+        last: _Line | tuple[int, tuple] | None = None
         # the deepest the next line may be indented: the line before's depth if it is a repeat
         ceiling = _NO_CEILING
         self.base = _base_indent(text)
         for number, match in enumerate(_LINE.finditer(text), 1):
-            if match.group(6) is None and (depth := self._placed_repeat(match, ceiling)) is not None:
-                last, ceiling = (number, match), depth
+            groups = match.groups()
+            if groups[5] is None and (depth := self._placed_repeat(groups, ceiling)) is not None:
+                last, ceiling = (number, groups), depth
                 continue
-            line = self._line(number, match)
+            line = self._line(number, groups)
             if line is None:
                 continue
             if self.marker is not None:
@@ -232,12 +233,12 @@ class _Reader:
             raise ParseError("the text ends after an only-child marker; its child is missing", number, shown)
         self._close_to(0)
 
-    def _placed_repeat(self, match: re.Match, ceiling: int) -> int | None:
+    def _placed_repeat(self, groups: tuple, ceiling: int) -> int | None:
         """Place a plain repeat by name (``'w'``), the printer's commonest line, and return its
         depth, if nothing about it needs a _Line (None: the general way reads it and says what
         is wrong, if anything).
         """
-        indent, _, serial, name, _, _, _ = match.groups()
+        indent, _, serial, name, _, _, _ = groups
         beyond = len(indent) - self.base
         depth, pending = beyond >> 1, self.pending
         if not (
@@ -265,11 +266,11 @@ class _Reader:
         pending[-1].children.append(found)
         return depth
 
-    def _line_before(self, last: _Line | tuple[int, re.Match] | None) -> _Line | None:
+    def _line_before(self, last: _Line | tuple[int, tuple] | None) -> _Line | None:
         """The line before as a _Line (which a repeat that _placed_repeat placed has not)."""
         return self._line(*last) if last.__class__ is tuple else last
 
-    def _place(self, line: _Line, last: _Line | tuple[int, re.Match] | None, ceiling: int) -> None:
+    def _place(self, line: _Line, last: _Line | tuple[int, tuple] | None, ceiling: int) -> None:
         """Put the node or repeat of ``line`` in its place: the indent says under which open node.
 
         ``ceiling``: the deepest the line may be, the depth of ``last`` if it is a repeat.
@@ -422,14 +423,15 @@ class _Reader:
 
     # ------------------------------------------------------------ lines
 
-    def _line(self, number: int, match: re.Match) -> _Line | None:
-        """Take a line apart into reference, shape, variant and extra (None for a blank line).
+    def _line(self, number: int, groups: tuple) -> _Line | None:
+        """Take a line (its scan's groups) apart into reference, shape, variant and extra (None for
+        a blank line).
 
         One scan of the text reads every line the printer writes; anything
         else (comments, spaces in shapes, mistakes) goes the slower way that
         explains errors.
         """
-        indent, body, serial, name, shape, kind, extra = match.groups()
+        indent, body, serial, name, shape, kind, extra = groups
         spaces = len(indent)
         beyond = spaces - self.base
         if (serial is None and name is None) or beyond < 0 or beyond & 1:
