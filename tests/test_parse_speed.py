@@ -260,8 +260,8 @@ def test_the_one_scan_reads_each_line_as_the_printers_pattern_does(text):
     for match, line in zip(scanned, lines):
         body = line.lstrip(" ")
         assert match.group(1, 2) == (line[: len(line) - len(body)], body)
-        printed = PRINTED.fullmatch(body) if (body and body[0] != " ") else None
-        if printed is None or not any(printed.groups()):
+        printed = PRINTED.fullmatch(body)
+        if printed is None:
             assert match.group(3, 4, 5, 6, 7) == (None,) * 5
         else:
             assert match.group(3, 4, 5, 6, 7) == printed.groups()
