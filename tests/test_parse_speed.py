@@ -19,7 +19,7 @@ import re
 import attrs
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from strategies import names, random_circuits, shapes
 
@@ -252,7 +252,9 @@ LINE_PIECES = [
 ]
 
 
+@settings(max_examples=1000)  # microseconds each
 @given(st.lists(st.lists(st.sampled_from(LINE_PIECES), max_size=8).map("".join), max_size=12).map("\n".join))
+@example("0 'a b' [2,3] Einsum ab,b->a \n  'x'  \n'y' Add #c\n12 Add x  \n''\n  'a\\'b' Array 1f")
 def test_the_one_scan_reads_each_line_as_the_printers_pattern_does(text):
     lines = text.split("\n")
     scanned = list(_LINE.finditer(text))
