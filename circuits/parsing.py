@@ -296,8 +296,6 @@ class _Reader:
             siblings = self.roots
         if line.kind is None:
             siblings.append(self._resolve(line))
-        elif line.serial is None and not self.quoted_idents:
-            pending.append(line)  # a node by name or unnamed, the commonest line: see _open
         else:
             self._open(line, siblings)
 
@@ -734,7 +732,7 @@ class _Reader:
                 known = by_name.setdefault(name, node)
                 if known is not node and known.hash != node.hash:
                     self.name_hashes.setdefault(name, {known.hash}).add(node.hash)
-            (pending[-1].children if pending else self.roots).append(node)
+            self._attach(node)
 
     def _attach(self, node: Circuit) -> None:
         if self.pending:
