@@ -95,16 +95,21 @@ class Correspondence:
         return roots[0]
 
     def in_dfs_order(self) -> list[tuple[InterpNode, IterativeMatcher]]:
-        if not self.corr:
-            return []
-        return [(node, self[node]) for node in self.get_root().get_nodes()]
+        return [(node, matcher) for _, node, matcher in self.in_dfs_order_with_parents()]
 
     def in_dfs_order_with_parents(self) -> list[tuple[InterpNode | None, InterpNode, IterativeMatcher]]:
+        """``(parent, node, matcher)`` from the root down, depth first; a node of the tree that is
+        not mapped is an error naming it (the check ``check_complete`` makes, met even without it)."""
         if not self.corr:
             return []
         root = self.get_root()
-        pairs = root.get_descendants_with_parents()
-        return [(None, root, self[root])] + [(parent, child, self[child]) for parent, child in pairs]
+        pairs = [(None, root), *root.get_descendants_with_parents()]
+        for parent, node in pairs:
+            if node not in self.corr:
+                raise IllegalCorrespondenceError(
+                    f"interpretation node {node.name!r} (a child of {parent.name!r}) is not in the correspondence"
+                )
+        return [(parent, node, self.corr[node]) for parent, node in pairs]
 
     # ------------------------------------------------------------------ checks
 
