@@ -26,7 +26,9 @@ from circuits.causal_scrubbing import (
     IllegalCorrespondenceError,
     InterpNode,
     UncondSampler,
+    UncondTogetherSampler,
     corr_root_matcher,
+    to_inputs,
 )
 
 
@@ -534,3 +536,78 @@ def test_the_simple_demo_steps_sample_treeify_wrap_and_replace():
     value = built.evaluate(ExperimentEvalSettings(device_dtype="cpu"))
     torch.testing.assert_close(value, demo_expected(sampled, nodes), rtol=1e-6, atol=0)
     assert value.shape == (1,)
+
+
+# ------------------------------------------------------------------ rust_circuit's test_hypothesis.py
+
+
+def test_implicit_inputs():
+    dataset = Dataset({"xs": torch.arange(4.0), "labels": torch.zeros(4)})
+    xs, labels = cc.Array(torch.zeros(()), name="xs"), cc.Array(torch.zeros(()), name="labels")
+    c = cc.Add(xs, labels, name="C")
+    assert c.get(to_inputs(corr_root_matcher, dataset)) == {xs, labels}
+    only_xs = Dataset(dataset.arrs, input_names={"xs"})
+    assert c.get(to_inputs(corr_root_matcher, only_xs)) == {xs}
+    # a matcher that finds an input itself reaches it (rust_circuit's chain may match where it starts)
+    assert c.get(to_inputs(cc.IterativeMatcher("labels"), dataset)) == {labels}
+
+
+def test_corr_get_root_connected_and_acyclic():
+    a = InterpNode(UncondSampler(), "C")
+    b = a.make_descendant(UncondSampler(), "B")
+    corr = Correspondence()
+    corr.add(b, corr_root_matcher)
+    corr.add(a, corr_root_matcher)
+    assert corr.get_root() is a
+    unconnected = Correspondence()
+    unconnected.add(InterpNode(UncondSampler(), "A"), corr_root_matcher)
+    unconnected.add(InterpNode(UncondSampler(), "B"), corr_root_matcher)
+    with pytest.raises(IllegalCorrespondenceError, match=r"one root .*found \['A', 'B'\]"):
+        unconnected.get_root()
+    b._children = b.children + (a,)  # very bad, no one should ever do this!
+    with pytest.raises(IllegalCorrespondenceError, match="found none"):
+        corr.get_root()
+
+
+def test_corr_complete():
+    a = InterpNode(UncondSampler(), "C")
+    b = a.make_descendant(UncondSampler(), "B")
+    corr = Correspondence()
+    corr.add(a, corr_root_matcher)
+    with pytest.raises(IllegalCorrespondenceError, match="'B' \\(a child of 'C'\\) is not in"):
+        corr.check_complete()
+    corr.add(b, corr_root_matcher)
+    corr.check_complete()
+    alone = Correspondence()
+    alone.add(b, corr_root_matcher)
+    alone.check_complete()
+
+
+def test_uncond_together_sampler_without_a_generator():
+    dataset = Dataset({"xs": torch.arange(100)})
+    root = InterpNode(ExactSampler(), "A")
+    b0 = root.make_descendant(UncondTogetherSampler(), "B0")
+    b1 = root.make_descendant(UncondTogetherSampler(), "B1")
+    sampled = root.sample(None, dataset, dataset)
+    assert len(sampled.sampler_pools) == 1
+    assert sampled.datasets[b0] == sampled.datasets[b1] != dataset
+
+
+def test_print_interpretation_before_and_after_sampling():
+    c_t = InterpNode(ExactSampler(), "C")
+    c_t.make_descendant(ExactSampler(), "x0_A")
+    c_t.make_descendant(UncondSampler(), "x0_B")
+    assert c_t.print(None, repr=True).splitlines() == [
+        "C  # cond_sampler=ExactSampler, other_inputs_sampler=UncondSampler",
+        "  x0_A  # cond_sampler=ExactSampler",
+        "  x0_B  # cond_sampler=UncondSampler",
+    ]
+    ds = Dataset({"xs": torch.arange(10), "labels": torch.arange(10)})
+    sampled = c_t.sample(torch.Generator().manual_seed(11), ds, ds)
+    c_datum, other, b_datum = sampled.datasets[c_t][0], sampled[c_t][0], sampled[c_t.children[1]][0]
+    assert c_t.print(None, sampled, color_by_data=False, repr=True).splitlines() == [
+        f"C  # cond_sampler=ExactSampler(d={c_datum}), other_inputs_sampler=UncondSampler(d={other})",
+        f"  x0_A  # cond_sampler=ExactSampler(d={c_datum})",
+        f"  x0_B  # cond_sampler=UncondSampler(d={b_datum})",
+    ]
+    assert c_datum == ds[0]

@@ -4,8 +4,9 @@
 is ``corr_root_matcher``: the whole model; a child's chains on from its parent's).  The checks,
 each raising ``IllegalCorrespondenceError`` that names the interpretation node and says what is
 wrong: *complete* (every child of a mapped node is mapped), *root is the model*, *well defined*
-(each matcher finds exactly one node, and reaches the dataset's inputs below it), *injective on
-the treeified circuit* (no circuit node is claimed by two interpretation nodes).
+(each matcher finds exactly one node, and reaches the dataset's inputs below it: run only when
+called, as in rust_circuit, whose ``Experiment`` allows a matcher finding several nodes),
+*injective on the treeified circuit* (no circuit node is claimed by two interpretation nodes).
 """
 
 from __future__ import annotations

@@ -156,7 +156,10 @@ class Experiment:
 
     def make_ref_ds(self, num_examples: int) -> Dataset:
         if isinstance(num_examples, bool) or not isinstance(num_examples, int) or num_examples < 1:
-            raise IllegalCorrespondenceError(f"scrub: {num_examples!r} reference examples; give an int >= 1")
+            raise CausalScrubbingError(
+                f"scrub: ref_ds_or_num must be a Dataset or a number of reference examples >= 1, "
+                f"got {shown(repr(num_examples))}"
+            )
         return self._dataset.sample(num_examples, self._rng)
 
     def sample(self, ref_ds: Dataset) -> SampledInputs:
@@ -229,14 +232,15 @@ class Experiment:
             raise CausalScrubbingError(f"wrap_in_var: ref_ds must be a Dataset, got {type(ref_ds).__name__}")
         group = self._checked_group(group, len(ref_ds), "wrap_in_var")
         inputs = Matcher.any(*sorted(ref_ds.input_names))
-        for found in get(circuit, inputs):
-            row = ref_ds.arrs[found.name].shape[1:]
-            if found.shape != row:
+        found = get(circuit, inputs)
+        for node in found:
+            row = ref_ds.arrs[node.name].shape[1:]
+            if node.shape != row:
                 raise CausalScrubbingError(
-                    f"wrap_in_var: input {found.describe()} has shape {list(found.shape)}, not one row of "
-                    f"ref_ds's {found.name!r} ({list(row)}): wrap_in_var is for circuits built on one example"
+                    f"wrap_in_var: input {node.describe()} has shape {list(node.shape)}, not one row of "
+                    f"ref_ds's {node.name!r} ({list(row)}): wrap_in_var is for circuits built on one example"
                 )
-        if not are_any_found(circuit, inputs):
+        if not found:
             return circuit
         return update(
             circuit,
