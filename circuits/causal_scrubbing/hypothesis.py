@@ -173,8 +173,8 @@ class InterpNode:
 
         text = interp_repr(
             self,
-            sampled_inputs,
             options,
+            sampled_inputs,
             print_data=print_data,
             color_by_data=color_by_data,
             datum_idx=datum_idx,

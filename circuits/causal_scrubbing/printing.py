@@ -86,8 +86,8 @@ def _joined(*texts: str | None) -> str | None:
 
 def interp_repr(
     root: InterpNode,
-    sampled_inputs: SampledInputs = SampledInputs(),
     options: Mapping[str, Any] | None = None,
+    sampled_inputs: SampledInputs = SampledInputs(),
     *,
     print_data: bool = True,
     color_by_data: bool = True,
