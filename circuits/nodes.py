@@ -1141,8 +1141,7 @@ class DiscreteVar(Circuit):
                 raise RandomVariableError(
                     f"{where}: values has shape [], but its first axis must count the samples"
                 )
-            count = values.shape[0]
-            probs_and_group = Tag.new_with_random_uuid(Scalar(1.0 / count if count else 0.0, (count,)))
+            probs_and_group = DiscreteVar.uniform_probs_and_group(values.shape[0])
         check_node(probs_and_group, f"{where}: probs_and_group", RandomVariableError)
         self.__attrs_init__(children=(values, probs_and_group), name=name)
 
@@ -1177,6 +1176,16 @@ class DiscreteVar(Circuit):
                 f"(values, probs_and_group), got {len(children)}"
             )
         return cls(children[0], children[1], name=fields["name"])
+
+    @staticmethod
+    def uniform_probs_and_group(size: int, name: str | None = None) -> Tag:
+        """``size`` equal probabilities under a fresh Tag (named ``name``): a new group whose
+        variables are sampled together, none equal to another group (rust_circuit's)."""
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise RandomVariableError(
+                f"DiscreteVar.uniform_probs_and_group: size must be an int >= 0, got {shown(repr(size))}"
+            )
+        return Tag.new_with_random_uuid(Scalar(1.0 / size if size else 0.0, (size,)), name=name)
 
     @property
     def values(self) -> Circuit:

@@ -84,6 +84,38 @@ def test_indexing_keeps_axis_0_names_and_input_names():
     assert ds[1].toks.name == "toks"
 
 
+def test_slices_read_as_python_reads_them_backwards_included():
+    ds = _ds()
+    rows = torch.arange(6)
+    for cut in (
+        slice(None, None, -1),
+        slice(4, 0, -2),
+        slice(None, None, 2),
+        slice(-2, None),
+        slice(10, None),
+    ):
+        assert ds[cut].label.value.tolist() == (rows % 2)[list(range(6))[cut]].tolist(), cut
+        assert ds[cut].toks.value.tolist() == torch.arange(18).reshape(6, 3)[list(range(6))[cut]].tolist()
+    assert ds[::-1].toks.value.tolist() == torch.flip(torch.arange(18).reshape(6, 3), [0]).tolist()
+    assert ds[torch.tensor(1) : torch.tensor(3)].label.value.tolist() == [1, 0]
+
+
+@pytest.mark.parametrize(
+    "cut, message",
+    [
+        (slice(None, None, 0), "the step must not be zero"),
+        (slice(1.5, None), "start, stop and step must be ints or None"),
+        (slice(None, None, True), "start, stop and step must be ints or None"),
+        (slice(torch.tensor(0.5), None), "start, stop and step must be ints or None"),
+    ],
+)
+def test_a_slice_that_cannot_be_read_names_it(cut, message):
+    with pytest.raises(CausalScrubbingError, match=f"Dataset slice slice.*: {message}"):
+        _ds()[cut]
+    with pytest.raises(CausalScrubbingError, match="Dataset indices must be ints"):
+        _ds()[["a", "b"]]
+
+
 def test_indexing_errors_name_the_index_and_length():
     ds = _ds()
     with pytest.raises(CausalScrubbingError, match="index 6 is out of range for a Dataset of 6"):

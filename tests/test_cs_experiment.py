@@ -143,17 +143,34 @@ def test_an_incomplete_correspondence_is_refused_naming_the_child():
         (corr_root_matcher.chain(cc.Index), "finds 3 nodes"),
     ],
 )
-def test_an_ill_defined_matcher_is_refused_naming_the_node(matcher, message):
+def test_the_well_defined_check_runs_when_asked_and_names_the_node(matcher, message):
     with pytest.raises(IllegalCorrespondenceError, match=f"'a'.*{message}"):
-        Experiment(circuit(), dataset(), two_level(matcher))
+        two_level(matcher).check_well_defined(circuit(), dataset())
+
+
+def test_a_matcher_finding_several_nodes_is_allowed_under_check_true_as_in_rust_circuit():
+    """rust_circuit runs the well-defined check only when asked: 'abc' claims all three columns."""
+    corr = two_level(corr_root_matcher.chain(cc.Index), name="abc")
+    scrubbed = Experiment(circuit(7), dataset(), corr, check=True).scrub(25)
+    torch.testing.assert_close(scrubbed.evaluate(), scrubbed.ref_ds.x.value.sum(-1), rtol=0, atol=0)
+
+
+def test_a_matcher_finding_nothing_is_refused_when_scrubbing_naming_the_node():
+    experiment = Experiment(circuit(7), dataset(), two_level(corr_root_matcher.chain("nowhere")))
+    with pytest.raises(IllegalCorrespondenceError, match="'a': its branch reaches none of the inputs"):
+        experiment.scrub(10)
 
 
 def test_a_branch_that_does_not_reach_the_inputs_is_refused():
     x = cc.Array(torch.zeros(N, 3, dtype=torch.float64), name="x")
     constant = cc.Scalar(2.0, shape=(N,), name="k")
     with_constant = cc.Add(cc.Index(x, (slice(None), 0), name="a"), constant, name="out")
+    corr = two_level(corr_root_matcher.chain("k"), name="k")
+    for treeify in (True, False):  # an exact child's data equal its parent's: refused all the same
+        with pytest.raises(IllegalCorrespondenceError, match="'k': its branch reaches none of the inputs"):
+            Experiment(with_constant, dataset(), corr).scrub(N, treeify=treeify)
     with pytest.raises(IllegalCorrespondenceError, match="'k'.*does not reach the inputs"):
-        Experiment(with_constant, dataset(), two_level(corr_root_matcher.chain("k"), name="k"))
+        corr.check_well_defined(with_constant, dataset())
 
 
 def test_the_root_must_be_the_whole_model():
@@ -180,6 +197,36 @@ def test_a_child_outside_its_parents_branch_is_refused():
     corr.add(s_node.make_descendant(ExactSampler(), "C"), corr_root_matcher.chain("c"))
     with pytest.raises(IllegalCorrespondenceError, match="'C'.*outside its parent"):
         Experiment(circuit(7), dataset(), corr).scrub(10)
+
+
+def non_injective() -> Correspondence:
+    corr = two_level(corr_root_matcher.chain("a"))
+    corr.add(corr.get_root().make_descendant(ExactSampler(), "again"), corr_root_matcher.chain("a"))
+    return corr
+
+
+@pytest.mark.filterwarnings("ignore:check=False")
+def test_scrub_checks_unless_told_not_to_whatever_the_experiment_says():
+    """rust_circuit's ``scrub(check=True)`` default: Experiment(check=False) skips only its own
+    checks; ``scrub(check=False)`` (or None: the experiment's) scrubs the non-injective hypothesis."""
+    experiment = Experiment(circuit(7), dataset(), non_injective(), check=False)
+    with pytest.raises(IllegalCorrespondenceError, match="'again'"):
+        experiment.scrub(10)
+    for check in (False, None):
+        scrubbed = experiment.scrub(10, check=check)
+        other = scrubbed.sampled_inputs.other_inputs_datasets[scrubbed.nodes.get_root()]
+        expected = column(scrubbed.ref_ds, 0) + column(other, 1) + column(other, 2)
+        torch.testing.assert_close(scrubbed.evaluate(), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("check", [1, 0, "slow", None, 1.0])
+def test_check_must_be_true_false_or_fast(check):
+    with pytest.raises(IllegalCorrespondenceError, match="check must be True, False or 'fast'"):
+        Experiment(circuit(7), dataset(), two_level(corr_root_matcher.chain("a")), check=check)
+    if check is not None:  # None at scrub means the experiment's
+        experiment = Experiment(circuit(7), dataset(), two_level(corr_root_matcher.chain("a")))
+        with pytest.raises(IllegalCorrespondenceError, match="scrub: check must be"):
+            experiment.scrub(5, check=check)
 
 
 def test_adding_twice_or_a_taken_name_is_refused():

@@ -15,14 +15,17 @@ with its imports changed:
 - hypotheses (``hypothesis``, ``correspondence``): ``InterpNode`` trees mapped
   onto branches of the circuit by a ``Correspondence``, with its checks;
 - ``Experiment`` (``experiment``): samples every node's data, treeifies and
-  replaces the inputs path by path; ``ScrubbedExperiment.evaluate``;
+  replaces the inputs path by path (a circuit built on one example, as
+  rust_circuit's, through ``DiscreteVar``s of a group; a batched one
+  directly); ``ScrubbedExperiment.evaluate`` (``scrubbed``);
 - ``scrub_losses`` (``report``): clean, scrubbed and scrambled losses and the
   fraction of loss recovered, over several seeds.
 """
 
 from circuits.causal_scrubbing.correspondence import Correspondence
 from circuits.causal_scrubbing.dataset import Dataset
-from circuits.causal_scrubbing.experiment import Experiment, ExperimentEvalSettings, ScrubbedExperiment
+from circuits.causal_scrubbing.experiment import Experiment
+from circuits.causal_scrubbing.scrubbed import ExperimentEvalSettings, ScrubbedExperiment
 from circuits.causal_scrubbing.report import ScrubReport, scrub_losses
 from circuits.causal_scrubbing.hypothesis import InterpNode, SampledInputs, corr_root_matcher, to_inputs
 from circuits.causal_scrubbing.samplers import (

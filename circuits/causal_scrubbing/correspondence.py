@@ -4,8 +4,9 @@
 is ``corr_root_matcher``: the whole model; a child's chains on from its parent's).  The checks,
 each raising ``IllegalCorrespondenceError`` that names the interpretation node and says what is
 wrong: *complete* (every child of a mapped node is mapped), *root is the model*, *well defined*
-(each matcher finds exactly one node, and reaches the dataset's inputs below it), *injective on
-the treeified circuit* (no circuit node is claimed by two interpretation nodes).
+(each matcher finds exactly one node, and reaches the dataset's inputs below it: run only when
+called, as in rust_circuit, whose ``Experiment`` allows a matcher finding several nodes),
+*injective on the treeified circuit* (no circuit node is claimed by two interpretation nodes).
 """
 
 from __future__ import annotations
@@ -95,16 +96,21 @@ class Correspondence:
         return roots[0]
 
     def in_dfs_order(self) -> list[tuple[InterpNode, IterativeMatcher]]:
-        if not self.corr:
-            return []
-        return [(node, self[node]) for node in self.get_root().get_nodes()]
+        return [(node, matcher) for _, node, matcher in self.in_dfs_order_with_parents()]
 
     def in_dfs_order_with_parents(self) -> list[tuple[InterpNode | None, InterpNode, IterativeMatcher]]:
+        """``(parent, node, matcher)`` from the root down, depth first; a node of the tree that is
+        not mapped is an error naming it (the check ``check_complete`` makes, met even without it)."""
         if not self.corr:
             return []
         root = self.get_root()
-        pairs = root.get_descendants_with_parents()
-        return [(None, root, self[root])] + [(parent, child, self[child]) for parent, child in pairs]
+        pairs = [(None, root), *root.get_descendants_with_parents()]
+        for parent, node in pairs:
+            if node not in self.corr:
+                raise IllegalCorrespondenceError(
+                    f"interpretation node {node.name!r} (a child of {parent.name!r}) is not in the correspondence"
+                )
+        return [(parent, node, self.corr[node]) for parent, node in pairs]
 
     # ------------------------------------------------------------------ checks
 

@@ -27,6 +27,7 @@ attrs.  Differences:
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
@@ -145,6 +146,30 @@ def _check_input_names(instance: Dataset, attribute: Any, names: frozenset[str])
         )
 
 
+def _checked_slice(idxs: slice, n: int) -> slice | torch.Tensor:
+    """A slice of ints (or None) as Python reads it: a negative step goes backwards (as indices,
+    which torch takes where its slices do not); a zero step is an error naming the slice."""
+    start, stop, step = (_slice_part(part, idxs) for part in (idxs.start, idxs.stop, idxs.step))
+    if step == 0:
+        raise CausalScrubbingError(f"Dataset slice {shown(repr(idxs))}: the step must not be zero")
+    if step is not None and step < 0:
+        return torch.tensor(range(*slice(start, stop, step).indices(n)), dtype=torch.int64)
+    return slice(start, stop, step)
+
+
+def _slice_part(part: Any, idxs: slice) -> int | None:
+    if part is None:
+        return None
+    if not isinstance(part, bool):
+        try:
+            return operator.index(part)
+        except TypeError:
+            pass
+    raise CausalScrubbingError(
+        f"Dataset slice {shown(repr(idxs))}: start, stop and step must be ints or None"
+    )
+
+
 @attrs.frozen(eq=True, hash=True, repr=False)
 class Dataset:
     """Named arrays with examples on axis 0; ``input_names`` are the ones scrubbing replaces.
@@ -224,9 +249,12 @@ class Dataset:
             idxs %= n
             return slice(idxs, idxs + 1)
         if isinstance(idxs, slice):
-            return idxs
+            return _checked_slice(idxs, n)
         if isinstance(idxs, (list, range)):
-            idxs = torch.as_tensor(list(idxs), dtype=torch.int64 if len(idxs) == 0 else None)
+            try:
+                idxs = torch.as_tensor(list(idxs), dtype=torch.int64 if len(idxs) == 0 else None)
+            except (TypeError, ValueError, RuntimeError):
+                raise CausalScrubbingError(f"Dataset indices must be ints, got {shown(repr(idxs))}") from None
         if not isinstance(idxs, torch.Tensor) or idxs.ndim != 1:
             raise CausalScrubbingError(
                 f"a Dataset is indexed by an int, a slice, a list or a 1-D tensor of indices, "

@@ -1,12 +1,19 @@
-"""``Experiment``: scrub a circuit along a correspondence, and ``ScrubbedExperiment``: evaluate it.
+"""``Experiment``: scrub a circuit along a correspondence into a ``ScrubbedExperiment``.
 
 rust_circuit's names and arguments (``Experiment(circuit, dataset, corr, random_seed=42,
-check=True)``, ``.scrub(ref_ds_or_num, treeify=True, check=True)``, ``.evaluate()``).  Our model
-circuits are batched: the reference dataset's rows become the circuit's batch axis, and each input
-array is replaced, path by path, by the array of the same name drawn for the interpretation node
-whose branch the path belongs to (row ``i`` of every replacement is drawn for reference datum
-``i``).  ``update`` along a matcher un-shares a node only where the paths through it differ, so the
-scrubbed circuit is a DAG: what two branches compute from the same data is computed once.
+check=True)``, ``.scrub(ref_ds_or_num, group=None, treeify=True, check=True)``, ``.treeified``,
+``.wrap_in_var``, ``.replace_inputs``).  Each input array is replaced, path by path, by the array
+of the same name drawn for the interpretation node whose branch the path belongs to (row ``i`` of
+every replacement is drawn for reference datum ``i``).  ``update`` along a matcher un-shares a
+node only where the paths through it differ, so the scrubbed circuit is a DAG: what two branches
+compute from the same data is computed once.
+
+The circuit is built either on one example, as rust_circuit's are (each input has the shape of
+one row of the dataset's array of its name): ``scrub`` then wraps the inputs in ``DiscreteVar``s
+of the group, as rust_circuit does, and ``evaluate`` runs the group on all reference examples; or
+on a batch (each input has a leading batch axis of any size, the rows after it): the reference
+rows become that axis.  Which one is read from the inputs' shapes; any other shape is an error
+naming the input.
 
 *Treeifying* (``treeified``) marks each branch's inputs with the interpretation node's name (the
 input renamed ``'{input}_scrub_{node}'`` under an identity ``Add`` that keeps the input's name,
@@ -16,24 +23,38 @@ the inputs path by path gives the same values without it.
 
 from __future__ import annotations
 
+import operator
 import warnings
 from typing import Any
 
-import attrs
 import torch
 
 from circuits.causal_scrubbing.correspondence import Correspondence
 from circuits.causal_scrubbing.dataset import Dataset
 from circuits.causal_scrubbing.hypothesis import InterpNode, SampledInputs, to_inputs
-from circuits.errors import CausalScrubbingError, IllegalCorrespondenceError
-from circuits.matching import are_any_found, get
-from circuits.nodes import Add, Circuit, check_node
+from circuits.causal_scrubbing.scrubbed import ExperimentEvalSettings, ScrubbedExperiment
+from circuits.errors import CausalScrubbingError, IllegalCorrespondenceError, shown
+from circuits.matching import Matcher, are_any_found, get
+from circuits.nodes import Add, Circuit, DiscreteVar, check_node
 from circuits.rewrite import update
 from circuits.traversal import unique_nodes
 
-__all__ = ["Experiment", "ExperimentEvalSettings", "ScrubbedExperiment"]
+__all__ = ["Experiment", "ExperimentEvalSettings", "ScrubbedExperiment", "checked_seed"]
 
 _SCRUB = "_scrub_"
+#: torch's generators take seeds in [0, 2**64) (a negative seed is read modulo 2**64).
+_SEEDS = 2**64
+
+
+def checked_seed(seed: Any, what: str = "random_seed") -> int:
+    """``seed`` as an int a ``torch.Generator`` takes, or an error naming ``what``."""
+    try:
+        value = None if isinstance(seed, bool) else operator.index(seed)
+    except TypeError:
+        value = None
+    if value is None or not 0 <= value < _SEEDS:
+        raise CausalScrubbingError(f"{what} must be an int in [0, 2**64), got {shown(repr(seed))}")
+    return value
 
 
 def _is_tag(node: Circuit) -> bool:
@@ -46,11 +67,51 @@ def _is_tag(node: Circuit) -> bool:
     )
 
 
+def _on_one_example(circuit: Circuit, dataset: Dataset) -> bool:
+    """Whether ``circuit`` is built on one example (its inputs are rows of the dataset's arrays)
+    rather than on a batch of them; an input of neither shape, or a mix, is an error naming it."""
+    names = dataset.input_names
+    found = {node for node in unique_nodes(circuit) if node.name in names}
+    if not found:
+        raise IllegalCorrespondenceError(
+            f"Experiment: the circuit has none of the dataset's inputs {sorted(names)}: there is nothing to scrub"
+        )
+    kinds: dict[bool, Circuit] = {}
+    for node in sorted(found, key=lambda node: node.name):
+        row = dataset.arrs[node.name].shape[1:]
+        if node.shape == row or (len(node.shape) == len(row) + 1 and node.shape[1:] == row):
+            kinds.setdefault(node.shape == row, node)
+            continue
+        batch = ", ".join(["batch", *map(str, row)])
+        raise CausalScrubbingError(
+            f"Experiment: input {node.describe()} has shape {list(node.shape)}; the dataset's "
+            f"{node.name!r} is {list(dataset.arrs[node.name].shape)}, so the circuit's input must be one "
+            f"row, {list(row)}, or a batch of rows, [{batch}]"
+        )
+    if len(kinds) > 1:
+        one, batched = kinds[True], kinds[False]
+        raise CausalScrubbingError(
+            f"Experiment: input {one.describe()} {list(one.shape)} is one example but {batched.describe()} "
+            f"{list(batched.shape)} is a batch: build the circuit on one example or on a batch"
+        )
+    return next(iter(kinds))
+
+
+def _checked_check(check: Any, where: str) -> Any:
+    if check is not True and check is not False and not (isinstance(check, str) and check == "fast"):
+        raise IllegalCorrespondenceError(
+            f"{where}: check must be True, False or 'fast', got {shown(repr(check))}"
+        )
+    return check
+
+
 class Experiment:
     """A causal scrubbing experiment on ``circuit`` (its inputs named like ``dataset``'s input
-    arrays, examples on the leading axis) under the hypothesis ``corr``; ``random_seed`` seeds the
-    one generator every draw uses; ``check`` runs the correspondence's checks (``"fast"``: only
-    the cheap ones, with a warning, as rust_circuit)."""
+    arrays: one example's rows, or a batch of them) under the hypothesis ``corr``;
+    ``random_seed`` seeds the one generator every draw uses; ``check`` runs the correspondence's
+    checks (complete, root is the model) as rust_circuit does: ``"fast"`` the same, with a
+    warning, ``False`` none.  The well-defined check (each matcher finds one node) runs only when
+    asked for, ``corr.check_well_defined(circuit, dataset)``, as in rust_circuit."""
 
     def __init__(
         self,
@@ -69,21 +130,17 @@ class Experiment:
             raise IllegalCorrespondenceError(
                 f"Experiment: corr must be a Correspondence, got {type(corr).__name__}"
             )
-        if check not in (True, False, "fast"):
-            raise IllegalCorrespondenceError(
-                f"Experiment: check must be True, False or 'fast', got {check!r}"
-            )
+        self._check = _checked_check(check, "Experiment")
+        self._seed = checked_seed(random_seed, "Experiment: random_seed")
         if check is not True:
             warnings.warn(
                 f"check={check!r}: your correspondence may have issues that won't be caught", stacklevel=2
             )
-        self._base_circuit, self._dataset, self._nodes, self._check = circuit, dataset, corr, check
+        self._base_circuit, self._dataset, self._nodes = circuit, dataset, corr
         if check:
             corr.check(circuit, circuit_treeified=False)
-        if check is True:
-            corr.check_well_defined(circuit, dataset)
-        self._seed = random_seed
-        self._rng = torch.Generator().manual_seed(random_seed)
+        self._one_example = _on_one_example(circuit, dataset)
+        self._rng = torch.Generator().manual_seed(self._seed)
 
     @property
     def base_circuit(self) -> Circuit:
@@ -99,7 +156,10 @@ class Experiment:
 
     def make_ref_ds(self, num_examples: int) -> Dataset:
         if isinstance(num_examples, bool) or not isinstance(num_examples, int) or num_examples < 1:
-            raise IllegalCorrespondenceError(f"scrub: {num_examples!r} reference examples; give an int >= 1")
+            raise CausalScrubbingError(
+                f"scrub: ref_ds_or_num must be a Dataset or a number of reference examples >= 1, "
+                f"got {shown(repr(num_examples))}"
+            )
         return self._dataset.sample(num_examples, self._rng)
 
     def sample(self, ref_ds: Dataset) -> SampledInputs:
@@ -107,26 +167,86 @@ class Experiment:
         return self._nodes.sample(self._dataset, self._rng, ref_ds)
 
     def scrub(
-        self, ref_ds_or_num: Dataset | int, group: Any = None, treeify: bool = True, check: Any = None
+        self,
+        ref_ds_or_num: Dataset | int,
+        group: Circuit | None = None,
+        treeify: bool = True,
+        check: Any = True,
     ) -> ScrubbedExperiment:
         """Sample the reference data (``ref_ds_or_num`` examples from the dataset, or that
-        dataset) and every node's data, treeify (optional) and replace the inputs path by path.
-        ``group`` (rust_circuit's DiscreteVar group) has no counterpart: the reference rows are
-        the batch; anything but None raises."""
-        if group is not None:
-            raise CausalScrubbingError(
-                "scrub: group= is not supported (the reference examples are the batch axis)"
-            )
-        check = bool(self._check if check is None else check)
-        ref_ds = ref_ds_or_num if isinstance(ref_ds_or_num, Dataset) else self.make_ref_ds(ref_ds_or_num)
+        dataset) and every node's data, treeify (optional), wrap a circuit on one example's
+        inputs in ``DiscreteVar``s of ``group`` (a fresh uniform group of ``len(ref_ds)`` if None)
+        and replace the inputs path by path.  ``check`` (True unless told otherwise, as in
+        rust_circuit; None: the experiment's) runs the checks treeifying makes."""
+        check = bool(self._check if check is None else _checked_check(check, "scrub"))
+        ref_ds = self._checked_ref_ds(ref_ds_or_num)
+        group = self._checked_group(group, len(ref_ds))
         sampled = self.sample(ref_ds)
         circuit = self._base_circuit
         if treeify:
             circuit = self.treeified(check)
             if check:
                 self._nodes.check_injective_on_treeified(circuit)
+        if self._one_example:
+            circuit = self.wrap_in_var(circuit, ref_ds, group)
         circuit = self.replace_inputs(circuit, sampled)
-        return ScrubbedExperiment(circuit, ref_ds, sampled, self._seed, self._nodes)
+        return ScrubbedExperiment(circuit, ref_ds, sampled, group, self._seed, self._nodes)
+
+    def _checked_ref_ds(self, ref_ds_or_num: Any) -> Dataset:
+        """The reference dataset: drawn, or given with every array of the dataset, row for row."""
+        if not isinstance(ref_ds_or_num, Dataset):
+            return self.make_ref_ds(ref_ds_or_num)
+        ref_ds = ref_ds_or_num
+        for name, array in self._dataset.arrs.items():
+            if name not in ref_ds.arrs:
+                raise CausalScrubbingError(
+                    f"scrub: ref_ds_or_num has no array {name!r} (it has {sorted(ref_ds.arrs)}); the "
+                    f"reference examples need every array of the dataset {sorted(self._dataset.arrs)}"
+                )
+            if ref_ds.arrs[name].shape[1:] != array.shape[1:]:
+                raise CausalScrubbingError(
+                    f"scrub: ref_ds_or_num's {name!r} has rows of shape {list(ref_ds.arrs[name].shape[1:])}, "
+                    f"the dataset's {list(array.shape[1:])}"
+                )
+        if len(ref_ds) == 0:
+            raise CausalScrubbingError("scrub: ref_ds_or_num has no examples")
+        return ref_ds
+
+    @staticmethod
+    def _checked_group(group: Any, count: int, where: str = "scrub") -> Circuit:
+        if group is None:
+            return DiscreteVar.uniform_probs_and_group(count)
+        check_node(group, f"{where}: group", CausalScrubbingError)
+        if group.shape != (count,):
+            raise CausalScrubbingError(
+                f"{where}: group has shape {list(group.shape)}; it must be [{count}], one per reference example"
+            )
+        return group
+
+    def wrap_in_var(self, circuit: Circuit, ref_ds: Dataset, group: Circuit) -> Circuit:
+        """``circuit`` (built on one example) with each of ``ref_ds``'s inputs in it replaced by
+        ``DiscreteVar(ref_ds's array, group, name='{input}_var')``: a variable over the reference
+        examples (rust_circuit's; what ``replace_inputs`` then replaces are its values).  An
+        input of another shape than one row is an error naming it; none at all, no change."""
+        if not isinstance(ref_ds, Dataset):
+            raise CausalScrubbingError(f"wrap_in_var: ref_ds must be a Dataset, got {type(ref_ds).__name__}")
+        group = self._checked_group(group, len(ref_ds), "wrap_in_var")
+        inputs = Matcher.any(*sorted(ref_ds.input_names))
+        found = get(circuit, inputs)
+        for node in found:
+            row = ref_ds.arrs[node.name].shape[1:]
+            if node.shape != row:
+                raise CausalScrubbingError(
+                    f"wrap_in_var: input {node.describe()} has shape {list(node.shape)}, not one row of "
+                    f"ref_ds's {node.name!r} ({list(row)}): wrap_in_var is for circuits built on one example"
+                )
+        if not found:
+            return circuit
+        return update(
+            circuit,
+            inputs,
+            lambda found: DiscreteVar(ref_ds.arrs[found.name], group, name=f"{found.name}_var"),
+        )
 
     def treeified(self, check: bool = True) -> Circuit:
         """The circuit with each branch's inputs marked by its interpretation node (see the module);
@@ -135,6 +255,7 @@ class Experiment:
         root = self._nodes.get_root()
         for node, matcher in self._nodes.in_dfs_order():
             path = to_inputs(matcher, self._dataset)
+            self._check_reaches_inputs(circuit, node, path)
             if check and node is not root:
                 self._check_inside_parent(circuit, node, path)
             circuit = update(circuit, path, lambda found, node=node: _tagged(found, node))
@@ -162,102 +283,24 @@ class Experiment:
         """Each node's branch run on its data: parents first, so a child's paths end on the child's."""
         for parent, node, matcher in self._nodes.in_dfs_order_with_parents():
             data = sampled_inputs[node]
+            path = to_inputs(matcher, self._dataset)
+            self._check_reaches_inputs(circuit, node, path)
             if parent is not None and sampled_inputs[parent] == data:
                 continue
-            path = to_inputs(matcher, self._dataset)
-            if not are_any_found(circuit, path):
-                raise IllegalCorrespondenceError(
-                    f"interpretation node {node.name!r}: its branch reaches none of the inputs "
-                    f"{sorted(self._dataset.input_names)} in the circuit"
-                )
             circuit = update(circuit, path, lambda found, data=data: data.arrs[found.name])
         return circuit
+
+    def _check_reaches_inputs(self, circuit: Circuit, node: InterpNode, path) -> None:
+        """A branch with no input below it scrubs nothing: an error naming the node (so that
+        ``update`` along the branch always finds something)."""
+        if not are_any_found(circuit, path):
+            raise IllegalCorrespondenceError(
+                f"interpretation node {node.name!r}: its branch reaches none of the inputs "
+                f"{sorted(self._dataset.input_names)} in the circuit"
+            )
 
 
 def _tagged(found: Circuit, node: InterpNode) -> Circuit:
     """``found`` (an input, or one tagged before) tagged for ``node``."""
     inner = found.children[0] if _is_tag(found) else found
     return Add(inner.rename(f"{found.name}{_SCRUB}{node.name}"), name=found.name)
-
-
-class ExperimentEvalSettings:
-    """How ``ScrubbedExperiment.evaluate`` runs, with rust_circuit's arguments.
-
-    ``device_dtype``: a device (str) or a ``(device, dtype)`` pair.  ``optimize`` and
-    ``optim_settings`` are accepted and have no effect (our evaluator has no separate optimiser).
-    rust_circuit's batching and sampling options (``batch_size``, ``run_on_all=False``,
-    ``num_samples``) are not supported: anything but their defaults raises, rather than being
-    silently ignored.  Every reference example is run once, in order.
-    """
-
-    def __init__(
-        self,
-        optimize: bool = True,
-        optim_settings: Any = None,
-        batch_size: int | None = None,
-        run_on_all: bool = True,
-        num_samples: int | None = None,
-        device_dtype: Any = None,
-    ):
-        unsupported = {"batch_size": batch_size, "num_samples": num_samples}
-        for name, value in unsupported.items():
-            if value is not None:
-                raise CausalScrubbingError(
-                    f"ExperimentEvalSettings: {name}={value!r} is not supported (give None)"
-                )
-        if run_on_all is not True:
-            raise CausalScrubbingError("ExperimentEvalSettings: only run_on_all=True is supported")
-        self.optimize, self.optim_settings, self.device_dtype = optimize, optim_settings, device_dtype
-
-
-@attrs.define(frozen=True)
-class ScrubbedExperiment:
-    """The scrubbed circuit, the reference data and what was sampled for each node."""
-
-    circuit: Circuit
-    ref_ds: Dataset
-    sampled_inputs: SampledInputs
-    seed: int
-    nodes: Correspondence
-
-    def evaluate(
-        self, eval_settings: ExperimentEvalSettings | None = None, *, evaluator=None
-    ) -> torch.Tensor:
-        """The scrubbed circuit's value, one row per reference example (through ``evaluator``, a
-        ``cc.Evaluator``, when given, so what earlier runs computed is reused)."""
-        device = dtype = None
-        settings = eval_settings or ExperimentEvalSettings()
-        if isinstance(settings.device_dtype, str):
-            device = settings.device_dtype
-        elif settings.device_dtype is not None:
-            device, dtype = settings.device_dtype
-        if evaluator is not None:
-            return evaluator.evaluate(self.circuit, device=device, dtype=dtype)
-        return self.circuit.evaluate(device=device, dtype=dtype)
-
-    def print(
-        self,
-        print_data: bool = True,
-        color_by_data: bool = True,
-        repr: bool = False,
-        datum_idx: int = 0,
-        show_inputs: bool = False,
-    ):
-        """Print the scrubbed circuit down to the mapped nodes (``show_inputs``: and down to every
-        input outside the mapped leaves), each mapped node commented with its interpretation node
-        and samplers, each input with whose data it is (colours by dataset); ``repr=True``
-        returns the text, without colours (``causal_scrubbing.printing``)."""
-        from circuits.causal_scrubbing.printing import scrubbed_repr
-
-        text = scrubbed_repr(
-            self,
-            print_data=print_data,
-            color_by_data=color_by_data,
-            datum_idx=datum_idx,
-            color=not repr,
-            show_inputs=show_inputs,
-        )
-        if repr:
-            return text
-        print(text)
-        return None

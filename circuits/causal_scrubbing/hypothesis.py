@@ -16,7 +16,7 @@ very object.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import attrs
 import torch
@@ -157,6 +157,7 @@ class InterpNode:
 
     def print(
         self,
+        options: Mapping[str, Any] | None = None,
         sampled_inputs: SampledInputs = SampledInputs(),
         print_data: bool = True,
         color_by_data: bool = True,
@@ -165,11 +166,14 @@ class InterpNode:
     ) -> str | None:
         """Print this interpretation tree, each node with its samplers and (given
         ``sampled_inputs``) the ``datum_idx``-th datum they drew; ``repr=True`` returns the text
-        (without colours) instead (``causal_scrubbing.printing``)."""
+        (without colours) instead.  ``options`` comes first, as rust_circuit's print options do:
+        None or a mapping with ``comment`` and ``color``, functions of an InterpNode
+        (``causal_scrubbing.printing``)."""
         from circuits.causal_scrubbing.printing import interp_repr
 
         text = interp_repr(
             self,
+            options,
             sampled_inputs,
             print_data=print_data,
             color_by_data=color_by_data,
@@ -198,5 +202,7 @@ def input_names(ds: Dataset | set[str] | frozenset[str]) -> frozenset[str]:
 
 
 def to_inputs(matcher: Any, ds: Dataset | set[str]) -> IterativeMatcher:
-    """``matcher`` extended to the dataset's input arrays below what it finds."""
-    return as_iterative(matcher).chain(Matcher.any(*sorted(input_names(ds))))
+    """``matcher`` extended to the dataset's input arrays at or below what it finds (as
+    rust_circuit's ``chain``, which may match where it starts: a node mapped to an input array
+    itself, ``IterativeMatcher("labels")``, reaches that input)."""
+    return as_iterative(matcher).then(Matcher.any(*sorted(input_names(ds))), min_depth=0)

@@ -8,20 +8,30 @@ interpretation node and samplers and each input array with the interpretation no
 is; both through the annotated printer (``comment=``, ``color=``, ``traversal=``), so the circuit
 text still parses.  Colours follow the interpretation node (or, with ``color_by_data``, the data:
 the same dataset, the same colour), as rust_circuit's printer does.
+
+Both take rust_circuit's print options as their first argument, here None or a mapping of
+keywords (``print_options`` checks it; a print options object would be read in that one place).
+``ScrubbedExperiment.print`` takes ``Circuit.repr``'s keywords: ``comment`` is written before the
+scrubbing comment, ``color`` replaces the colours when ``color_by_data=False`` (with
+``color_by_data=True`` the colours are the data's, so giving ``color`` too is an error), and
+``traversal`` stops the printout where either it or the mapped nodes do.  ``InterpNode.print``
+takes ``comment`` and ``color``, functions of an InterpNode, on the same terms.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import inspect
+from typing import Any, Callable, Mapping
 
 from circuits.causal_scrubbing.dataset import Dataset
 from circuits.causal_scrubbing.hypothesis import InterpNode, SampledInputs
+from circuits.errors import PrintError, shown
 from circuits.matching import get
 from circuits.nodes import Circuit
-from circuits.printing import ANSI_COLORS
+from circuits.printing import ANSI_COLORS, as_traversal
 from circuits.traversal import postorder
 
-__all__ = ["interp_repr", "scrubbed_repr"]
+__all__ = ["interp_repr", "print_options", "scrubbed_repr"]
 
 _PALETTE = ("cyan", "green", "yellow", "magenta", "blue", "red")
 
@@ -36,8 +46,47 @@ class _Colours:
         return self._given.setdefault(key, _PALETTE[len(self._given) % len(_PALETTE)])
 
 
+#: The keywords ``ScrubbedExperiment.print``'s options may set: ``Circuit.repr``'s.
+SCRUBBED_OPTIONS = tuple(name for name in inspect.signature(Circuit.repr).parameters if name != "self")
+#: The keywords ``InterpNode.print``'s options may set.
+INTERP_OPTIONS = ("comment", "color")
+
+
+def print_options(options: Any, allowed: tuple[str, ...], where: str) -> dict[str, Any]:
+    """``options`` (None or a mapping of keywords among ``allowed``) as a dict, or a PrintError
+    naming ``options`` and what is wrong."""
+    if options is None:
+        return {}
+    if not isinstance(options, Mapping):
+        raise PrintError(
+            f"{where}: options (the first argument, as rust_circuit's print options) must be None or "
+            f"a mapping of keywords {list(allowed)}, got {type(options).__name__} {shown(repr(options), 80)}"
+        )
+    unknown = sorted(str(key) for key in options if key not in allowed)
+    if unknown:
+        raise PrintError(f"{where}: options {unknown} are not among {list(allowed)}")
+    return dict(options)
+
+
+def _user_colour(options: dict[str, Any], color_by_data: bool, where: str) -> Callable | None:
+    """The ``color`` option, refused alongside ``color_by_data=True`` (the data's colours)."""
+    colour = options.get("color")
+    if colour is not None and color_by_data:
+        raise PrintError(f"{where}: options['color'] is used with color_by_data=False only")
+    return colour
+
+
+def _joined(*texts: str | None) -> str | None:
+    """The non-empty texts joined by ``; `` (None if none); a comment that is not text is an error."""
+    for text in texts:
+        if text is not None and not isinstance(text, str):
+            raise PrintError(f"options['comment'] must return a str or None, got {type(text).__name__}")
+    return "; ".join(text for text in texts if text) or None
+
+
 def interp_repr(
     root: InterpNode,
+    options: Mapping[str, Any] | None = None,
     sampled_inputs: SampledInputs = SampledInputs(),
     *,
     print_data: bool = True,
@@ -46,6 +95,9 @@ def interp_repr(
     color: bool = True,
 ) -> str:
     """The interpretation tree rooted at ``root``, one line a node (see the module)."""
+    options = print_options(options, INTERP_OPTIONS, "InterpNode.print")
+    user_colour = _user_colour(options, color_by_data, "InterpNode.print")
+    comment = options.get("comment")
     colours = _Colours()
     lines = []
     depth = {id(root): 0}
@@ -53,16 +105,27 @@ def interp_repr(
         if parent is not None:
             depth[id(node)] = depth[id(parent)] + 1
         line = "  " * depth[id(node)] + node.name
-        if print_data:
-            line += "  # " + node.str_samplers(sampled_inputs, datum_idx)
-        key = sampled_inputs.datasets.get(node) if color_by_data else node
-        if color:
-            line = _ansi(line, colours(key))
+        said = _joined(
+            comment(node) if comment is not None else None,
+            node.str_samplers(sampled_inputs, datum_idx) if print_data else None,
+        )
+        if said:
+            line += "  # " + said
+        if user_colour is not None:
+            line = _ansi(line, user_colour(node))
+        elif color:
+            line = _ansi(line, colours(sampled_inputs.datasets.get(node) if color_by_data else node))
         lines.append(line)
     return "\n".join(lines)
 
 
-def _ansi(text: str, colour: str) -> str:
+def _ansi(text: str, colour: str | None) -> str:
+    if colour is None:
+        return text
+    if colour not in ANSI_COLORS:
+        raise PrintError(
+            f"InterpNode.print: colour {shown(repr(colour))} is not one of {sorted(ANSI_COLORS)}"
+        )
     return f"\x1b[{ANSI_COLORS[colour]}m{text}\x1b[0m"
 
 
@@ -79,6 +142,27 @@ class _Mapped:
         if node.hash in self._leaves:
             return [False] * len(node.children)
         return [child.hash in self._shown for child in node.children]
+
+
+class _BothState(tuple):
+    """A pair of traversal states, truthy while both are."""
+
+    def __bool__(self) -> bool:
+        return bool(self[0]) and bool(self[1])
+
+
+class _Both:
+    """Two traversals at once: the printout stops where either stops."""
+
+    def __init__(self, first: Any, second: Any):
+        self._first, self._second = first, second
+        self.start = _BothState((first.start, second.start))
+
+    def child_states(self, node: Circuit, state: _BothState) -> list[_BothState]:
+        if not state:
+            return [_BothState((False, False))] * len(node.children)
+        pairs = zip(self._first.child_states(node, state[0]), self._second.child_states(node, state[1]))
+        return [_BothState(pair) for pair in pairs]
 
 
 def _claims(scrubbed) -> dict[bytes, list[InterpNode]]:
@@ -114,6 +198,7 @@ def _data_owners(sampled: SampledInputs) -> dict[bytes, list[str]]:
 
 def scrubbed_repr(
     scrubbed,
+    options: Mapping[str, Any] | None = None,
     *,
     print_data: bool = True,
     color_by_data: bool = True,
@@ -121,8 +206,11 @@ def scrubbed_repr(
     color: bool = True,
     show_inputs: bool = False,
 ) -> str:
-    """The scrubbed circuit, annotated (see the module); ``color=False``: no ANSI codes;
+    """The scrubbed circuit, annotated (see the module); ``color=False``: no ANSI codes of ours;
     ``show_inputs``: also every route to an input array outside the mapped leaves' branches."""
+    options = print_options(options, SCRUBBED_OPTIONS, "ScrubbedExperiment.print")
+    user_colour = _user_colour(options, color_by_data, "ScrubbedExperiment.print")
+    user_comment = options.pop("comment", None)
     sampled = scrubbed.sampled_inputs
     claims = _claims(scrubbed)
     owners = _data_owners(sampled)
@@ -148,10 +236,16 @@ def scrubbed_repr(
             return colours(sampled.get(claimant) if color_by_data else claimant.name)
         return None
 
-    shown, leaves = _shown(scrubbed.circuit, claims, set(owners) if show_inputs else set())
-    return scrubbed.circuit.repr(
-        traversal=_Mapped(shown, leaves), comment=comment, color=colour if color else None
+    visible, leaves = _shown(scrubbed.circuit, claims, set(owners) if show_inputs else set())
+    traversal = _Mapped(visible, leaves)
+    if options.get("traversal") is not None:
+        traversal = _Both(as_traversal(options["traversal"]), traversal)
+    options.update(
+        traversal=traversal,
+        comment=comment if user_comment is None else lambda node: _joined(user_comment(node), comment(node)),
+        color=user_colour if user_colour is not None else colour if color else None,
     )
+    return scrubbed.circuit.repr(**options)
 
 
 def _all_data(sampled: SampledInputs) -> list[Dataset]:

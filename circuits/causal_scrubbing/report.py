@@ -13,17 +13,21 @@ seeds (``n - 1`` in the denominator).
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 import statistics
-from typing import Callable, Mapping, Sequence
+from collections.abc import Iterable
+from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
 import torch
 
 from circuits.causal_scrubbing.correspondence import Correspondence
 from circuits.causal_scrubbing.dataset import Dataset
-from circuits.causal_scrubbing.experiment import Experiment
+from circuits.causal_scrubbing.experiment import Experiment, checked_seed
 from circuits.causal_scrubbing.hypothesis import InterpNode, corr_root_matcher
 from circuits.causal_scrubbing.samplers import ExactSampler
-from circuits.errors import CausalScrubbingError
+from circuits.errors import CausalScrubbingError, shown
 from circuits.nodes import Circuit
 
 __all__ = ["ScrubReport", "scrub_losses"]
@@ -107,16 +111,43 @@ def scrub_losses(
             f"scrub_losses: the baseline {scrambled!r} is not among the hypotheses {sorted(hypotheses)}; "
             "give the scrambled hypothesis (e.g. only the labels exact) under that name"
         )
-    if not seeds:
-        raise CausalScrubbingError("scrub_losses: give at least one seed")
+    seeds = _checked_seeds(seeds)
+    if not callable(metric):
+        raise CausalScrubbingError(f"scrub_losses: metric must be callable, got {type(metric).__name__}")
     clean, losses = [], {label: [] for label in hypotheses}
     for seed in seeds:
         # Each experiment draws its reference data first, so one seed gives every one the same.
         clean_run = Experiment(circuit, dataset, _clean_hypothesis(), random_seed=seed, check=check).scrub(
             num_examples
         )
-        clean.append(float(metric(clean_run.evaluate())))
+        clean.append(_one_number(metric, clean_run.evaluate(), "the clean model"))
         for label, corr in hypotheses.items():
             scrubbed = Experiment(circuit, dataset, corr, random_seed=seed, check=check).scrub(num_examples)
-            losses[label].append(float(metric(scrubbed.evaluate())))
-    return ScrubReport(tuple(seeds), clean, losses, scrambled)
+            losses[label].append(_one_number(metric, scrubbed.evaluate(), repr(label)))
+    return ScrubReport(seeds, clean, losses, scrambled)
+
+
+def _checked_seeds(seeds: Any) -> tuple[int, ...]:
+    """``seeds`` as a non-empty tuple of seeds, or an error naming ``seeds``."""
+    if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Iterable):
+        raise CausalScrubbingError(
+            f"scrub_losses: seeds must be a sequence of ints (one experiment each), got {shown(repr(seeds))}"
+        )
+    checked = tuple(checked_seed(seed, f"scrub_losses: seeds[{i}]") for i, seed in enumerate(seeds))
+    if not checked:
+        raise CausalScrubbingError("scrub_losses: give at least one seed")
+    return checked
+
+
+def _one_number(metric: Callable[[torch.Tensor], Any], value: torch.Tensor, which: str) -> float:
+    """``metric(value)`` as a float: a Python number or a one-element tensor, else an error naming
+    ``metric`` (a loss per example, say, that the metric forgot to average)."""
+    result = metric(value)
+    if isinstance(result, (torch.Tensor, np.ndarray)) and math.prod(result.shape) == 1:
+        result = result.item()
+    if isinstance(result, bool) or not isinstance(result, numbers.Real):
+        raise CausalScrubbingError(
+            f"scrub_losses: metric {shown(repr(metric))} must return one number; on {which} it returned "
+            f"{shown(repr(result), 80)}"
+        )
+    return float(result)

@@ -166,9 +166,21 @@ class MatchedClasses:
     too_small: tuple[tuple[Any, int, int], ...]
 
 
+def _as_values(func: Callable[[Dataset], Any], data: Dataset) -> torch.Tensor:
+    """``func(data)`` as a tensor, or an error naming func and what it returned (strings, say)."""
+    returned = func(data)
+    try:
+        return torch.as_tensor(returned)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise CausalScrubbingError(
+            f"FuncSampler func {shown(repr(func))} must return a tensor (or numbers torch.as_tensor "
+            f"reads), got {shown(repr(returned), 80)}: {error}"
+        ) from None
+
+
 def _func_values(func: Callable[[Dataset], Any], data: Dataset, which: str) -> torch.Tensor:
     """``func(data)`` as a 2-D tensor of one row per example, or an error naming func."""
-    values = torch.as_tensor(func(data))
+    values = _as_values(func, data)
     if values.ndim not in (1, 2) or values.shape[0] != len(data):
         raise CausalScrubbingError(
             f"FuncSampler func {shown(repr(func))} must give a 1-D or 2-D tensor with one row per "
@@ -250,10 +262,10 @@ class FuncSampler(CondSampler):
 
     def ds_eq_class(self, ds: Dataset) -> Hashable:
         """References with equal ``func`` values (all rows, in order) share a pool."""
-        return tensor_content_hash(torch.as_tensor(self.func(ds)).detach().cpu())
+        return tensor_content_hash(_as_values(self.func, ds).detach().cpu())
 
     def str_cond(self, datum: Dataset) -> str:
-        out = torch.as_tensor(self.func(datum))[0]
+        out = _func_values(self.func, datum, "printed")[0]
         return f"f(d)={out.item() if out.numel() == 1 else out}"
 
 
