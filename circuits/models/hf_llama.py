@@ -64,23 +64,23 @@ _UNSUPPORTED_FLAGS = {
 GEMMAS = ("gemma", "gemma2")
 
 #: What each family's config class (transformers 5) sets for a field a ``config.json`` lacks, where the
-#: builder's own default would differ.  (``num_key_value_heads`` is ``num_attention_heads`` for Llama.)
+#: builder's own default would differ.  (``num_key_value_heads`` is ``num_attention_heads`` for Llama;
+#: ``max_position_embeddings`` is left out: it only limits the tokens here, and the rotary tables of the
+#: variants that read it are transformers' own, made with the family's config class.)
 HF_DEFAULTS: dict[str, dict[str, Any]] = {
-    "llama": {"max_position_embeddings": 2048},
-    "qwen2": {"num_key_value_heads": 32, "max_position_embeddings": 32768},
-    "mistral": {"num_key_value_heads": 8, "max_position_embeddings": 131072, "sliding_window": 4096},
+    "llama": {},
+    "qwen2": {"num_key_value_heads": 32},
+    "mistral": {"num_key_value_heads": 8, "sliding_window": 4096},
     "gemma": {
         "num_key_value_heads": 16,
         "head_dim": 256,
         "hidden_act": "gelu_pytorch_tanh",
-        "max_position_embeddings": 8192,
         "tie_word_embeddings": True,
     },
     "gemma2": {
         "num_key_value_heads": 4,
         "head_dim": 256,
         "hidden_activation": "gelu_pytorch_tanh",
-        "max_position_embeddings": 8192,
         "tie_word_embeddings": True,
         "query_pre_attn_scalar": 256,
         "sliding_window": 4096,
