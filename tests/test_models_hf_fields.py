@@ -312,3 +312,18 @@ def test_a_checkpoint_loads_in_its_configs_dtype(tmp_path):
         saved(model, tmp_path, dtype=bad)
         with pytest.raises(ModelError, match=f"config.json: 'dtype' is {bad!r}"):
             cm.load_hf_checkpoint(tmp_path, tokens)
+
+
+def test_a_scaled_rotary_variant_takes_the_familys_defaults(tmp_path):
+    """yarn reads ``max_position_embeddings`` (as its original length) when the parameters lack it:
+    Mistral's default is 131072, Llama's 2048, and the tables differ."""
+    model = hf_model("mistral", sliding_window=None, initializer_range=0.1)
+    saved(model, tmp_path, rope_parameters={"rope_type": "yarn", "factor": 4.0}, max_position_embeddings=None)
+    reference = from_pretrained(tmp_path)
+    assert reference.config.rope_parameters["original_max_position_embeddings"] == 131072
+    tokens = random_tokens(VOCAB, batched=True, length=21)
+    want = hf_logits(reference, tokens[..., :-1])
+    assert (logits_of(cm.load_hf_checkpoint(tmp_path, tokens)) - want).abs().max().item() < TOL
+    as_llama = tmp_path / "as_llama"
+    saved(model, as_llama, rope_parameters={"rope_type": "yarn", "factor": 4.0}, max_position_embeddings=2048)
+    assert (hf_logits(from_pretrained(as_llama), tokens[..., :-1]) - want).abs().max().item() > 0.1
