@@ -12,6 +12,7 @@ gives logits far from it, so that it cannot pass by accident.
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
@@ -327,3 +328,13 @@ def test_a_scaled_rotary_variant_takes_the_familys_defaults(tmp_path):
     as_llama = tmp_path / "as_llama"
     saved(model, as_llama, rope_parameters={"rope_type": "yarn", "factor": 4.0}, max_position_embeddings=2048)
     assert (hf_logits(from_pretrained(as_llama), tokens[..., :-1]) - want).abs().max().item() > 0.1
+
+
+def test_a_scaled_rotary_variant_without_transformers_is_refused_by_name(monkeypatch):
+    model = hf_model("mistral", rope_parameters={"rope_type": "linear", "factor": 2.0})
+    config, state = model.config.to_dict(), model.state_dict()
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers fails
+    with pytest.raises(
+        ModelError, match=r"this Mistral checkpoint uses the 'linear' rotary variant.*pip install"
+    ):
+        cm.from_hf_state_dict(config, state, random_tokens(VOCAB, batched=False))

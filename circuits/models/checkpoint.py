@@ -173,9 +173,10 @@ def load_hf_checkpoint(
     ``tokens`` and the options as in ``from_hf`` (but no ``attach``: the
     weights read are the circuit's own).  ``transformers`` is not needed (except for Llama
     checkpoints with a scaled rotary variant).  As ``from_pretrained`` does, the
-    weights are converted to the config's ``dtype`` (``torch_dtype`` in 4.x) when it names one.  A broken ``config.json``,
-    weights file or shard index is a ``ModelError`` naming the file; shards
-    the index names outside the directory are refused.
+    weights are converted to the config's ``dtype`` (``torch_dtype`` in 4.x) when
+    it names one.  A broken ``config.json``, weights file or shard index is a
+    ``ModelError`` naming the file; shards the index names outside the directory
+    are refused.
     """
     tokens = token_ids(tokens, tokenizer)
     directory = Path(path)

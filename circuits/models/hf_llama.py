@@ -10,6 +10,7 @@ alternating windowed layers) all become ``build_llama`` circuits.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -268,8 +269,6 @@ def rope_from_transformers(config_dict: Mapping[str, Any], seq_len: int, dtype: 
     """
     model_type = config_dict.get("model_type", "llama")
     try:
-        import importlib
-
         from transformers import AutoConfig
 
         module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
