@@ -12,10 +12,14 @@ canonical form; ``cost`` prints what evaluating it costs (``circuits.costs``); `
 evaluates it timing every node (``circuits.profiling``).  A mistake in the file is one message on stderr,
 ``FILE:LINE: what is wrong`` followed by the line itself (``FILE: what is
 wrong`` when no line is at fault: a missing file, say), and exit status 1;
-usage mistakes exit with status 2 (argparse's convention).  No traceback,
-and nothing from the file reaches the terminal unescaped or uncut (see
-``circuits.errors.shown``): a binary file read by mistake cannot flood it or
-send it escape sequences.
+any other failure of a command (a ``CircuitError``, a file it cannot write, a
+seed torch cannot take) is one line ``circuits COMMAND: what is wrong``, exit
+status 1; a usage mistake (an unknown option, a value out of range, a
+``--trace`` path in no directory) is one line ``circuits COMMAND: what is
+wrong``, exit status 2 (argparse's convention, without its usage text).  No
+traceback, and nothing from the file reaches the terminal unescaped or uncut
+(see ``circuits.errors.shown``): a binary file read by mistake cannot flood
+it or send it escape sequences.
 """
 
 from __future__ import annotations
@@ -24,17 +28,28 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from circuits.errors import SHOWN_CHARACTERS, CircuitError, ParseError, StoreError, shown
 
 EXIT_FILE_ERROR = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
 #: How much of an error message is written: its own words, with what it quotes
 #: from the file (a line, a name) cut by ``shown``, never megabytes of input.
 MESSAGE_CHARACTERS = 4 * SHOWN_CHARACTERS
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with a usage mistake written as one line (what is wrong and where to read more),
+    not the usage text and the message; subcommands' parsers are of this class too."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: {shown(message, MESSAGE_CHARACTERS)} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="circuits",
         description="Transformers as immutable circuits of small named nodes: print saved circuits and their "
         "costs, run the demo, "
@@ -131,7 +146,10 @@ def _add_profile(commands) -> None:
     )
     profiler.add_argument("--top", type=_depth, default=20, metavar="N", help="table rows (default 20)")
     profiler.add_argument(
-        "--trace", metavar="PATH", help="also write a Chrome trace (chrome://tracing) there"
+        "--trace",
+        type=_output_file,
+        metavar="PATH",
+        help="also write a Chrome trace (chrome://tracing) there",
     )
     profiler.set_defaults(run=_profile_command)
 
@@ -145,12 +163,23 @@ def _parity_module():
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line on ``argv`` (default ``sys.argv[1:]``); return the exit status."""
     args = build_parser().parse_args(argv)
+    command = f"circuits {args.command}"
     try:
         return args.run(args)
     except BrokenPipeError:  # `circuits print big.circ | head`: not an error
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
+    except KeyboardInterrupt:
+        print(f"{command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except CircuitError as error:
+        return _fail(f"{command}: {shown(str(error), MESSAGE_CHARACTERS)}")
+    except OSError as error:  # an output the command cannot write
+        where = f"{shown(str(error.filename))}: " if error.filename is not None else ""
+        return _fail(f"{command}: {where}{error.strerror or error}")
+    except MemoryError:
+        return _fail(f"{command}: out of memory")
 
 
 def _print_command(args: argparse.Namespace) -> int:
@@ -175,7 +204,12 @@ def _profile_command(args: argparse.Namespace) -> int:
         for root in roots:
             result = profile(root)
             if args.trace:
-                result.export_chrome_trace(args.trace)
+                try:
+                    result.export_chrome_trace(args.trace)
+                except OSError as error:
+                    raise OSError(
+                        error.errno, f"cannot write the trace: {error.strerror}", args.trace
+                    ) from error
             parts.append(result.table(top=args.top or None) + "\n\n" + result.tree(depth=args.depth))
         return "\n\n".join(parts)
 
@@ -221,6 +255,18 @@ def _demo_command(args: argparse.Namespace) -> int:
 def _fail(message: str) -> int:
     print(message, file=sys.stderr)
     return EXIT_FILE_ERROR
+
+
+def _output_file(text: str) -> str:
+    """A path a file can be written to: in an existing directory, and not a directory itself."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{shown(text)} is a directory; expected a file name")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(
+            f"{shown(text)}: no directory {shown(str(path.parent))} to write it in"
+        )
+    return text
 
 
 def _depth(text: str) -> int:

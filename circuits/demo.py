@@ -34,6 +34,7 @@ import circuits as cc
 from circuits import names
 from circuits.errors import ModelError
 from circuits.models.demo_model import demo_config, demo_info, load_demo_model, repeated_tokens
+from circuits.parity import seed_argument
 from circuits.passes import causal_mask, layer_of, split_heads
 
 
@@ -215,9 +216,17 @@ def main(argv: list[str] | None = None) -> int:
     return cli_main(["demo", *(sys.argv[1:] if argv is None else argv)])
 
 
+#: The most rows ``circuits demo`` evaluates (512 take about 0.5 GB and 10 s).
+MAX_BATCH_SIZE = 4096
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--batch-size", type=_at_least(1), default=16, metavar="N", help="rows to evaluate (default 16)"
+        "--batch-size",
+        type=_at_least(1, MAX_BATCH_SIZE),
+        default=16,
+        metavar="N",
+        help=f"rows to evaluate, at most {MAX_BATCH_SIZE} (default 16)",
     )
     parser.add_argument(
         "--block-len",
@@ -227,7 +236,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="random tokens per half (default 32; two copies must fit the model's 64 positions)",
     )
     parser.add_argument(
-        "--seed", type=int, default=0, metavar="N", help="seed of the random rows (default 0)"
+        "--seed", type=seed_argument, default=0, metavar="N", help="seed of the random rows (default 0)"
     )
     parser.add_argument(
         "--depth",
@@ -238,7 +247,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _at_least(low: int) -> Callable[[str], int]:
+def _at_least(low: int, high: int | None = None) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -246,6 +255,8 @@ def _at_least(low: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
         if value < low:
             raise argparse.ArgumentTypeError(f"expected {low} or more, got {value}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"expected at most {high}, got {value}")
         return value
 
     return parse

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from circuits.errors import CircuitError, ModelError
 from circuits.evaluation import evaluate
 from circuits.models import from_hf
+from circuits.models.common import check_seed
 from circuits.nodes import Circuit
 
 #: Model and input sizes: layers, d_model, query heads, key/value heads (Llama), MLP width, vocabulary,
@@ -132,6 +133,7 @@ def hf_model(family: str, size: str = "tiny", dtype: torch.dtype = torch.float32
         raise ModelError(f"gradient parity: size {size!r} is not one of {', '.join(SIZES)}")
     if dtype not in TARGETS:
         raise ModelError(f"gradient parity: dtype {dtype} is not float32 or float64")
+    check_seed(seed)
     t, dims = _transformers(), SIZES[size]
     if family == "gpt2":
         config = t.GPT2Config(
@@ -177,7 +179,8 @@ def parity_tokens(size: str = "tiny", seed: int = 0, batch: int | None = None, s
     """Random token ids ``[batch, seq + 1]`` for ``size`` (its batch and seq unless given)."""
     dims = SIZES[size]
     shape = (batch or dims["batch"], (seq or dims["seq"]) + 1)
-    return torch.randint(0, dims["vocab"], shape, generator=torch.Generator().manual_seed(seed))
+    generator = torch.Generator().manual_seed(check_seed(seed))
+    return torch.randint(0, dims["vocab"], shape, generator=generator)
 
 
 def gradient_parity(
@@ -275,8 +278,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="float64 (target: max abs diff <= 1e-9) or float32 (rel diff <= 1e-5); default all",
     )
     parser.add_argument(
-        "--seed", type=int, default=0, metavar="N", help="seed of weights and tokens (default 0)"
+        "--seed", type=seed_argument, default=0, metavar="N", help="seed of weights and tokens (default 0)"
     )
+
+
+def seed_argument(text: str) -> int:
+    """An argparse type: a seed torch takes (``check_seed``), or a usage error saying which."""
+    try:
+        return check_seed(int(text))
+    except (ValueError, ModelError):
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number from -2**63 to 2**64 - 1, got {text!r}"
+        ) from None
 
 
 def run(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:

@@ -249,3 +249,108 @@ def test_profile_prints_a_table_and_the_circuit_with_times(saved, capsys, tmp_pa
 def test_profile_of_a_file_without_tensors_says_so(capsys):
     assert main(["profile", str(GOLDEN)]) == 1
     assert "attn_only_2l.circ" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------ every failure is one line
+
+
+def _one_line(err: str, prefix: str) -> str:
+    """The message, checked to be one line starting with ``prefix``, no traceback."""
+    assert err.endswith("\n") and err.count("\n") == 1, err
+    assert err.startswith(prefix) and "Traceback" not in err, err
+    return err
+
+
+TOO_BIG_SEED = str(2**64)  # torch's seeds end at 2**64 - 1
+
+
+@pytest.mark.parametrize(
+    "args, status, words",
+    [
+        (["profile", "{circ}", "--trace", "/no/dir/x.json"], 2, "no directory /no/dir"),
+        (["parity", "--seed", "99999999999999999999"], 2, "argument --seed: expected a whole number"),
+    ],
+    ids=["profile-trace-in-no-directory", "parity-seed"],
+)
+def test_the_reported_failures_are_one_line_in_a_subprocess(saved, args, status, words):
+    """The two commands of issue 28 that printed tracebacks, as a user runs them."""
+    path, _ = saved
+    result = _run(*(a.format(circ=path) for a in args))
+    assert result.returncode == status and result.stdout == b""
+    err = _one_line(result.stderr.decode(), f"circuits {args[0]}: ")
+    assert words in err
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        ([], "the following arguments are required: COMMAND"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+        (["print"], "the following arguments are required: FILE"),
+        (["print", "{circ}", "--depth", "x"], "argument --depth: expected a whole number, got 'x'"),
+        (["cost", "{circ}", "--by", "block"], "argument --by: invalid choice: 'block'"),
+        (["profile", "{circ}", "--top", "-1"], "argument --top: expected 0 or more, got -1"),
+        (["profile", "{circ}", "--trace", "{tmp}"], "is a directory; expected a file name"),
+        (["profile", "{circ}", "--trace", "{circ}/x.json"], "no directory"),  # the parent is a file
+        (["demo", "--batch-size", "10000000000"], "argument --batch-size: expected at most 4096"),
+        (["demo", "--block-len", "0"], "argument --block-len: expected 1 or more, got 0"),
+        (["demo", "--seed", "1.5"], "argument --seed: expected a whole number from -2**63 to 2**64 - 1"),
+        (["demo", "--seed", TOO_BIG_SEED], "argument --seed: expected a whole number"),
+        (["demo", "--seed", str(-(2**63) - 1)], "argument --seed: expected a whole number"),
+        (["parity", "--seed", TOO_BIG_SEED], "argument --seed: expected a whole number"),
+        (["parity", "--family", "gpt3"], "argument --family: invalid choice: 'gpt3'"),
+        (["parity", "--size", "huge"], "argument --size: invalid choice: 'huge'"),
+        (["parity", "--dtype", "float16"], "argument --dtype: invalid choice: 'float16'"),
+    ],
+)
+def test_usage_mistakes_are_one_line_with_status_2(saved, tmp_path, capsys, args, words):
+    path, _ = saved
+    with pytest.raises(SystemExit) as caught:
+        main([a.format(circ=path, tmp=tmp_path) for a in args])
+    assert caught.value.code == 2
+    command = f"circuits {args[0]}: " if args and args[0] != "frobnicate" else "circuits: "
+    err = _one_line(capsys.readouterr().err, command)
+    assert words in err and err.endswith("--help)\n")
+
+
+@pytest.mark.parametrize(
+    "args, prefix, words",
+    [
+        (["demo", "--block-len", "40"], "circuits demo: ", "block_len 40"),
+        (
+            ["profile", "{circ}", "--trace", "/dev/full"],
+            "circuits profile: /dev/full: ",
+            "cannot write the trace",
+        ),
+        (["cost", "{tmp}/missing.circ"], "{tmp}/missing.circ: ", "no such file"),
+    ],
+    ids=["demo-block-len", "profile-trace-unwritable", "cost-missing-file"],
+)
+def test_command_failures_are_one_line_with_status_1(saved, tmp_path, capsys, args, prefix, words):
+    path, _ = saved
+    if "/dev/full" in args and not Path("/dev/full").exists():
+        pytest.skip("no /dev/full here")  # a device that refuses every write (Linux, BSDs)
+    assert main([a.format(circ=path, tmp=tmp_path) for a in args]) == 1
+    err = _one_line(capsys.readouterr().err, prefix.format(tmp=tmp_path))
+    assert words in err
+
+
+def test_the_seeds_torch_takes_are_taken():
+    """The range torch's generators take, and a ModelError naming the seed beyond it (torch's own
+    refusal is a ValueError about 'long long'), from the functions under the commands too."""
+    from circuits.models.common import check_seed
+    from circuits.models.demo_model import repeated_tokens
+    from circuits.parity import hf_model, parity_tokens
+
+    for seed in (-(2**63), 0, 2**64 - 1):
+        assert check_seed(seed) == seed
+        torch.Generator().manual_seed(seed)  # torch agrees
+    assert torch.equal(repeated_tokens(2, 3, seed=2**64 - 1), repeated_tokens(2, 3, seed=2**64 - 1))
+    for bad in (2**64, -(2**63) - 1, 1.0, True, "3"):
+        with pytest.raises(cc.ModelError, match="is not a seed"):
+            check_seed(bad)
+    for make in (lambda: repeated_tokens(2, 3, seed=2**64), lambda: parity_tokens(seed=2**64)):
+        with pytest.raises(cc.ModelError, match="seed=18446744073709551616 is not a seed"):
+            make()
+    with pytest.raises(cc.ModelError, match="seed=-9223372036854775809 is not a seed"):
+        hf_model("gpt2", seed=-(2**63) - 1)

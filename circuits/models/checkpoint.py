@@ -133,6 +133,29 @@ def _read_checkpoint_tensors(directory: Path) -> dict[str, torch.Tensor]:
     )
 
 
+def _config_dtype(config: Mapping[str, Any], config_file: Path) -> torch.dtype | None:
+    """The dtype ``from_pretrained`` loads the weights in: ``dtype`` (transformers 5), else ``torch_dtype``
+    (4.x), else None (the weights' own)."""
+    for key in ("dtype", "torch_dtype"):
+        value = config.get(key)
+        if value is None:
+            continue
+        dtype = getattr(torch, value, None) if isinstance(value, str) else None
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise ModelError(
+                f"{config_file}: {key!r} is {shown(repr(value))}; expected the name of a floating torch dtype "
+                "('float32', 'bfloat16', ...)"
+            )
+        return dtype
+    return None
+
+
+def _in_dtype(state: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    if dtype is None:
+        return state
+    return {key: t.to(dtype) if t.is_floating_point() else t for key, t in state.items()}
+
+
 @checked_options()
 def load_hf_checkpoint(
     path: str | os.PathLike,
@@ -149,9 +172,11 @@ def load_hf_checkpoint(
 
     ``tokens`` and the options as in ``from_hf`` (but no ``attach``: the
     weights read are the circuit's own).  ``transformers`` is not needed (except for Llama
-    checkpoints with a scaled rotary variant).  A broken ``config.json``,
-    weights file or shard index is a ``ModelError`` naming the file; shards
-    the index names outside the directory are refused.
+    checkpoints with a scaled rotary variant).  As ``from_pretrained`` does, the
+    weights are converted to the config's ``dtype`` (``torch_dtype`` in 4.x) when
+    it names one.  A broken ``config.json``, weights file or shard index is a
+    ``ModelError`` naming the file; shards the index names outside the directory
+    are refused.
     """
     tokens = token_ids(tokens, tokenizer)
     directory = Path(path)
@@ -167,9 +192,10 @@ def load_hf_checkpoint(
         config_for(config)
     except ModelError as error:
         raise ModelError(f"{config_file}: {error}") from error
+    dtype = _config_dtype(config, config_file)
     return from_hf_state_dict(
         config,
-        _read_checkpoint_tensors(directory),
+        _in_dtype(_read_checkpoint_tensors(directory), dtype),
         tokens,
         seq_len=seq_len,
         batch_size=batch_size,

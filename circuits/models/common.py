@@ -13,6 +13,7 @@ import difflib
 import functools
 import inspect
 import math
+import operator
 import string
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -520,6 +521,24 @@ def weights_dtype(tensors: Mapping[str, torch.Tensor]) -> torch.dtype:
     return torch.get_default_dtype()
 
 
+#: The seeds torch takes (``torch.manual_seed``, ``Generator.manual_seed``): 64 bits, signed or not.
+SEED_RANGE = (-(2**63), 2**64 - 1)
+
+
+def check_seed(seed: Any, what: str = "seed") -> int:
+    """``seed`` as an int, or a ModelError naming ``what``: torch's own refusal is a bare ``ValueError``
+    ("Overflow when unpacking long long")."""
+    try:
+        value = operator.index(seed) if not isinstance(seed, bool) else None
+    except TypeError:
+        value = None
+    if value is None or not SEED_RANGE[0] <= value <= SEED_RANGE[1]:
+        raise ModelError(
+            f"{what}={shown(repr(seed))} is not a seed: expected a whole number from -2**63 to 2**64 - 1"
+        )
+    return value
+
+
 def random_weights(
     expected: Mapping[str, tuple[int, ...]],
     *,
@@ -533,7 +552,7 @@ def random_weights(
     Names in ``ones`` (norm scales) are ``1 + Normal(0, 5 * std)``: near one, but
     not exactly, so that a mis-wired scale still shows in an equivalence test.
     """
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(check_seed(seed))
     out = {}
     for name, shape in expected.items():
         tensor = torch.randn(shape, generator=generator, dtype=torch.float64) * std

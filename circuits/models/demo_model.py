@@ -23,7 +23,7 @@ import torch
 from circuits.errors import ModelError
 from circuits.masks import NEG_INF
 from circuits.models.attn_only import AttnOnlyConfig, build_attn_only
-from circuits.models.common import checked_options
+from circuits.models.common import check_seed, checked_options
 from circuits.models.text import token_ids
 from circuits.nodes import Circuit
 
@@ -131,7 +131,7 @@ def repeated_tokens(
             raise ModelError("pass seq_len when rows have different block lengths")
         seq_len = 2 * longest
     if generator is None:
-        generator = torch.Generator().manual_seed(0 if seed is None else seed)
+        generator = torch.Generator().manual_seed(0 if seed is None else check_seed(seed))
     blocks = torch.rand(batch_size, vocab_size - 1, generator=generator).argsort(dim=1) + 1
     where = torch.arange(seq_len).unsqueeze(0) % lengths.unsqueeze(1)
     bos = torch.full((batch_size, 1), BOS, dtype=torch.int64)

@@ -11,7 +11,15 @@ import torch
 from circuits import names
 from circuits.errors import ModelError
 from circuits.models.gpt2 import GPT2Config
-from circuits.models.reading import Reader, int_field, number_field, optional_int, strip_prefix, typed_field
+from circuits.models.reading import (
+    Reader,
+    int_field,
+    number_field,
+    optional_int,
+    stored_unembedding,
+    strip_prefix,
+    typed_field,
+)
 
 
 def gpt2_config_from_hf(config: Any) -> GPT2Config:
@@ -89,9 +97,9 @@ def gpt2_weights_from_hf(
         out[names.mlp_weight(layer, "out_bias")] = r.take(p + "mlp.c_proj.bias", (d,))
     out[names.norm_weight(names.FINAL, "scale")] = r.take("ln_f.weight", (d,))
     out[names.norm_weight(names.FINAL, "bias")] = r.take("ln_f.bias", (d,))
-    unembed = r.take("lm_head.weight", (v, d), optional=config.tie_word_embeddings)
-    if unembed is not None and not config.tie_word_embeddings:
-        out[names.UNEMBED_WEIGHT] = unembed
+    out[names.UNEMBED_WEIGHT] = stored_unembedding(
+        r, "lm_head.weight", (v, d), out[names.TOK_EMBEDS_WEIGHT], config.tie_word_embeddings
+    )
     # attention-mask buffers that older transformers versions saved
     r.finish(ignore=lambda k: bool(re.fullmatch(r"h\.\d+\.attn\.(bias|masked_bias)", k)))
     return r.weights(out)

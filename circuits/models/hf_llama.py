@@ -10,6 +10,7 @@ alternating windowed layers) all become ``build_llama`` circuits.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,35 +19,30 @@ import torch
 from circuits import names
 from circuits.errors import ModelError, shown
 from circuits.models.llama import LlamaConfig, post_norm_weight
-from circuits.models.reading import Reader, get_field, int_field, number_field, optional_int, typed_field
-
-
-def _rope_params(config: Any) -> Mapping[str, Any]:
-    """``rope_parameters`` (transformers 5) or ``rope_scaling`` (4.x), as a mapping."""
-    for key in ("rope_parameters", "rope_scaling"):
-        params = get_field(config, key)
-        if params is not None and not isinstance(params, Mapping):
-            raise ModelError(
-                f"Llama config: {key!r} is {shown(repr(params))}; expected an object (a mapping)"
-            )
-        if params:
-            return params
-    return {}
+from circuits.models.reading import (
+    Reader,
+    get_field,
+    hf_rope_parameters,
+    int_field,
+    number_field,
+    optional_int,
+    present_or_default,
+    rope_kind,
+    stored_unembedding,
+    typed_field,
+)
 
 
 def rope_type(config: Any) -> str:
     """The rotary variant a Hugging Face Llama config asks for (``'default'`` when none)."""
-    params = _rope_params(config)
-    return typed_field(
-        "Llama", params, "rope_type", typed_field("Llama", params, "type", "default", str), str
-    )
+    return rope_kind("Llama", hf_rope_parameters("Llama", config)[1])
 
 
 def _rope_theta(config: Any) -> float:
-    params = get_field(config, "rope_parameters") or {}
-    if "rope_theta" in params:
-        return number_field("Llama", params, "rope_theta", 10000.0, positive=True)
-    return number_field("Llama", config, "rope_theta", 10000.0, positive=True)
+    """The chosen parameters' ``rope_theta``, else the top-level one (transformers 4.x), else 10000."""
+    params = hf_rope_parameters("Llama", config)[1]
+    source = params if "rope_theta" in params else config
+    return number_field("Llama", source, "rope_theta", 10000.0, positive=True)
 
 
 #: model_type -> the family's name in messages
@@ -67,6 +63,32 @@ _UNSUPPORTED_FLAGS = {
     "gemma2": ("attention_bias", "use_bidirectional_attention"),
 }
 GEMMAS = ("gemma", "gemma2")
+
+#: What each family's config class (transformers 5) sets for a field a ``config.json`` lacks, where the
+#: builder's own default would differ.  (``num_key_value_heads`` is ``num_attention_heads`` for Llama;
+#: ``max_position_embeddings`` is left out: it only limits the tokens here, and the rotary tables of the
+#: variants that read it are transformers' own, made with the family's config class.)
+HF_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": {},
+    "qwen2": {"num_key_value_heads": 32},
+    "mistral": {"num_key_value_heads": 8, "sliding_window": 4096},
+    "gemma": {
+        "num_key_value_heads": 16,
+        "head_dim": 256,
+        "hidden_act": "gelu_pytorch_tanh",
+        "tie_word_embeddings": True,
+    },
+    "gemma2": {
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "tie_word_embeddings": True,
+        "query_pre_attn_scalar": 256,
+        "sliding_window": 4096,
+        "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0,
+    },
+}
 
 
 def _check_supported(config: Any, model_type: str) -> None:
@@ -129,8 +151,9 @@ def llama_config_from_hf(config: Any, model_type: str = "llama") -> LlamaConfig:
     Gemma its ``(1 + w)`` RMSNorms and ``sqrt(d_model)`` embedding scale, Gemma 2 more (``_gemma2_fields``).
     """
     family = FAMILY_NAMES[model_type]
+    config = present_or_default(config, HF_DEFAULTS[model_type])
     _check_supported(config, model_type)
-    _rope_params(config)
+    hf_rope_parameters(family, config)
     heads = int_field(family, config, "num_attention_heads")
     ours = LlamaConfig(
         n_layers=int_field(family, config, "num_hidden_layers", low=0),
@@ -210,9 +233,9 @@ def llama_weights_from_hf(
         out[names.mlp_weight(layer, "up")] = r.take(p + "mlp.up_proj.weight", (m, d))
         out[names.mlp_weight(layer, "down")] = r.take(p + "mlp.down_proj.weight", (d, m))
     out[names.norm_weight(names.FINAL, "scale", names.RMS)] = r.take("model.norm.weight", (d,))
-    unembed = r.take("lm_head.weight", (v, d), optional=config.tie_word_embeddings)
-    if unembed is not None and not config.tie_word_embeddings:
-        out[names.UNEMBED_WEIGHT] = unembed
+    out[names.UNEMBED_WEIGHT] = stored_unembedding(
+        r, "lm_head.weight", (v, d), out[names.TOK_EMBEDS_WEIGHT], config.tie_word_embeddings
+    )
     r.finish(ignore=lambda k: k.endswith("rotary_emb.inv_freq"))
     return r.weights(out)
 
@@ -227,23 +250,39 @@ def hf_rope_tables(rotary_module: Any, seq_len: int, dtype: torch.dtype) -> tupl
     return cos[0].cpu(), sin[0].cpu()
 
 
+#: model_type -> its rotary-embedding class in ``transformers.models.<model_type>.modeling_<model_type>``
+_ROTARY_CLASSES = {
+    "llama": "LlamaRotaryEmbedding",
+    "qwen2": "Qwen2RotaryEmbedding",
+    "mistral": "MistralRotaryEmbedding",
+    "gemma": "GemmaRotaryEmbedding",
+    "gemma2": "Gemma2RotaryEmbedding",
+}
+
+
 def rope_from_transformers(config_dict: Mapping[str, Any], seq_len: int, dtype: torch.dtype):
-    """cos/sin ``[S, d_head]`` of a scaled rotary variant, computed by transformers from the config."""
+    """cos/sin ``[S, d_head]`` of a scaled rotary variant, computed by transformers from the config.
+
+    With the family's own config class and rotary module, so that the fields
+    the config lacks (``max_position_embeddings``, which ``dynamic``, ``yarn``
+    and ``llama3`` read; Gemma's ``head_dim``) take that family's defaults.
+    """
+    model_type = config_dict.get("model_type", "llama")
     try:
-        from transformers import LlamaConfig as HFLlamaConfig
-        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+        from transformers import AutoConfig
+
+        module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
     except ImportError as error:
         raise ModelError(
-            f"this Llama checkpoint uses the {rope_type(config_dict)!r} rotary variant, which is computed "
-            f"with transformers; install it (pip install 'circuits[hf]'): {error}"
+            f"this {FAMILY_NAMES[model_type]} checkpoint uses the {rope_type(config_dict)!r} rotary variant, "
+            f"which is computed with transformers; install it (pip install 'circuits[hf]'): {error}"
         ) from error
     try:
-        hf_config = HFLlamaConfig(
-            **{k: v for k, v in config_dict.items() if k not in ("architectures", "model_type")}
-        )
-        return hf_rope_tables(LlamaRotaryEmbedding(hf_config), seq_len, dtype)
+        fields = {k: v for k, v in config_dict.items() if k not in ("architectures", "model_type")}
+        hf_config = AutoConfig.for_model(model_type, **fields)
+        return hf_rope_tables(getattr(module, _ROTARY_CLASSES[model_type])(hf_config), seq_len, dtype)
     except Exception as error:  # transformers' own complaint about the rope parameters
         raise ModelError(
-            f"Llama: transformers cannot compute the {rope_type(config_dict)!r} rotary tables from this config: "
-            f"{shown(str(error))}"
+            f"{FAMILY_NAMES[model_type]}: transformers cannot compute the {rope_type(config_dict)!r} rotary "
+            f"tables from this config: {shown(str(error))}"
         ) from error

@@ -11,7 +11,16 @@ import torch
 from circuits import names
 from circuits.errors import ModelError, shown
 from circuits.models.neox import NeoXConfig
-from circuits.models.reading import Reader, get_field, int_field, number_field, optional_int, typed_field
+from circuits.models.reading import (
+    Reader,
+    hf_rope_parameters,
+    int_field,
+    number_field,
+    optional_int,
+    rope_kind,
+    stored_unembedding,
+    typed_field,
+)
 
 FAMILY = "GPT-NeoX"
 
@@ -25,19 +34,13 @@ def _rope(config: Any) -> tuple[float, float]:
     """``(rotary_pct, rope_theta)``, refusing a scaled rotary variant, which the builder lacks.
 
     transformers 5 keeps them in ``rope_parameters`` (``partial_rotary_factor``,
-    ``rope_theta``); 4.x and the Pythia hub configs spell them ``rotary_pct`` and
-    ``rotary_emb_base``, with scaling in ``rope_scaling``.  Defaults as transformers'.
+    ``rope_theta``), or reads ``rope_scaling`` in its place when that is set
+    (``hf_rope_parameters``); 4.x and the Pythia hub configs spell them
+    ``rotary_pct`` and ``rotary_emb_base``, which count where the parameters
+    lack them.  Defaults as transformers'.
     """
-    params: Any = {}
-    for key in ("rope_parameters", "rope_scaling"):
-        params = get_field(config, key) or {}
-        if not isinstance(params, Mapping):
-            raise ModelError(
-                f"{FAMILY} config: {key!r} is {shown(repr(params))}; expected an object (a mapping)"
-            )
-        if params:
-            break
-    kind = typed_field(FAMILY, params, "rope_type", typed_field(FAMILY, params, "type", "default", str), str)
+    key, params = hf_rope_parameters(FAMILY, config)
+    kind = rope_kind(FAMILY, params)
     if kind != "default":
         raise ModelError(
             f"{FAMILY} config: {key!r} asks for the rotary variant {shown(repr(kind))}; only 'default' "
@@ -124,8 +127,8 @@ def neox_weights_from_hf(
     out[names.norm_weight(names.FINAL, "scale")] = r.take("gpt_neox.final_layer_norm.weight", (d,))
     out[names.norm_weight(names.FINAL, "bias")] = r.take("gpt_neox.final_layer_norm.bias", (d,))
     head_key = "embed_out.weight" if "embed_out.weight" in state_dict else "lm_head.weight"
-    unembed = r.take(head_key, (v, d), optional=config.tie_word_embeddings)
-    if unembed is not None and not config.tie_word_embeddings:
-        out[names.UNEMBED_WEIGHT] = unembed
+    out[names.UNEMBED_WEIGHT] = stored_unembedding(
+        r, head_key, (v, d), out[names.TOK_EMBEDS_WEIGHT], config.tie_word_embeddings
+    )
     r.finish(ignore=lambda k: bool(_BUFFERS.fullmatch(k)))
     return r.weights(out)

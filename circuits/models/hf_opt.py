@@ -28,7 +28,7 @@ from circuits import names
 from circuits.errors import ModelError, shown
 from circuits.models.common import ACTIVATIONS
 from circuits.models.gpt2 import GPT2Config
-from circuits.models.reading import Reader, int_field, strip_prefix, typed_field
+from circuits.models.reading import Reader, int_field, stored_unembedding, strip_prefix, typed_field
 
 #: Positions 0, 1 of OPT's table are never looked up (``OPTLearnedPositionalEmbedding.offset``).
 POSITION_OFFSET = 2
@@ -103,9 +103,9 @@ def opt_weights_from_hf(
         _layer_weights(r, out, layer, d, h, c, m)
     out[names.norm_weight(names.FINAL, "scale")] = r.take("final_layer_norm.weight", (d,))
     out[names.norm_weight(names.FINAL, "bias")] = r.take("final_layer_norm.bias", (d,))
-    unembed = r.take("lm_head.weight", (v, d), optional=config.tie_word_embeddings)
-    if unembed is not None and not config.tie_word_embeddings:
-        out[names.UNEMBED_WEIGHT] = unembed
+    out[names.UNEMBED_WEIGHT] = stored_unembedding(
+        r, "lm_head.weight", (v, d), out[names.TOK_EMBEDS_WEIGHT], config.tie_word_embeddings
+    )
     r.finish()
     return r.weights(out)
 

@@ -76,6 +76,34 @@ class Reader:
         return {name: t if self.attach else own_copy(t) for name, t in out.items() if t is not None}
 
 
+def stored_unembedding(
+    reader: Reader, key: str, shape: tuple[int, ...], embedding: torch.Tensor | None, tied: bool
+) -> torch.Tensor | None:
+    """The unembedding to build with: the stored ``key``, or None where the token embedding is it.
+
+    ``tie_word_embeddings`` does not decide alone, as in Hugging Face:
+    ``from_pretrained`` ties the head to the embedding only when the checkpoint
+    lacks it or holds the same values (``PreTrainedModel.tie_weights`` keeps a
+    differing stored head, with a warning), and a model in memory computes with
+    whatever its head parameter is.  So a stored head is used unless it is the
+    embedding: the same values, or with ``attach`` the same tensor (a distinct
+    parameter must get its own gradient).  Untied (``tied`` false), the head
+    must be there.
+    """
+    head = reader.take(key, shape, optional=tied)
+    if head is None or embedding is None or not tied:
+        return head
+    return None if _same_matrix(head, embedding, reader.attach) else head
+
+
+def _same_matrix(a: torch.Tensor, b: torch.Tensor, attach: bool) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
+        return False
+    if a.data_ptr() == b.data_ptr() and a.stride() == b.stride():
+        return True
+    return not attach and torch.equal(a, b)
+
+
 def own_copy(tensor: torch.Tensor) -> torch.Tensor:
     """A contiguous copy: the circuit must not share storage with a model that may change."""
     return tensor.detach().clone(memory_format=torch.contiguous_format)
@@ -116,6 +144,42 @@ def typed_field(family: str, config: Any, key: str, default: Any, kind: type) ->
     if not isinstance(value, kind):
         raise ModelError(f"{family} config: {key!r} is {shown(repr(value))}; expected a {kind.__name__}")
     return value
+
+
+def hf_rope_parameters(family: str, config: Any) -> tuple[str, Mapping[str, Any]]:
+    """``(key, parameters)``: the rotary parameters Hugging Face computes with, and the field they came from.
+
+    transformers 5 reads ``rope_scaling`` (the 4.x name) when it is set and
+    not empty, in place of ``rope_parameters`` (``convert_rope_params_to_dict``:
+    ``rope_scaling or rope_parameters``), so a config.json with both uses
+    ``rope_scaling``, and none of ``rope_parameters``'s keys.  (A config object
+    of transformers 5 answers both names with the same mapping.)
+    """
+    chosen: tuple[str, Mapping[str, Any]] = ("rope_parameters", {})
+    for key in ("rope_parameters", "rope_scaling"):
+        params = get_field(config, key)
+        if params is not None and not isinstance(params, Mapping):
+            raise ModelError(
+                f"{family} config: {key!r} is {shown(repr(params))}; expected an object (a mapping)"
+            )
+        if params:
+            chosen = (key, params)
+    return chosen
+
+
+def rope_kind(family: str, params: Mapping[str, Any]) -> str:
+    """The rotary variant of ``hf_rope_parameters``: ``rope_type``, else the 4.x ``type``, else ``'default'``."""
+    return typed_field(family, params, "rope_type", typed_field(family, params, "type", "default", str), str)
+
+
+def present_or_default(config: Any, defaults: Mapping[str, Any]) -> Any:
+    """A ``config.json`` dict with the config class's defaults for the fields it lacks.
+
+    A field that is absent takes Hugging Face's default, which is not always
+    what an explicit ``null`` means (Mistral's absent ``sliding_window`` is
+    4096, a ``null`` one none).  A config object has every field already.
+    """
+    return {**defaults, **config} if isinstance(config, Mapping) else config
 
 
 def check_attach(attach: Any) -> bool:
