@@ -220,7 +220,10 @@ def test_parse_leaves_objects_frozen_by_gc_freeze_frozen():
     try:
         frozen = gc.get_freeze_count()
         cc.parse(repeated_branches(2).repr())
-        assert gc.get_freeze_count() == frozen
+        # Unfreezing would empty the permanent generation and freezing would grow it; a frozen
+        # object freed by its last reference during the parse may shrink it a little (seen when
+        # other tests' objects were frozen with ours), which is no fault of the parse.
+        assert 0 < gc.get_freeze_count() <= frozen
     finally:
         gc.unfreeze()
 
