@@ -344,16 +344,11 @@ def test_soft_capped_logits_are_refused_by_name():
     ex.path_terms(circuit, layer=1)
 
 
-def _replaced(circuit: cc.Circuit, name: str, make) -> cc.Circuit:
-    return circuit.update(name, make)
-
-
 def test_a_stream_or_readout_the_analyses_do_not_know_is_refused():
     """A logit scale the builders never write (a future family's), or a stream that adds a part the
     analyses do not split, is refused by name: the parts would silently miss the whole."""
     circuit = model_of("llama").circuit
-    scaled = _replaced(
-        circuit,
+    scaled = circuit.update(
         names.LOGITS,
         lambda node: Einsum.from_einsum_string(
             "bsv,->bsv", node.rename("t.call_unscaled"), Scalar(2.0, name="logit_scale"), name=names.LOGITS
@@ -362,11 +357,28 @@ def test_a_stream_or_readout_the_analyses_do_not_know_is_refused():
     with pytest.raises(ExperimentError, match=r"the logits .*'t.call'.* are not the unembedding"):
         ex.direct_logit_attribution(scaled, ANSWERS)
     extra = Array(torch.ones(24), name="extra_bias")
-    added = _replaced(circuit, names.resid_mid(1), lambda node: Add(*node.children, extra, name=node.name))
+    added = circuit.update(names.resid_mid(1), lambda node: Add(*node.children, extra, name=node.name))
     with pytest.raises(ExperimentError, match=r"'b1.resid_mid'.*also adds.*'extra_bias'"):
         ex.run_with_cache(added).decompose_resid()
     with pytest.raises(ExperimentError, match=r"'b1.resid_mid'.*also adds.*'extra_bias'"):
         ex.path_terms(added)
+
+
+def test_a_post_norm_unlike_the_one_assumed_is_refused():
+    """Gemma 2's heads are split through their post-norm recomputed as an RMSNorm of their sum; a
+    post-norm that computes something else (here its variance doubled) is refused, naming it, where
+    the heads would miss ``attn_out``."""
+    circuit = model_of("gemma2").circuit
+    var = cc.IterativeMatcher(names.attn_out(1) + ".post_norm").then(
+        "rms.var", max_depth=4
+    )  # its own, not those below b1.a
+    doubled = circuit.update(
+        var, lambda node: Einsum.from_einsum_string("bs,->bs", node, Scalar(2.0), name=node.name)
+    )
+    cache = ex.run_with_cache(doubled)
+    with pytest.raises(ExperimentError, match=r"layer 1's heads through its post-norm 'b1.a.post_norm' miss"):
+        cache.stack_head_results()
+    cache.decompose_resid()  # the post-norm's own output: still exact
 
 
 # ------------------------------------------------------------------ against TransformerLens

@@ -17,6 +17,10 @@ not, masked or not.
   on it raises ``ExperimentError`` saying to ``split_heads`` first.
 - After ``split_heads`` on grouped-query attention a head's keys and values are ``'a.k_kv'`` and
   ``'a.v_kv'`` (the head's Index moves below them); the ``k`` and ``v`` points find those.
+- ``attn_out`` and ``mlp_out`` are what the layer adds to the residual stream, as
+  TransformerLens's ``hook_attn_out`` and ``hook_mlp_out``: ``'b{L}.a'`` and ``'b{L}.m'``, or
+  where those are normed before they join it (Gemma 2's sandwich norms) the norms' outputs
+  ``'b{L}.a.post_norm'`` and ``'b{L}.m.post_norm'`` (``POST_NORM``).
 - A point of a kind the circuit's family lacks (``mlp_out`` of an attention-only model) finds
   nothing.
 
@@ -45,6 +49,7 @@ from circuits.traversal import unique_nodes
 __all__ = [
     "HEAD_KINDS",
     "POINT_KINDS",
+    "POST_NORM",
     "TRANSFORMER_LENS_HOOKS",
     "as_key",
     "point",

@@ -294,13 +294,22 @@ def head_writes(cache: ActivationCache, layer: int) -> torch.Tensor:
     """Each head's share of what ``layer``'s attention adds to the residual stream, ``[batch, head,
     pos, d_model]``, summing to the ``attn_out`` point: its result (``head_results``), and where the
     output is normed before it joins the stream (Gemma 2's post-norm) that result through the norm
-    with the clean run's scale ``1/sqrt(mean(x^2) + eps)`` (an RMSNorm) and the norm's weight."""
+    with the clean run's scale ``1/sqrt(mean(x^2) + eps)`` (an RMSNorm) and the norm's weight.  Shares
+    that miss the cached ``attn_out`` by more than float rounding raise ``ExperimentError``."""
     results = head_results(cache, layer)
     norm = cache.facts.writes[layer].attn_norm
     if norm is None:
         return results
     scale = _norm_scale(results.sum(1), False, norm.eps)
-    return results * scale[:, None, :, None] * _value(norm.weight, results)
+    shares = results * scale[:, None, :, None] * _value(norm.weight, results)
+    (written,) = cache.values_at([("attn_out", layer)])
+    miss = (shares.sum(1) - written).abs().max()
+    if miss > torch.finfo(written.dtype).eps ** 0.5 * written.abs().max():
+        raise ExperimentError(
+            f"layer {layer}'s heads through its post-norm {norm.output.name!r} miss the attn_out point "
+            f"by {float(miss):.3g}: the norm is not the RMSNorm of the heads' sum the analyses assume"
+        )
+    return shares
 
 
 def _resid_entering(cache: ActivationCache, layer: int, n_layers: int) -> torch.Tensor:
