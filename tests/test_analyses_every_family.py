@@ -369,9 +369,8 @@ def test_a_post_norm_unlike_the_one_assumed_is_refused():
     post-norm that computes something else (here its variance doubled) is refused, naming it, where
     the heads would miss ``attn_out``."""
     circuit = model_of("gemma2").circuit
-    var = cc.IterativeMatcher(names.attn_out(1) + ".post_norm").then(
-        "rms.var", max_depth=4
-    )  # its own, not those below b1.a
+    own = dict(max_depth=4)  # the post-norm's own variance, not those of the norms below b1.a
+    var = cc.IterativeMatcher(names.attn_out(1) + ".post_norm").then("rms.var", **own)
     doubled = circuit.update(
         var, lambda node: Einsum.from_einsum_string("bs,->bs", node, Scalar(2.0), name=node.name)
     )
