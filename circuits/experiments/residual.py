@@ -8,7 +8,9 @@ scale (as TransformerLens does) and ``logit_attrs`` then reads the logit through
 weight folded into the unembedding, so each component's value is its true share of the logit; the
 final norm's bias and the unembedding bias are no component's (``direct_logit_attribution`` shows
 them as ``'bias'``).  TransformerLens gives these numbers on a model whose norms are folded
-(``fold_ln=True``).  docs/analyses.md has the details.
+(``fold_ln=True``).  Every weight, scale and cap is the circuit's own node (``experiments.stream``:
+Gemma's norms scale by ``1 + w``, Gemma 2's outputs pass post-norms, its logits a soft-cap, which
+``logit_attrs`` refuses unless ``uncapped=True``).  docs/analyses.md has the details.
 """
 
 from __future__ import annotations
