@@ -172,20 +172,22 @@ def _check_adds(node: Circuit, parts: set) -> None:
     parts.discard(None)
     children = set(node.children)
     if not isinstance(node, Add) or children != parts or len(node.children) != len(children):
-        unknown = [child.describe() for child in node.children if child not in parts]
+        extra = [child.describe() for child in node.children if child not in parts] or ["none"]
+        lacking = [repr(part.name) for part in parts if part not in children] or ["none"]
         raise ExperimentError(
             f"the residual stream {node.describe()} is not the Add of {sorted(p.name for p in parts)} "
-            f"the analyses split it into (it also adds {', '.join(unknown) or 'one part twice'}), so "
-            "its parts would not sum to it"
+            f"(once each) the analyses split it into (it also adds: {', '.join(extra)}; it lacks: "
+            f"{', '.join(lacking)}), so its parts would not sum to it"
         )
 
 
 def _post_norm(output: Circuit) -> Norm | None:
     """Gemma 2's sandwich norm, where ``output`` is one (``'b{L}.a.post_norm'``), else None."""
-    if output.name is None or not output.name.endswith(POST_NORM.format("")):
+    suffix = POST_NORM.format("")
+    if output.name is None or not output.name.endswith(suffix):
         return None
     norm = read_norm(output)
-    inner = output.name[: -len(POST_NORM.format(""))]
+    inner = output.name.removesuffix(suffix)
     if norm.input.name != inner or norm.centred:
         raise ExperimentError(
             f"the post-norm {output.describe()} is not an RMSNorm of {inner!r} alone (it normalizes "
