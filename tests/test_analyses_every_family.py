@@ -241,9 +241,9 @@ def test_heads_and_biases_sum_to_what_the_attention_adds(family):
         ours = heads[[i for i, label in enumerate(head_labels) if label.startswith(f"L{layer}H")]].sum(0)
         if f"{layer}_attn_bias" in labels:
             ours = ours + stack[labels.index(f"{layer}_attn_bias")]
-        assert_close(ours, attention, rtol=RTOL * 10)  # a difference of two streams: their rounding
+        assert_close(ours, attention)
         parts, part_labels = cache.decompose_resid(layer=layer + 1, mode="attn", return_labels=True)
-        assert_close(parts[part_labels.index(f"{layer}_attn_out")], attention, rtol=RTOL * 10)
+        assert_close(parts[part_labels.index(f"{layer}_attn_out")], attention)
 
 
 # ------------------------------------------------------------------ the logits
