@@ -325,11 +325,6 @@ def tl_point(hooked, cache, tokens, kind, layer, head):
         return cache[(block if layer is not None else "") + f"{kind}.hook_normalized"] * norm.w
     if kind == "resid_mid" and cfg.parallel_attn_mlp:  # TransformerLens has none: the residual plus attention
         return cache[block + "hook_resid_pre"] + cache[block + "hook_attn_out"]
-    if (
-        kind in ("attn_out", "mlp_out") and cfg.use_normalization_before_and_after
-    ):  # ours: before the post-norm
-        post = block + ("ln1_post" if kind == "attn_out" else "ln2_post")
-        return cache[post + ".hook_normalized"] * cache[post + ".hook_scale"]
     return tl_expected(hooked, cache, kind, layer, head, tokens)
 
 

@@ -131,10 +131,13 @@ class ActivationCache(ByPoint):
         pos_slice: Any = None,
         batch_slice: Any = None,
         has_batch_dim: bool = True,
+        *,
+        uncapped: bool = False,
     ) -> torch.Tensor:
-        """Each component's direct contribution to the logit of ``tokens`` (minus ``incorrect_tokens``)."""
+        """Each component's direct contribution to the logit of ``tokens`` (minus ``incorrect_tokens``);
+        a soft-capped model's (Gemma 2) only with ``uncapped=True``: to the logit before the cap."""
         return residual.logit_attrs(
-            self, residual_stack, tokens, incorrect_tokens, pos_slice, batch_slice, has_batch_dim
+            self, residual_stack, tokens, incorrect_tokens, pos_slice, batch_slice, has_batch_dim, uncapped
         )
 
 

@@ -20,6 +20,7 @@ import torch
 from circuits import names
 from circuits.errors import ExperimentError
 from circuits.experiments.points import point
+from circuits.experiments.stream import Norm
 from circuits.matching import IterativeMatcher, Matcher
 from circuits.nodes import Add, Array, Circuit, Einsum, Scalar
 from circuits.rewrite import update
@@ -51,11 +52,18 @@ class Compositions:
     each layer's frozen norm scale (evaluated once, in one run) and each normed source (built once
     per layer, so the evaluator computes it once for every head and role that reads it)."""
 
-    def __init__(self, circuit: Circuit, facts, sources: Sources, scales: dict[int, torch.Tensor], weight):
+    def __init__(
+        self,
+        circuit: Circuit,
+        facts,
+        sources: Sources,
+        scales: dict[int, torch.Tensor],
+        norms: dict[int, Norm],
+    ):
         """``sources(layer)``: the residual stream's parts below ``layer``; ``scales``: each layer's
-        attention-norm scale on the clean inputs, ``[batch, pos]``; ``weight(name, required)``:
-        the circuit's weight node of that name."""
-        self.circuit, self.facts, self.sources, self.weight = circuit, facts, sources, weight
+        attention-norm scale on the clean inputs, ``[batch, pos]``; ``norms``: each layer's
+        attention norm as the circuit's nodes (its weight node: Gemma's ``1 + w``)."""
+        self.circuit, self.facts, self.sources, self.norms = circuit, facts, sources, norms
         self.heads = {head_of(label): node for label, node in sources(facts.n_layers) if head_of(label)}
         self.scales = {
             layer: Array(value.detach(), name=f"path.frozen_ln{layer}_scale")
@@ -66,10 +74,8 @@ class Compositions:
         self.labels: list[str] = []
 
     def _weights(self, layer: int) -> tuple[Circuit, Circuit | None]:
-        """Layer ``layer``'s attention-norm weight and bias (RMSNorm: None)."""
-        prefix, norm = names.attn_prefix(layer), self.facts.norm
-        bias = self.weight(names.norm_weight(prefix, "bias", norm)) if norm == names.LN else None
-        return self.weight(names.norm_weight(prefix, "scale", norm)), bias
+        """Layer ``layer``'s attention-norm weight and bias (RMSNorm: None), the circuit's own nodes."""
+        return self.norms[layer].weight, self.norms[layer].bias
 
     def _normed_source(self, layer: int, source: Circuit) -> Circuit:
         """``source`` through layer ``layer``'s norm, scale frozen, ``[b,s,d]``: ``(x - mean(x)) *
@@ -80,7 +86,7 @@ class Compositions:
             scale, (weight, _) = self.scales[layer], self._weights(layer)
             axes = _axes(source)
             normed = Einsum((source, axes), (scale, "bs"), (weight, "d"), out_axes="bsd")
-            if self.facts.norm == names.LN:
+            if self.norms[layer].centred:
                 d_model = source.shape[-1]
                 neg_mean = Scalar(-1.0 / d_model, shape=(d_model,), name="path.neg_mean")
                 mean_axes = axes.replace("d", "e")

@@ -4,8 +4,10 @@
 answer and a wrong token) at one position into the direct contribution of every path to the final
 residual stream: embeddings, each head, each attention bias, each MLP, and ``'bias'`` (the final
 norm's bias and the unembedding bias).  The final norm's scale is the clean run's, so the parts
-sum to the logit the circuit computes.  ``logit_lens`` recomputes the final norm on the residual
-stream entering each layer and unembeds it.  Both return small result objects with ``records()``
+sum to the logit the circuit computes.  A soft-capped logit (Gemma 2) has no such parts: it is
+refused unless ``uncapped=True`` asks for the parts of the logit before the cap.  ``logit_lens``
+recomputes the final norm on the residual stream entering each layer and reads it out as the
+model does (unembedding, bias, soft-cap).  Both return small result objects with ``records()``
 (tidy rows) for a notebook.  Semantics and shapes: docs/analyses.md.
 """
 
@@ -29,7 +31,8 @@ __all__ = ["LogitAttribution", "LogitLens", "direct_logit_attribution", "logit_l
 @dataclasses.dataclass(frozen=True)
 class LogitAttribution:
     """Direct contributions ``values[component, batch]`` labelled ``labels``; ``total[batch]`` is the
-    logit (difference) the circuit computes, which they sum to."""
+    logit (difference) the circuit computes, which they sum to (with ``uncapped=True``, the logit
+    before the model's soft-cap)."""
 
     values: torch.Tensor
     labels: list[str]
@@ -103,6 +106,7 @@ def direct_logit_attribution(
     wrong_tokens: Any = None,
     *,
     pos: int = -1,
+    uncapped: bool = False,
     inputs: Mapping[Circuit | str, Any] | None = None,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
@@ -112,8 +116,11 @@ def direct_logit_attribution(
     ``circuit``: a batched model circuit, or the ``ActivationCache`` of one.  ``answer_tokens`` and
     ``wrong_tokens``: one id, or one per batch row (``[batch]``).  Components: ``'embed'``,
     ``'pos_embed'`` (GPT-2), ``'L{l}H{h}'``, ``'{l}_attn_bias'`` (GPT-2), ``'{l}_mlp_out'``, ``'bias'``.
+    A model that soft-caps its logits (Gemma 2) is refused unless ``uncapped=True``: then ``total`` is
+    the logit before the cap (the final norm's output unembedded), which the components sum to.
     """
     cache = _cache(circuit, inputs, device, dtype)
+    residual.check_uncapped(cache.facts, uncapped, "direct_logit_attribution")
     logits = cache.values_at([("logits",)])[0]
     if logits.ndim != 3:
         raise ExperimentError("direct_logit_attribution needs a batched circuit (tokens [batch, positions])")
@@ -127,8 +134,10 @@ def direct_logit_attribution(
         else residual.token_ids(wrong_tokens, batch, vocab, "wrong_tokens").expand(batch)
     )
     stack, labels = residual.direct_components(cache, pos)
-    values = residual.logit_attrs(cache, stack, answers, wrong, pos, None, True)
+    values = residual.logit_attrs(cache, stack, answers, wrong, pos, None, True, uncapped)
     bias = residual.output_bias_logits(cache, answers, wrong, batch)
+    if cache.facts.readout.softcap is not None:  # uncapped: the logits before the cap
+        logits = residual.unembed(cache, cache.values_at([("ln_final",)])[0])
     rows = torch.arange(batch[0])
     total = logits[rows, pos, answers]
     if wrong is not None:
@@ -146,8 +155,8 @@ def logit_lens(
     dtype: torch.dtype | None = None,
 ) -> LogitLens:
     """The logits each layer's residual stream would give: the final norm recomputed on the stream
-    entering each layer (and on the final stream) and unembedded, at ``pos`` (None: every position).
-    The last layer's logits are the model's."""
+    entering each layer (and on the final stream), unembedded and soft-capped as the model's logits
+    are (Gemma 2), at ``pos`` (None: every position).  The last layer's logits are the model's."""
     cache = _cache(circuit, inputs, device, dtype)
     seq = cache.values_at([("logits",)])[0].shape[-2]
     if pos is not None:
@@ -155,7 +164,7 @@ def logit_lens(
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise ExperimentError(f"top_k={top_k!r}: give an int >= 1")
     stack, labels = residual.accumulated_resid(cache, None, False, False, pos, False)
-    logits = residual.unembed(cache, residual.final_norm(cache, stack))
+    logits = residual.softcapped(cache, residual.unembed(cache, residual.final_norm(cache, stack)))
     log_probs = torch.log_softmax(logits, dim=-1)
     top = log_probs.topk(min(top_k, log_probs.shape[-1]), dim=-1)
     return LogitLens(labels, logits, log_probs, top.indices, top.values)

@@ -7,7 +7,10 @@ ordinary circuit nodes that print, evaluate and can be ablated: ``'path.embed'``
 
 The one approximation, named so it is never mistaken for exact algebra: the final norm's scale
 ``1/sqrt(var + eps)`` is frozen at the clean run's value (an Array ``'path.frozen_ln_scale'``), as
-direct logit attribution does, so the logits are linear in the residual stream.  On the clean
+direct logit attribution does, so the logits are linear in the residual stream (Gemma 2: so are
+the sandwich norms over the attention outputs, ``'path.frozen_post_norm{L}_scale'``; its logit
+soft-cap is not linear, so a soft-capped model's terms are those of the logits before the cap,
+``uncapped=True``, or none).  On the clean
 inputs the terms sum to the logits exactly (up to float rounding); after ablating a term they
 are the first-order (direct-path) logits, not what the model would compute.  docs/path_terms.md.
 """
@@ -18,12 +21,12 @@ import dataclasses
 
 import torch
 
-from circuits import names
 from circuits.errors import ExperimentError
 from circuits.evaluation import evaluate_many
 from circuits.experiments import residual
 from circuits.experiments.composition import Compositions, head_of
 from circuits.experiments.points import as_key, resolve_points
+from circuits.experiments.stream import read_norm
 from circuits.nodes import Add, Array, Circuit, Einsum, Index, Scalar, check_node
 from circuits.passes import split_heads
 
@@ -45,7 +48,9 @@ class PathTerms:
 
 class _Model:
     """The nodes of a model circuit that path terms read, found in one walk (``resolve_points``)
-    rather than one walk per node: a GPT-2-small has 144 heads."""
+    rather than one walk per node (a GPT-2-small has 144 heads), and the norm scales they freeze,
+    evaluated in one run: the final norm's, each post-norm's (Gemma 2) and, for ``order > 1``, each
+    attention norm's (``scales[key]``, ``[batch, pos]``)."""
 
     def __init__(self, circuit: Circuit, facts, order: int):
         self.facts = facts
@@ -53,25 +58,23 @@ class _Model:
         keys += [("pos_embed",)] if facts.pos_in_resid else []
         for layer in range(facts.n_layers):
             keys += [("head_out", layer, head) for head in range(facts.split_heads.get(layer, 0))]
-            keys += [("mlp_out", layer)] if facts.has_mlp else []
-            keys += [("ln1_scale", layer)] if order > 1 and layer > 0 else []
+            keys += [("ln1_scale", layer), ("ln1", layer)] if order > 1 and layer > 0 else []
         try:
             self.points = resolve_points(circuit, [as_key(key) for key in keys])
         except ExperimentError as error:
             raise ExperimentError(f"path_terms needs a model circuit the builders make: {error}") from None
+        scales = {("ln_final_scale", None, None): self.point("ln_final_scale")}
+        scales.update({key: node for key, node in self.points.items() if key[0] == "ln1_scale"})
+        for layer, writes in enumerate(facts.writes):
+            if writes.attn_norm is not None:
+                scales[("attn_post_scale", layer, None)] = writes.attn_norm.rsqrt
+        self.scales = dict(zip(scales, (value.detach() for value in evaluate_many(list(scales.values())))))
 
     def point(self, *key) -> Circuit:
         return self.points[as_key(key)]
 
-    def weight(self, name: str, required: bool = True) -> Circuit | None:
-        """The weight ``name`` as the circuit's own node (None when optional and absent)."""
-        arrays = self.facts.arrays
-        if name not in arrays and not required:
-            return None
-        if arrays.get(name) is None:
-            what = "has no" if name not in arrays else "has several different nodes named"
-            raise ExperimentError(f"path_terms needs a model circuit with one weight {name!r}; it {what} it")
-        return arrays[name]
+    def scale(self, *key) -> torch.Tensor:
+        return self.scales[as_key(key)]
 
 
 def _position(pos, seq: int) -> int:
@@ -88,15 +91,27 @@ def _components(model: _Model) -> list[tuple[str, Circuit]]:
     parts = [("embed", model.point("embed"))]
     if facts.pos_in_resid:
         parts.append(("pos_embed", model.point("pos_embed")))
-    for layer in range(facts.n_layers):
+    for layer, writes in enumerate(facts.writes):
         for head in range(facts.split_heads.get(layer, 0)):
-            parts.append((f"L{layer}H{head}", model.point("head_out", layer, head)))
-        bias = model.weight(names.attn_weight(layer, "o_bias"), required=False)
-        if bias is not None:
-            parts.append((f"{layer}_attn_bias", bias))
-        if facts.has_mlp:
-            parts.append((f"{layer}_mlp_out", model.point("mlp_out", layer)))
+            parts.append(
+                (f"L{layer}H{head}", _head_write(model, layer, model.point("head_out", layer, head)))
+            )
+        if writes.attn_bias is not None:
+            parts.append((f"{layer}_attn_bias", writes.attn_bias))
+        if writes.mlp is not None:
+            parts.append((f"{layer}_mlp_out", writes.mlp))
     return parts
+
+
+def _head_write(model: _Model, layer: int, head: Circuit) -> Circuit:
+    """A head's output as it reaches the residual stream: itself, or (Gemma 2) through the layer's
+    post-norm with its scale frozen at the clean run's (``'path.frozen_post_norm{L}_scale'``) and the
+    norm's own weight node, ``[b,s,d]``; the heads' terms then sum to the post-norm's output."""
+    norm = model.facts.writes[layer].attn_norm
+    if norm is None:
+        return head
+    scale = Array(model.scale("attn_post_scale", layer), name=f"path.frozen_post_norm{layer}_scale")
+    return Einsum((head, "bsd"), (scale, "bs"), (norm.weight, "d"), out_axes="bsd")
 
 
 def _below(parts: list[tuple[str, Circuit]], layer: int) -> list[tuple[str, Circuit]]:
@@ -151,17 +166,19 @@ def _tokens(tokens, vocab: int) -> torch.Tensor | None:
 
 
 def _readout(model: _Model, scale: torch.Tensor, tokens: torch.Tensor | None) -> list:
-    """The linear map from the residual to the logits (of ``tokens`` only, if given), as einsum
-    operands over ``d`` (residual), ``e`` (after centring), ``b`` (batch), ``v`` (vocab)."""
-    d_model = model.weight(names.UNEMBED_WEIGHT).shape[-1]
-    centre = torch.eye(d_model, dtype=scale.dtype) - 1.0 / d_model
-    if model.facts.norm != names.LN:
-        centre = torch.eye(d_model, dtype=scale.dtype)
+    """The linear map from the residual to the logits before any soft-cap (of ``tokens`` only, if
+    given), as einsum operands over ``d`` (residual), ``e`` (after centring), ``b`` (batch), ``v``
+    (vocab): the final norm's own weight node (Gemma's ``1 + w``) and the unembedding node."""
+    readout = model.facts.readout
+    d_model = readout.unembed.shape[-1]
+    centre = torch.eye(d_model, dtype=scale.dtype)
+    if readout.norm.centred:
+        centre = centre - 1.0 / d_model
     return [
         (Array(centre, name="path.centre"), "de"),
         (Array(scale, name="path.frozen_ln_scale"), "b"),
-        (model.weight(names.norm_weight(names.FINAL, "scale", model.facts.norm)), "e"),
-        (_vocab_rows(model.weight(names.UNEMBED_WEIGHT), tokens, "path.unembed_rows"), "ve"),
+        (readout.norm.weight, "e"),
+        (_vocab_rows(readout.unembed, tokens, "path.unembed_rows"), "ve"),
     ]
 
 
@@ -170,11 +187,11 @@ def _bias_term(model: _Model, batch: int, vocab: int, tokens: torch.Tensor | Non
     ones = Scalar(1.0, shape=(batch,), name="path.batch_ones")
     width = vocab if tokens is None else len(tokens)
     parts: list[Circuit] = [Scalar(0.0, shape=(batch, width), name="path.zero")]
-    norm_bias = model.weight(names.norm_weight(names.FINAL, "bias", model.facts.norm), required=False)
-    if norm_bias is not None:
-        unembedding = _vocab_rows(model.weight(names.UNEMBED_WEIGHT), tokens, "path.unembed_rows")
-        parts.append(Einsum((norm_bias, "e"), (unembedding, "ve"), (ones, "b"), out_axes="bv"))
-    out_bias = model.weight(names.UNEMBED_BIAS_WEIGHT, required=False)
+    readout = model.facts.readout
+    if readout.norm.bias is not None:
+        unembedding = _vocab_rows(readout.unembed, tokens, "path.unembed_rows")
+        parts.append(Einsum((readout.norm.bias, "e"), (unembedding, "ve"), (ones, "b"), out_axes="bv"))
+    out_bias = readout.bias
     if out_bias is not None:
         out_bias = _vocab_rows(out_bias, tokens, "path.unembed_bias_rows")
         parts.append(Einsum((out_bias, "v"), (ones, "b"), out_axes="bv"))
@@ -201,7 +218,13 @@ def _layer(layer, n_layers: int) -> int | None:
 
 
 def path_terms(
-    circuit: Circuit, pos: int = -1, order: int = 1, layer: int | None = None, tokens=None
+    circuit: Circuit,
+    pos: int = -1,
+    order: int = 1,
+    layer: int | None = None,
+    tokens=None,
+    *,
+    uncapped: bool = False,
 ) -> PathTerms:
     """The logits at ``pos`` as an Add ``'path_terms'`` of one node per direct path (see the module).
 
@@ -214,7 +237,9 @@ def path_terms(
     residual stream entering layer ``L`` (``point('resid_pre', L)``; ``L = n_layers``: the final
     residual) at ``pos`` instead of the logits: ``[batch, d_model]`` terms, no norm, no bias term.
     ``tokens`` (vocabulary ids) keeps only those logits, in that order: ``[batch, len(tokens)]``
-    terms, each reading only those rows of the unembedding (much cheaper with a large vocabulary)."""
+    terms, each reading only those rows of the unembedding (much cheaper with a large vocabulary).
+    A model that soft-caps its logits (Gemma 2) is refused unless ``uncapped=True``: the terms then
+    sum to the logits before the cap (``'t.unembed'``, plus the unembedding bias if any)."""
     check_node(circuit, "the model circuit", ExperimentError)
     if isinstance(order, bool) or not isinstance(order, int) or order < 1:
         raise ExperimentError(f"path_terms: order={order!r}; give an int >= 1 (1: direct paths only)")
@@ -222,6 +247,8 @@ def path_terms(
     if not facts.batched:
         raise ExperimentError("path_terms needs a batched circuit (tokens [batch, positions])")
     layer = _layer(layer, facts.n_layers)
+    if layer is None:
+        residual.check_uncapped(facts, uncapped, "path_terms")
     unsplit = [other for other in range(facts.n_layers) if other not in facts.split_heads]
     if unsplit:
         circuit = split_heads(circuit, unsplit)
@@ -229,19 +256,20 @@ def path_terms(
     model = _Model(circuit, facts, order)
     batch, seq, vocab = model.point("logits").shape
     pos = _position(pos, seq)
-    layers = range(1, facts.n_layers) if order > 1 else range(0)
-    final_scale, *scales = evaluate_many(
-        [model.point("ln_final_scale"), *(model.point("ln1_scale", other) for other in layers)]
-    )
     tokens = _tokens(tokens, vocab)
     if tokens is not None and layer is not None:
         raise ExperimentError(
             "path_terms: tokens= selects logits; it does not apply with layer= (the residual)"
         )
-    read = _readout(model, final_scale.reshape(batch, seq)[:, pos].detach(), tokens)
+    read = _readout(model, model.scale("ln_final_scale").reshape(batch, seq)[:, pos], tokens)
     parts = _components(model)
+    layers = range(1, facts.n_layers) if order > 1 else range(0)
     compositions = Compositions(
-        circuit, facts, lambda below: _below(parts, below), dict(zip(layers, scales)), model.weight
+        circuit,
+        facts,
+        lambda below: _below(parts, below),
+        {other: model.scale("ln1_scale", other) for other in layers},
+        {other: read_norm(model.point("ln1", other)) for other in layers},
     )
     terms, labels = [], []
     for label, node in parts if layer is None else _below(parts, layer):

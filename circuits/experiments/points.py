@@ -17,6 +17,10 @@ not, masked or not.
   on it raises ``ExperimentError`` saying to ``split_heads`` first.
 - After ``split_heads`` on grouped-query attention a head's keys and values are ``'a.k_kv'`` and
   ``'a.v_kv'`` (the head's Index moves below them); the ``k`` and ``v`` points find those.
+- ``attn_out`` and ``mlp_out`` are what the layer adds to the residual stream, as
+  TransformerLens's ``hook_attn_out`` and ``hook_mlp_out``: ``'b{L}.a'`` and ``'b{L}.m'``, or
+  where those are normed before they join it (Gemma 2's sandwich norms) the norms' outputs
+  ``'b{L}.a.post_norm'`` and ``'b{L}.m.post_norm'`` (``POST_NORM``).
 - A point of a kind the circuit's family lacks (``mlp_out`` of an attention-only model) finds
   nothing.
 
@@ -45,6 +49,7 @@ from circuits.traversal import unique_nodes
 __all__ = [
     "HEAD_KINDS",
     "POINT_KINDS",
+    "POST_NORM",
     "TRANSFORMER_LENS_HOOKS",
     "as_key",
     "point",
@@ -139,6 +144,8 @@ def point(kind: str, layer: int | None = None, head: int | None = None) -> Point
     spec = _spec(kind, layer, head)
     if spec.whole is not None:
         return spec.whole
+    if spec.outermost:
+        return IterativeMatcher(spec.start, stop_at_match=True)
     return spec.start if spec.tail is None else spec.tail(IterativeMatcher(spec.start))
 
 
@@ -152,6 +159,7 @@ class _Spec(NamedTuple):
     start_names: frozenset
     tail: Callable[[IterativeMatcher], IterativeMatcher] | None = None
     whole: IterativeMatcher | None = None  # a matcher searched from the root, used as it is
+    outermost: bool = False  # only the start nodes not below another one (``stop_at_match``)
 
 
 def _spec(kind: str, layer: int | None, head: int | None) -> _Spec:
@@ -160,6 +168,8 @@ def _spec(kind: str, layer: int | None, head: int | None) -> _Spec:
         return _model_spec(kind)
     if kind == "head_out":
         return _branch(kind, layer, head)
+    if kind in _WRITTEN:
+        return _written(kind, layer)
     if entry.shared:
         start = _named(_FROM[kind](layer)) if head is None else _branch(kind, layer, head)
         return start._replace(tail=_below(_kind_names(kind)))
@@ -170,6 +180,20 @@ def _spec(kind: str, layer: int | None, head: int | None) -> _Spec:
             )
         return _named(names.block(layer - 1))
     return _named(_kind_names(kind, layer))
+
+
+#: The kinds that are what a layer adds to the residual stream (TransformerLens's ``hook_attn_out``,
+#: ``hook_mlp_out``): the output itself, or Gemma 2's sandwich norm over it, named ``POST_NORM``.
+_WRITTEN = ("attn_out", "mlp_out")
+POST_NORM = "{}.post_norm"  #: Gemma 2's norm of an output ``'b{L}.a'`` before it joins the stream
+
+
+def _written(kind: str, layer: int) -> _Spec:
+    """``'b{L}.a.post_norm'`` where the output ``'b{L}.a'`` is normed before it joins the residual
+    stream (Gemma 2), else ``'b{L}.a'``: the outermost node of either name (``'b{L}.m'``: the MLP)."""
+    plain = _kind_names(kind, layer)
+    either = plain | frozenset(POST_NORM.format(name) for name in plain)
+    return _Spec(Matcher(either), either, outermost=True)
 
 
 def _named(form: str | frozenset) -> _Spec:
@@ -390,9 +414,24 @@ def _find(circuit: Circuit, index: dict[str, list[Circuit]], spec: _Spec) -> set
         return set(get(circuit, spec.whole))
     predicate = spec.start.predicate
     starts = [node for name in spec.start_names for node in index.get(name, ()) if predicate(node)]
+    if spec.outermost:
+        return _outermost(starts)
     if spec.tail is None:
         return set(starts)
     found: set[Circuit] = set()
     for start in starts:
         found |= get(start, spec.tail(IterativeMatcher(spec.start, max_depth=0)))
     return found
+
+
+def _outermost(starts: list[Circuit]) -> set[Circuit]:
+    """The ``starts`` not below another of them: each one's search stops at the residual stream."""
+    if len(starts) < 2:
+        return set(starts)
+    hashes = {start.hash for start in starts}
+    wanted = Matcher.from_predicate(lambda node: node.hash in hashes, "Matcher(<another start>)")
+    below: set[Circuit] = set()
+    for start in starts:
+        search = IterativeMatcher(True, max_depth=0).then(wanted | _STREAM, stop_at_match=True)
+        below |= set(get(start, search.then(wanted, min_depth=0, max_depth=0)))
+    return set(starts) - below

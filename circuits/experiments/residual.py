@@ -8,7 +8,9 @@ scale (as TransformerLens does) and ``logit_attrs`` then reads the logit through
 weight folded into the unembedding, so each component's value is its true share of the logit; the
 final norm's bias and the unembedding bias are no component's (``direct_logit_attribution`` shows
 them as ``'bias'``).  TransformerLens gives these numbers on a model whose norms are folded
-(``fold_ln=True``).  docs/analyses.md has the details.
+(``fold_ln=True``).  Every weight, scale and cap is the circuit's own node (``experiments.stream``:
+Gemma's norms scale by ``1 + w``, Gemma 2's outputs pass post-norms, its logits a soft-cap, which
+``logit_attrs`` refuses unless ``uncapped=True``).  docs/analyses.md has the details.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 
 from circuits import names
 from circuits.errors import ExperimentError
+from circuits.experiments.stream import Readout, Writes, read_readout, read_writes
 from circuits.nodes import Array, Circuit
 from circuits.traversal import unique_nodes
 
@@ -35,9 +38,11 @@ __all__ = [
     "direct_components",
     "final_norm",
     "head_results",
+    "head_writes",
     "logit_attrs",
     "model_facts",
     "output_bias_logits",
+    "softcapped",
     "stack_head_results",
     "token_ids",
     "unembed",
@@ -58,6 +63,8 @@ class ModelFacts:
     split_heads: dict  #: layer -> the number of single-head branches (split layers only)
     batched: bool  #: the tokens are ``[batch, positions]``
     arrays: dict  #: name -> the one Array of that name (None where several nodes share it)
+    readout: Readout  #: the final norm, unembedding and soft-cap, as the circuit's nodes
+    writes: tuple[Writes, ...]  #: per layer, the nodes it adds to the residual stream
 
 
 def model_facts(circuit: Circuit) -> ModelFacts:
@@ -74,6 +81,12 @@ def model_facts(circuit: Circuit) -> ModelFacts:
         )
     parsed = [p for p in map(names.parse, found) if p is not None]
     layers = {p.layer for p in parsed if p.kind == "block"}
+    has_mlp = names.mlp_out(0) in found
+    if named.get(names.LOGITS) is None:
+        raise ExperimentError(
+            f"the analyses need a model circuit with one logits node {names.LOGITS!r}; "
+            f"{circuit.describe()} has {'several' if names.LOGITS in named else 'none'}"
+        )
     heads: dict[int, int] = {}
     for p in parsed:
         if p.kind == "head" and p.heads[0] != p.heads[1]:
@@ -87,10 +100,12 @@ def model_facts(circuit: Circuit) -> ModelFacts:
         n_layers=len(layers),
         norm=names.RMS if names.norm_weight(names.FINAL, "scale", names.RMS) in found else names.LN,
         pos_in_resid=names.EMBEDS in found,
-        has_mlp=names.mlp_out(0) in found,
+        has_mlp=has_mlp,
         split_heads=heads,
         batched=named.get(names.TOKENS) is not None and named[names.TOKENS].rank == 2,
         arrays={name: node for name, node in named.items() if node is None or isinstance(node, Array)},
+        readout=read_readout(named[names.LOGITS]),
+        writes=tuple(read_writes(circuit, len(layers), has_mlp)),
     )
 
 
@@ -102,23 +117,9 @@ def _weight(cache: ActivationCache, name: str, like: torch.Tensor) -> torch.Tens
     return arrays[name].evaluate().to(like) if name in arrays else None
 
 
-def _final_eps(circuit: Circuit, norm: str) -> float:
-    """The final norm's epsilon: the Scalar at a fixed path of names below ``'final.call'``."""
-    path = (
-        ("y_scaled", "y", "rsqrt", "var_p_eps", "c.eps")
-        if norm == names.LN
-        else ("y", "rsqrt", "var_p_eps", "c.eps")
-    )
-    node = circuit.get_unique(names.FINAL_NORM)
-    for part in path:
-        wanted = names.norm_node(norm, part)
-        below = [child for child in node.children if child.name == wanted]
-        if len(below) != 1:
-            raise ExperimentError(
-                f"the final norm {names.FINAL_NORM!r} has no {wanted!r} where the builders put it"
-            )
-        node = below[0]
-    return float(node.value)
+def _value(node: Circuit | None, like: torch.Tensor) -> torch.Tensor | None:
+    """A weight node's value (a weight, or Gemma's ``1 + w``) on ``like``'s device and dtype."""
+    return None if node is None else node.evaluate().to(like)
 
 
 # ------------------------------------------------------------------ arguments
@@ -186,6 +187,8 @@ def _facts(cache: ActivationCache) -> ModelFacts:
 def analysis_points(facts: ModelFacts) -> list[tuple]:
     """Every point the analyses read on a model of ``facts``: ``run_with_cache``'s points for them."""
     points: list[tuple] = [("embed",), ("resid_final",), ("ln_final_scale",), ("logits",)]
+    if facts.readout.softcap is not None:  # the logits before the cap: the final norm's output, unembedded
+        points.append(("ln_final",))
     if facts.pos_in_resid:
         points.append(("pos_embed",))
     for layer in range(facts.n_layers):
@@ -229,16 +232,17 @@ def accumulated_resid(
             labels.append(f"{at}_mid")
     stack = torch.stack([_at_pos(cache, v, pos_slice) for v in cache.values_at(keys)])
     if apply_ln and layer == facts.n_layers:
-        stack = _normalized(stack, facts.norm, _final_eps(cache.circuit, facts.norm))
+        stack = _normalized(stack, facts.readout.norm.centred, facts.readout.norm.eps)
     elif apply_ln:
         stack = apply_ln_to_stack(cache, stack, layer, mlp_input, pos_slice, None, True)
     return stack, labels
 
 
 def _attn_out(cache: ActivationCache, layer: int) -> torch.Tensor:
-    """Layer ``layer``'s attention output as TransformerLens's ``hook_attn_out``: with the output bias."""
+    """What layer ``layer``'s attention adds to the residual stream, as TransformerLens's
+    ``hook_attn_out``: the ``attn_out`` point (Gemma 2: after its post-norm) and the output bias."""
     (out,) = cache.values_at([("attn_out", layer)])
-    bias = _weight(cache, names.attn_weight(layer, "o_bias"), out)
+    bias = _value(cache.facts.writes[layer].attn_bias, out)
     return out if bias is None else out + bias
 
 
@@ -288,6 +292,28 @@ def head_results(cache: ActivationCache, layer: int) -> torch.Tensor:
     return torch.einsum("bhsc,hdc->bhsd", z, w_o)
 
 
+def head_writes(cache: ActivationCache, layer: int) -> torch.Tensor:
+    """Each head's share of what ``layer``'s attention adds to the residual stream, ``[batch, head,
+    pos, d_model]``, summing to the ``attn_out`` point: its result (``head_results``), and where the
+    output is normed before it joins the stream (Gemma 2's post-norm) that result through the norm
+    with the clean run's scale ``1/sqrt(mean(x^2) + eps)`` (an RMSNorm) and the norm's weight.  Shares
+    that miss the cached ``attn_out`` by more than float rounding raise ``ExperimentError``."""
+    results = head_results(cache, layer)
+    norm = cache.facts.writes[layer].attn_norm
+    if norm is None:
+        return results
+    scale = _norm_scale(results.sum(1), False, norm.eps)
+    shares = results * scale[:, None, :, None] * _value(norm.weight, results)
+    (written,) = cache.values_at([("attn_out", layer)])
+    miss = (shares.sum(1) - written).abs().max()
+    if miss > torch.finfo(written.dtype).eps ** 0.5 * written.abs().max():
+        raise ExperimentError(
+            f"layer {layer}'s heads through its post-norm {norm.output.name!r} miss the attn_out point "
+            f"by {float(miss):.3g}: the norm is not the RMSNorm of the heads' sum the analyses assume"
+        )
+    return shares
+
+
 def _resid_entering(cache: ActivationCache, layer: int, n_layers: int) -> torch.Tensor:
     """The residual stream entering ``layer`` (the final one at ``n_layers``)."""
     return cache.values_at([("resid_final",) if layer == n_layers else ("resid_pre", layer)])[0]
@@ -296,13 +322,14 @@ def _resid_entering(cache: ActivationCache, layer: int, n_layers: int) -> torch.
 def stack_head_results(
     cache: ActivationCache, layer: Any, incl_remainder: bool, pos_slice: Any, apply_ln: bool
 ) -> tuple[torch.Tensor, list[str]]:
-    """Every head's output in the layers below ``layer`` (``'L{l}H{h}'``), and with
-    ``incl_remainder`` the rest of the stream entering ``layer`` (``'remainder'``)."""
+    """Every head's output in the layers below ``layer`` (``'L{l}H{h}'``; Gemma 2: its share of the
+    post-norm's output, ``head_writes``), and with ``incl_remainder`` the rest of the stream entering
+    ``layer`` (``'remainder'``)."""
     n_layers = _facts(cache).n_layers
     layer = _layer(layer, n_layers)
     parts, labels = [], []
     for at in range(layer):
-        results = head_results(cache, at)
+        results = head_writes(cache, at)
         seq = results.shape[-2]
         parts.extend(results[:, :, _index(pos_slice, seq, "pos_slice")].unbind(1))
         labels.extend(f"L{at}H{h}" for h in range(results.shape[1]))
@@ -325,10 +352,10 @@ def direct_components(cache: ActivationCache, pos_slice: Any) -> tuple[torch.Ten
         parts.append(_at_pos(cache, value, pos_slice))
         labels.append(label)
     for at in range(facts.n_layers):
-        results = head_results(cache, at)
+        results = head_writes(cache, at)
         parts.extend(results[:, :, _index(pos_slice, results.shape[-2], "pos_slice")].unbind(1))
         labels.extend(f"L{at}H{h}" for h in range(results.shape[1]))
-        bias = _weight(cache, names.attn_weight(at, "o_bias"), results)
+        bias = _value(facts.writes[at].attn_bias, results)
         if bias is not None:
             parts.append(bias.expand_as(parts[-1]))
             labels.append(f"{at}_attn_bias")
@@ -348,11 +375,17 @@ def _embeddings(cache: ActivationCache, facts: ModelFacts) -> list[tuple[str, to
 # ------------------------------------------------------------------ norms and logits
 
 
-def _normalized(stack: torch.Tensor, norm: str, eps: float) -> torch.Tensor:
+def _norm_scale(x: torch.Tensor, centred: bool, eps: float) -> torch.Tensor:
+    """A norm's ``1/sqrt(var + eps)`` of each vector of ``x``, ``x.shape[:-1]``."""
+    if centred:
+        x = x - x.mean(-1, keepdim=True)
+    return torch.rsqrt(x.pow(2).mean(-1) + eps)
+
+
+def _normalized(stack: torch.Tensor, centred: bool, eps: float) -> torch.Tensor:
     """Each vector normalized on its own statistics, without the norm's weights."""
-    if norm == names.LN:
-        stack = stack - stack.mean(-1, keepdim=True)
-    return stack * torch.rsqrt(stack.pow(2).mean(-1, keepdim=True) + eps)
+    scale = _norm_scale(stack, centred, eps)[..., None]
+    return (stack - stack.mean(-1, keepdim=True) if centred else stack) * scale
 
 
 def _scale_key(layer: int, mlp_input: bool, n_layers: int) -> tuple:
@@ -379,7 +412,7 @@ def apply_ln_to_stack(
         raise ExperimentError(f"mlp_input=True needs a model with MLPs and a layer below {facts.n_layers}")
     (scale,) = cache.values_at([_scale_key(layer, mlp_input, facts.n_layers)])
     scale = scale[:, _index(pos_slice, scale.shape[-1], "pos_slice")]
-    stack = _checked_stack(residual_stack, cache.circuit.get_unique(names.UNEMBED_WEIGHT).shape[-1])
+    stack = _checked_stack(residual_stack, facts.readout.unembed.shape[-1])
     if batch_slice is None and not has_batch_dim:
         if scale.shape[0] != 1:
             raise ExperimentError(
@@ -432,17 +465,16 @@ def token_ids(tokens: Any, fits: torch.Size, vocab: int, what: str) -> torch.Ten
 
 
 def _final_weights(cache: ActivationCache, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The final norm's scale and bias (None for RMSNorm)."""
-    norm = cache.facts.norm
-    scale = _weight(cache, names.norm_weight(names.FINAL, "scale", norm), like)
-    return scale, _weight(cache, names.norm_weight(names.FINAL, "bias", norm), like)
+    """The final norm's weight (the model's multiplier: Gemma's ``1 + w``) and bias (None for RMSNorm)."""
+    norm = cache.facts.readout.norm
+    return _value(norm.weight, like), _value(norm.bias, like)
 
 
 def _directions(
     cache: ActivationCache, tokens: Any, incorrect_tokens: Any, fits: torch.Size, like: torch.Tensor
 ):
-    """The folded unembedding rows ``scale * W_U[token]`` (minus the incorrect tokens'): ``[*fits, d_model]``."""
-    unembedding = _weight(cache, names.UNEMBED_WEIGHT, like)
+    """The folded unembedding rows ``weight * W_U[token]`` (minus the incorrect tokens'): ``[*fits, d_model]``."""
+    unembedding = _value(cache.facts.readout.unembed, like)
     scale, _ = _final_weights(cache, like)
     ids = token_ids(tokens, fits, unembedding.shape[0], "tokens")
     directions = unembedding[ids] * scale
@@ -456,6 +488,21 @@ def _directions(
     return directions
 
 
+def check_uncapped(facts: ModelFacts, uncapped: Any, what: str) -> None:
+    """Refuse to split a soft-capped logit (Gemma 2's ``cap * tanh(x / cap)`` is not linear, so no
+    parts add up to it) unless ``uncapped=True`` asks for the parts of ``x``, the logit before the cap."""
+    if not isinstance(uncapped, bool):
+        raise ExperimentError(f"{what}: uncapped={uncapped!r}; give True or False")
+    cap = facts.readout.softcap
+    if cap is not None and not uncapped:
+        raise ExperimentError(
+            f"{what}: this model soft-caps its logits ({cap:g} * tanh(x / {cap:g}), Gemma 2's "
+            "final_logit_softcapping), which is not linear, so no components add up to a logit; "
+            "pass uncapped=True to split x, the logit before the cap (what TransformerLens's "
+            "logit_attrs gives)"
+        )
+
+
 def logit_attrs(
     cache: ActivationCache,
     residual_stack: torch.Tensor,
@@ -464,10 +511,13 @@ def logit_attrs(
     pos_slice: Any,
     batch_slice: Any,
     has_batch_dim: bool,
+    uncapped: bool = False,
 ) -> torch.Tensor:
     """Each component's direct contribution to the logit of ``tokens`` (minus ``incorrect_tokens``),
     ``[component, *batch_and_pos]``: the component through the final norm (clean scale) and the
-    unembedding with the norm's weight folded in.  The norm's and unembedding's biases are left out."""
+    unembedding with the norm's weight folded in.  The norm's and unembedding's biases are left out.
+    A soft-capped model's logits are refused unless ``uncapped`` (``check_uncapped``)."""
+    check_uncapped(cache.facts, uncapped, "logit_attrs")
     scaled = apply_ln_to_stack(cache, residual_stack, None, False, pos_slice, batch_slice, has_batch_dim)
     directions = _directions(cache, tokens, incorrect_tokens, scaled.shape[1:-1], scaled)
     return (scaled * directions).sum(-1)
@@ -478,9 +528,9 @@ def output_bias_logits(
 ) -> torch.Tensor:
     """The part of the logit (difference) no component writes: the final norm's bias through the
     unembedding, plus the unembedding's bias; ``fits``-shaped."""
-    unembedding = _weight(cache, names.UNEMBED_WEIGHT, cache.value)
+    unembedding = _value(cache.facts.readout.unembed, cache.value)
     _, norm_bias = _final_weights(cache, unembedding)
-    out_bias = _weight(cache, names.UNEMBED_BIAS_WEIGHT, unembedding)
+    out_bias = _value(cache.facts.readout.bias, unembedding)
     per_token = unembedding.new_zeros(unembedding.shape[0])
     if norm_bias is not None:
         per_token = per_token + unembedding @ norm_bias
@@ -495,15 +545,22 @@ def output_bias_logits(
 
 def final_norm(cache: ActivationCache, stack: torch.Tensor) -> torch.Tensor:
     """The final norm recomputed on each vector of ``stack`` (its own statistics), with its weights."""
-    facts = cache.facts
+    norm = cache.facts.readout.norm
     scale, bias = _final_weights(cache, stack)
-    normed = _normalized(stack, facts.norm, _final_eps(cache.circuit, facts.norm)) * scale
+    normed = _normalized(stack, norm.centred, norm.eps) * scale
     return normed if bias is None else normed + bias
 
 
 def unembed(cache: ActivationCache, normed: torch.Tensor) -> torch.Tensor:
-    """Logits of final-norm outputs ``normed``: ``normed @ W_U`` plus the unembedding bias if any."""
-    unembedding = _weight(cache, names.UNEMBED_WEIGHT, normed)
-    logits = normed @ unembedding.T
-    out_bias = _weight(cache, names.UNEMBED_BIAS_WEIGHT, normed)
+    """The logits before any soft-cap of final-norm outputs ``normed``: ``normed @ W_U`` plus the
+    unembedding bias if any."""
+    readout = cache.facts.readout
+    logits = normed @ _value(readout.unembed, normed).T
+    out_bias = _value(readout.bias, normed)
     return logits if out_bias is None else logits + out_bias
+
+
+def softcapped(cache: ActivationCache, logits: torch.Tensor) -> torch.Tensor:
+    """``logits`` through the model's soft-cap, ``cap * tanh(logits / cap)`` (Gemma 2), if it has one."""
+    cap = cache.facts.readout.softcap
+    return logits if cap is None else cap * torch.tanh(logits / cap)
