@@ -29,6 +29,7 @@ from typing import Any, Mapping
 
 import torch
 
+from circuits import names
 from circuits.batching import expand
 from circuits.errors import ExperimentError, shown
 from circuits.matching import IterativeMatcher
@@ -36,7 +37,7 @@ from circuits.nodes import Array, Circuit
 from circuits.rewrite import replace
 from circuits.traversal import unique_nodes
 
-__all__ = ["check_keys_found", "same_shape_inputs", "shape_changes", "with_inputs"]
+__all__ = ["check_keys_found", "same_shape_inputs", "scored_on", "shape_changes", "with_inputs"]
 
 SAME, REBATCHED, EXPANDED = "same", "rebatched", "expanded"
 
@@ -168,3 +169,25 @@ def same_shape_inputs(circuit: Circuit, inputs: Mapping[Any, Any], what: str) ->
         )
     result, _ = with_inputs(circuit, inputs, what=what)
     return result
+
+
+def scored_on(run: Circuit, clean: Circuit, targets: str, what: str) -> Circuit:
+    """``run`` (the model on other inputs) with its loss scoring the next tokens of the ``targets`` run.
+
+    ``"corrupted"``: ``run`` as it is.  ``"clean"``: the next tokens ``run`` reads (the node
+    ``'true_toks_int'``, the targets Index of the token Array) replaced by ``clean``'s, so every
+    activation is the run's and only the scored tokens are the clean prompt's.  A circuit with no
+    targets node (a prompt) has nothing to replace.
+    """
+    if targets == "corrupted":
+        return run
+    clean_targets = clean.get(names.TARGET_TOKENS)
+    if len(clean_targets) > 1:
+        raise ExperimentError(
+            f"{what}: {clean.describe()} has {len(clean_targets)} nodes named {names.TARGET_TOKENS!r}; "
+            "which one the metric scores is ambiguous"
+        )
+    if not clean_targets:
+        return run
+    (kept,) = clean_targets
+    return replace(run, {node: kept for node in run.get(names.TARGET_TOKENS)})

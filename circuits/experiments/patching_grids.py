@@ -36,9 +36,10 @@ import torch
 from circuits import names
 from circuits.cache import Evaluator, check_cache_bytes
 from circuits.errors import ExperimentError
-from circuits.experiments.inputs import same_shape_inputs
+from circuits.experiments.inputs import same_shape_inputs, scored_on
 from circuits.experiments.metrics import Metric
 from circuits.experiments.patch_batches import PatchRun, measure_all
+from circuits.experiments.workers import one_thread_if_forked
 from circuits.nodes import Circuit, check_node
 from circuits.traversal import unique_nodes
 from circuits.experiments.tables import records_frame
@@ -128,6 +129,8 @@ def patch_grid(
     _check_options(metric, options, executor)
     check_node(circuit, f"act_patch_{grid}: the circuit", ExperimentError)
     corrupted = _corrupted(circuit, corrupted_inputs, grid)
+    if isinstance(metric, Metric):
+        corrupted = scored_on(corrupted, circuit, metric.targets, f"act_patch_{grid}")
     jobs = [(circuit, corrupted, spec, layer, metric, options) for layer in range(_layer_count(circuit))]
     if executor is None:
         evaluator = Evaluator(cache_bytes)
@@ -148,6 +151,7 @@ class RunOptions:
 
 def _layer_values(circuit, corrupted, spec: Grid, layer: int, metric, options: RunOptions, evaluator=None):
     """``(sizes, cells, values, dtype)`` of one layer's patches (module-level: it travels by pickle)."""
+    one_thread_if_forked()  # an executor's forked worker would hang on torch's threads
     evaluator = evaluator or Evaluator(options.cache_bytes)
     run = PatchRun(circuit, corrupted, (spec.kind, layer, None), metric, evaluator)
     axes = spec.axes[1:]
