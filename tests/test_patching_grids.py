@@ -93,10 +93,12 @@ def test_every_grid_at_an_earlier_position_equals_transformer_lens(gpt2_setup, g
         )
         unpatched = float(_reference_metric_at_4(model(corrupted[:, :-1])))
     metric = ex.metrics.logit_diff(4, GOOD, BAD)
-    for options in ({"patches_per_run": 5, "positions_per_run": 2}, {"positions_per_run": 1}):
-        ours = getattr(grids, f"act_patch_{grid}")(circuit, {"toks_int_var": corrupted}, metric, **options)
-        assert ours.values.shape == expected.shape
-        assert (ours.values - expected).abs().max().item() < TOL, (grid, options)
+    # runs of two positions: [0, 1], ..., [6, 7]; the last lies wholly after position 4
+    ours = getattr(grids, f"act_patch_{grid}")(
+        circuit, {"toks_int_var": corrupted}, metric, patches_per_run=5, positions_per_run=2
+    )
+    assert ours.values.shape == expected.shape
+    assert (ours.values - expected).abs().max().item() < TOL, grid
     if "all_pos" not in grid:  # a patch after position 4 leaves the metric as the corrupted run has it
         records = ours.records
         later = [r["value"] for r in records if r["pos"] is not None and r["pos"] > 4]
