@@ -37,7 +37,7 @@ from circuits.nodes import Array, Circuit
 from circuits.rewrite import replace
 from circuits.traversal import unique_nodes
 
-__all__ = ["check_keys_found", "same_shape_inputs", "scored_on", "shape_changes", "with_inputs"]
+__all__ = ["check_keys_found", "same_shape_inputs", "shape_changes", "with_inputs", "with_targets_of"]
 
 SAME, REBATCHED, EXPANDED = "same", "rebatched", "expanded"
 
@@ -171,23 +171,22 @@ def same_shape_inputs(circuit: Circuit, inputs: Mapping[Any, Any], what: str) ->
     return result
 
 
-def scored_on(run: Circuit, clean: Circuit, targets: str, what: str) -> Circuit:
-    """``run`` (the model on other inputs) with its loss scoring the next tokens of the ``targets`` run.
+def with_targets_of(run: Circuit, source: Circuit, what: str) -> Circuit:
+    """``run`` with its loss scoring ``source``'s next tokens: its targets node ``'true_toks_int'`` (the
+    targets Index of the token Array) replaced by ``source``'s, every activation still ``run``'s.
 
-    ``"corrupted"``: ``run`` as it is.  ``"clean"``: the next tokens ``run`` reads (the node
-    ``'true_toks_int'``, the targets Index of the token Array) replaced by ``clean``'s, so every
-    activation is the run's and only the scored tokens are the clean prompt's.  A circuit with no
-    targets node (a prompt) has nothing to replace.
+    How an experiment that compares two runs scores the next tokens a Metric names
+    (``Metric.targets``).  A circuit with no targets node (a prompt) has nothing to replace.
     """
-    if targets == "corrupted":
+    if source is run:
         return run
-    clean_targets = clean.get(names.TARGET_TOKENS)
-    if len(clean_targets) > 1:
+    found = source.get(names.TARGET_TOKENS)
+    if len(found) > 1:
         raise ExperimentError(
-            f"{what}: {clean.describe()} has {len(clean_targets)} nodes named {names.TARGET_TOKENS!r}; "
-            "which one the metric scores is ambiguous"
+            f"{what}: {source.describe()} has {len(found)} nodes named {names.TARGET_TOKENS!r}; "
+            "which next tokens the metric scores is ambiguous"
         )
-    if not clean_targets:
+    if not found:
         return run
-    (kept,) = clean_targets
+    (kept,) = found
     return replace(run, {node: kept for node in run.get(names.TARGET_TOKENS)})

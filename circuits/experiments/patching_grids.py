@@ -36,7 +36,7 @@ import torch
 from circuits import names
 from circuits.cache import Evaluator, check_cache_bytes
 from circuits.errors import ExperimentError
-from circuits.experiments.inputs import same_shape_inputs, scored_on
+from circuits.experiments.inputs import same_shape_inputs, with_targets_of
 from circuits.experiments.metrics import Metric
 from circuits.experiments.patch_batches import PatchRun, measure_all
 from circuits.experiments.workers import one_thread_if_forked
@@ -129,8 +129,8 @@ def patch_grid(
     _check_options(metric, options, executor)
     check_node(circuit, f"act_patch_{grid}: the circuit", ExperimentError)
     corrupted = _corrupted(circuit, corrupted_inputs, grid)
-    if isinstance(metric, Metric):
-        corrupted = scored_on(corrupted, circuit, metric.targets, f"act_patch_{grid}")
+    if isinstance(metric, Metric) and metric.targets == "clean":  # the patched run scores the clean targets
+        corrupted = with_targets_of(corrupted, circuit, f"act_patch_{grid}")
     jobs = [(circuit, corrupted, spec, layer, metric, options) for layer in range(_layer_count(circuit))]
     if executor is None:
         evaluator = Evaluator(cache_bytes)
