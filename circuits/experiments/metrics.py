@@ -22,7 +22,8 @@ build their metrics on), or ``"corrupted"`` (``mean_loss.with_targets("corrupted
 that read no next tokens (``logit_diff``, ``kl_div``) are the same either way.
 
 ============================  =========================================================
-``mean_loss``                 mean of ``'t.loss'`` (the per-token loss) over every axis
+``mean_loss``                 mean of ``'t.loss'`` (the per-token loss) over every axis; in a
+                              grid, on the clean prompt's next tokens (``targets``, below)
 ``logit_diff(pos, good, bad)``  mean over the batch of ``logits[..., pos, good] - logits[..., pos, bad]``
                               (``'t.call'``); the Index is pushed down toward the
                               leaves so only that position's logits are computed

@@ -111,8 +111,11 @@ def patch_grid(
 
     ``circuit``: the model circuit on the clean inputs, heads not split.  ``corrupted_inputs``:
     e.g. ``{"toks_int_var": corrupted_tokens}``, the shape of what they replace.  ``metric``: a
-    ``Metric`` (``logit_diff(-1, good, bad)`` unembeds one position) or a function of the logits
-    tensor ``[B, S, V]`` (every position unembedded).  ``patches_per_run``: patches evaluated as
+    ``Metric`` (``logit_diff(-1, good, bad)`` unembeds one position; ``mean_loss`` scores the next
+    tokens of the run its ``targets`` names, the clean prompt's by default, as TransformerLens
+    users score them) or a function of the logits tensor ``[B, S, V]`` (every position unembedded)
+    returning one number.  A patch that cannot reach the measured position (a later one, under a
+    causal mask) leaves the corrupted run's metric.  ``patches_per_run``: patches evaluated as
     one batch; ``positions_per_run``: how many positions one batch spans (on a causal model a
     batch recomputes only from its first patched position on).  ``executor``: a
     ``concurrent.futures.Executor`` to run the layers on (one job per layer, each with its own
