@@ -46,6 +46,9 @@ class Gradients(ByPoint):
         self.metric = metric
         self.activations = _Activations(activations)
 
+    def __repr__(self) -> str:
+        return f"Gradients(metric {self.metric:.6g}; {len(self)} points: {self.shown()})"
+
 
 class _Activations(ByPoint):
     """``Gradients.activations``: the tracked points' values, by the gradients' keys."""
@@ -53,7 +56,7 @@ class _Activations(ByPoint):
     missing = "no activation for it here; there are"
 
     def __repr__(self) -> str:
-        return f"Gradients(metric {self.metric:.6g}; {len(self)} points: {self.shown()})"
+        return f"activations ({len(self)} points: {self.shown()})"
 
 
 class TrackedRun(NamedTuple):

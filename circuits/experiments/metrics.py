@@ -34,9 +34,8 @@ that read no next tokens (``logit_diff``, ``kl_div``) are the same either way.
 
 from __future__ import annotations
 
-from typing import Any, Callable
-
 import operator
+from typing import Any, Callable
 
 import torch
 
