@@ -116,17 +116,11 @@ class Evaluator:
         self._leaves: dict[int, tuple[weakref.ref, int]] = {}
         self.stats = CacheStats()
 
-    def __getstate__(self) -> dict:
-        """Pickled without its lock (a new one on loading) and its weak references to read tensors."""
-        with self._lock:
-            state = dict(self.__dict__)
-        del state["_lock"]
-        state["_leaves"] = {}
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.RLock()
+    def __reduce__(self):
+        """Pickled as an empty cache of the same budget (an executor's worker fills its own): the
+        values are only a cache, and their bookkeeping (storage addresses, tensor versions) would
+        not hold in another process."""
+        return (Evaluator, (self.cache_bytes,))
 
     # ----------------------------------------------------------- reading
 
