@@ -13,13 +13,15 @@ Built on the evaluation seams alone: cached values are ``known`` values of
 ``compile_plan``, and each computed value is offered to the cache by
 ``Plan.run(on_value=...)``.  Results are identical to ``cc.evaluate``.
 What is cached, how bytes are charged and the eviction policy are in
-docs/evaluation.md.
+docs/evaluation.md.  Threads may share one Evaluator: a lock guards the
+cache's bookkeeping (lookups, stores, evictions), not the torch work.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import threading
 import weakref
 from typing import Any, Callable, Iterable
 
@@ -97,10 +99,14 @@ class Evaluator:
     See the module docstring for what is cached, how bytes are counted and
     the eviction policy.  ``evaluate``/``evaluate_many`` take the same
     arguments as ``cc.evaluate``/``cc.evaluate_many``, plus ``store``.
+    Safe to share across threads: each call's lookups and stores hold a lock
+    (the torch work runs outside it, in parallel); ``stats.last_*`` are then
+    those of the call planned last.
     """
 
     def __init__(self, cache_bytes: int):
         self.cache_bytes = check_cache_bytes(cache_bytes, "Evaluator")
+        self._lock = threading.RLock()  # guards every structure below (not the torch work)
         self._entries: collections.OrderedDict[tuple, _Entry] = collections.OrderedDict()
         self._storages: dict[Any, list[int]] = {}  # storage key -> [nbytes, entries using it]
         self._nbytes = 0
@@ -109,6 +115,12 @@ class Evaluator:
         # cached value computed from a tensor edited in place since must not be served
         self._leaves: dict[int, tuple[weakref.ref, int]] = {}
         self.stats = CacheStats()
+
+    def __reduce__(self):
+        """Pickled as an empty cache of the same budget (an executor's worker fills its own): the
+        values are only a cache, and their bookkeeping (storage addresses, tensor versions) would
+        not hold in another process."""
+        return (Evaluator, (self.cache_bytes,))
 
     # ----------------------------------------------------------- reading
 
@@ -167,6 +179,12 @@ class Evaluator:
             )
         roots = list(circuits)
         options = (None if device is None else str(device), dtype)
+        with self._lock:
+            plan, storer = self._planned(roots, inputs, device, dtype, options, store)
+        return plan.run() if storer is None else plan.run(on_value=storer)
+
+    def _planned(self, roots, inputs, device, dtype, options, store):
+        """The call's plan over the cache, and its storer (None: nothing to store); under the lock."""
         self._drop_if_leaves_changed()
         excluded: set[bytes] = set()
         while True:
@@ -191,12 +209,18 @@ class Evaluator:
         stats.computed += plan.computed
         stats.last_computed = plan.computed
         if store is False or self.cache_bytes == 0 or not plan.computed:
-            return plan.run()
-        return plan.run(on_value=_Storer(self, plan, probe, options, store))
+            return plan, None
+        return plan, _Storer(self, plan, probe, options, store)
 
     # ---------------------------------------------------------- storing
 
     def _put(
+        self, key: tuple, value: torch.Tensor, storage: Any, size: int, scalar_dtype, float_dtype
+    ) -> None:
+        with self._lock:
+            self._put_locked(key, value, storage, size, scalar_dtype, float_dtype)
+
+    def _put_locked(
         self, key: tuple, value: torch.Tensor, storage: Any, size: int, scalar_dtype, float_dtype
     ) -> None:
         entries = self._entries
@@ -261,20 +285,22 @@ class Evaluator:
     def discard(self, nodes: Iterable[Circuit | bytes]) -> int:
         """Drop the cached values of ``nodes`` (nodes or their hashes); returns how many were dropped."""
         dropped = 0
-        for node in nodes:
-            node_hash = node.hash if isinstance(node, Circuit) else node
-            for key in list(self._by_hash.get(node_hash, ())):
-                self._drop(key)
-                dropped += 1
+        with self._lock:
+            for node in nodes:
+                node_hash = node.hash if isinstance(node, Circuit) else node
+                for key in list(self._by_hash.get(node_hash, ())):
+                    self._drop(key)
+                    dropped += 1
         return dropped
 
     def clear(self) -> None:
         """Drop every cached value."""
-        self._entries.clear()
-        self._storages.clear()
-        self._by_hash.clear()
-        self._leaves.clear()
-        self._nbytes = 0
+        with self._lock:
+            self._entries.clear()
+            self._storages.clear()
+            self._by_hash.clear()
+            self._leaves.clear()
+            self._nbytes = 0
 
 
 class _Probe:
@@ -350,7 +376,8 @@ class _Storer:
         storage, size = _storage_key(value)
         evaluator = self.evaluator
         if storage in self.leaf_storages:
-            evaluator.stats.rejected += 1
+            with evaluator._lock:
+                evaluator.stats.rejected += 1
             return
         evaluator._put(
             (node.hash, self.options), value, storage, size, self.scalar_dtype if scalar else None, dtype

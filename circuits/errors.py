@@ -183,6 +183,14 @@ class ExperimentError(CircuitError, ValueError):
     nothing, a metric node that is not there)."""
 
 
+class MissingPointError(CircuitError, KeyError):
+    """A point ``(kind, layer, head)`` that an ``ActivationCache`` or ``Gradients`` does not hold
+    (or a key that is no point); a ``KeyError`` too, as a mapping's missing key is.  The message
+    is shown as written (not quoted, as ``KeyError`` quotes its key)."""
+
+    __str__ = Exception.__str__
+
+
 class PrintError(CircuitError, ValueError):
     """A printing or diff option that cannot be used: an unknown colour name or
     diff view, or a comment or colour function that returned something other

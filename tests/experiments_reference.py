@@ -37,23 +37,27 @@ def layer_norm(x, scale, bias, eps=1e-5):
     return (x - mean) / torch.sqrt(var + eps) * scale + bias
 
 
-def forward(w, toks, override=None, value_resid=None):
+def forward(w, toks, override=None, value_resid=None, resid_pre=None, targets=None):
     """Per-token loss ``[B, S]``, logits ``[B, S, V]`` and every head's output ``{(L, h): [B, S, d]}``.
 
-    ``override[(L, h)]`` replaces that head's output (broadcast to ``[B, S, d]``).
+    ``override[(L, h)]`` replaces that head's output (broadcast to ``[B, S, d]``);
+    ``resid_pre[L]`` replaces the residual stream entering layer ``L``; ``targets`` (``[B, S]``)
+    are the next tokens the loss scores (default: ``toks[:, 1:]``).
     ``value_resid[(L, h)]`` is a function of the residual stream entering
     layer ``L`` and the heads' outputs so far, giving the stream that head's
     *value* input is computed from (queries and keys keep the real one).
     """
     override = override or {}
     value_resid = value_resid or {}
-    inputs, targets = toks[:, :-1], toks[:, 1:]
+    resid_pre = resid_pre or {}
+    inputs, targets = toks[:, :-1], toks[:, 1:] if targets is None else targets
     seq = inputs.shape[1]
     resid = w["t.w.tok_embeds"][inputs]
     pos = w["t.w.pos_embeds"][:seq]
     mask = torch.tril(torch.ones(seq, seq, dtype=torch.bool))
     heads = {}
     for layer in range(CONFIG.n_layers):
+        resid = resid_pre.get(layer, resid)
         scale, bias = w[f"a{layer}.ln.w.scale"], w[f"a{layer}.ln.w.bias"]
         norm = layer_norm(resid, scale, bias)
         q = torch.einsum("bqd,hcd->bhqc", norm + pos, w[f"a{layer}.w.q"])
@@ -79,6 +83,20 @@ def forward(w, toks, override=None, value_resid=None):
     log_probs = torch.log_softmax(logits, dim=-1)
     loss = -log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     return loss, logits, heads
+
+
+def resid_pres(w, toks) -> dict[int, torch.Tensor]:
+    """The residual stream entering each layer, ``{L: [B, S, D]}`` (layer 0's is the token embeddings)."""
+    _, _, heads = forward(w, toks)
+    resid = w["t.w.tok_embeds"][toks[:, :-1]]
+    found = {}
+    for layer in range(CONFIG.n_layers):
+        found[layer] = resid
+        total = torch.zeros_like(resid)
+        for head in range(CONFIG.n_heads):  # summed as forward sums them
+            total = total + heads[(layer, head)]
+        resid = resid + total
+    return found
 
 
 def attn_only_transformer_lens_state(config: models.AttnOnlyConfig, w: dict) -> dict:

@@ -163,6 +163,56 @@ def test_logit_difference(setup, push_down):
         ex.logit_diff(0, good=[1, 2, 3], bad=0)(split)
 
 
+@pytest.mark.parametrize(
+    "good, shown",
+    [
+        (3.7, "good must be integer token ids"),
+        (torch.tensor([3.0, 4.0]), r"good must be integer token ids.*torch.float32"),
+        (True, "good must be integer token ids"),
+        ([3, True], "good must be integer token ids"),
+        ("3", "good must be integer token ids"),
+        (None, "good must be integer token ids"),
+    ],
+)
+def test_logit_difference_refuses_ids_that_are_not_integers(good, shown):
+    """A float id would be read as its integer part (3.7 as token 3): refused when the metric is made."""
+    with pytest.raises(ex.ExperimentError, match=shown):
+        ex.logit_diff(-1, good=good, bad=2)
+    with pytest.raises(ex.ExperimentError, match=shown.replace("good", "bad")):
+        ex.logit_diff(-1, good=2, bad=good)
+
+
+def test_logit_difference_refuses_a_position_that_is_not_an_int():
+    with pytest.raises(ex.ExperimentError, match="position must be an int, got 2.0"):
+        ex.logit_diff(2.0, good=1, bad=2)
+
+
+def test_logit_difference_ids_of_integer_types_are_read_as_given(setup):
+    import numpy as np
+
+    w, toks, split = setup
+    _, logits, _ = forward(w, toks)
+    expected = float((logits[:, 2, 4] - logits[:, 2, 1]).mean())
+    for good, bad in (
+        (np.int32(4), torch.tensor(1, dtype=torch.uint8)),
+        (torch.tensor([4, 4]), np.array([1, 1])),
+    ):
+        assert ex.logit_diff(2, good=good, bad=bad)(split) == pytest.approx(expected, abs=1e-10)
+    ids = torch.tensor([4, 4])
+    metric = ex.logit_diff(2, good=ids, bad=1)
+    ids[0] = 0  # the metric keeps the ids it was given
+    assert metric(split) == pytest.approx(expected, abs=1e-10)
+
+
+def test_a_metric_whose_circuit_is_not_one_number_is_refused(setup):
+    _, _, split = setup
+    per_token = ex.Metric(lambda c: c.get_unique("t.loss"), "per_token_loss")
+    with pytest.raises(
+        ex.ExperimentError, match=r"metric per_token_loss: .* has shape \[2, 6\]; a metric gives one number"
+    ):
+        per_token(split)
+
+
 def test_logit_difference_push_down_computes_less(setup):
     _, _, split = setup
     pushed = ex.logit_diff(-1, good=3, bad=5).circuit(split)

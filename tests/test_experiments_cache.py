@@ -238,3 +238,64 @@ def test_planned_einsums_still_refuse_mixed_dtypes():
     y = cc.Array(torch.ones(2, 3, dtype=torch.float64), name="y")
     with pytest.raises(cc.EvaluationError, match="dtype|type"):
         cc.Einsum.from_einsum_string("ab,ab->a", x, y).evaluate()
+
+
+def test_threads_sharing_one_evaluator_get_the_values_alone(split):
+    """Several threads evaluating through one Evaluator, with a budget small enough that every store
+    evicts: each value equals the circuit's own, no thread raises (the cache's dicts used to be
+    mutated under another thread's iteration: KeyError, 'OrderedDict mutated during iteration'),
+    and the bookkeeping still counts exactly the storage held.  Python switches threads every
+    microsecond here, so the interleavings that broke it come in every run."""
+    import sys
+    import threading
+
+    circuits = [split] + [
+        ex.zero_ablate(split, f"b{layer}.a.head{head}") for layer in (0, 1) for head in (0, 2)
+    ]
+    expected = [c.evaluate() for c in circuits]
+    full = cc.Evaluator(2**30)
+    full.evaluate_many(circuits)
+    ev = cc.Evaluator(full.nbytes // 8)
+    threads, rounds = 4, 6
+    barrier = threading.Barrier(threads)
+    wrong, raised = [], []
+
+    def work(offset: int) -> None:
+        barrier.wait()
+        try:
+            for _ in range(rounds):
+                for i in range(len(circuits)):
+                    k = (i + offset) % len(circuits)
+                    value = ev.evaluate(circuits[k], store=(lambda node: True) if offset % 2 else True)
+                    if not torch.equal(value, expected[k]):
+                        wrong.append(k)
+                if offset == 0:
+                    ev.discard([circuits[1]])
+        except Exception as error:  # noqa: BLE001 - any error a thread meets is the finding
+            raised.append(error)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        workers = [threading.Thread(target=work, args=(offset,)) for offset in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert raised == [] and wrong == []
+    assert ev.stats.evicted > 0  # the budget did force evictions while the threads ran
+    assert 0 < ev.nbytes <= ev.cache_bytes and ev.nbytes == held_bytes(ev)
+    assert sum(count for _, count in ev._storages.values()) == len(ev._entries)
+
+
+def test_an_evaluator_pickles_as_an_empty_cache_of_its_budget(split):
+    """An executor's worker gets the Evaluator a partial holds (mean_ablate's): empty, the same budget."""
+    import pickle
+
+    ev = cc.Evaluator(2**26)
+    ev.evaluate(split)
+    again = pickle.loads(pickle.dumps(ev))
+    assert len(ev) > 0 and len(again) == 0 and again.nbytes == 0 and again.cache_bytes == 2**26
+    assert torch.equal(again.evaluate(split), split.evaluate()) and len(again) == len(ev)

@@ -164,8 +164,23 @@ def test_gradients_errors():
     grads = gradients(c, logit_diff(-1, 1, 2, push_down=False), [("resid_post", 0), ("resid_pre", 0)])
     assert grads["resid_post", 0].shape == (2, 5, 8)
     assert grads["resid_post", 0][:, :-1].abs().max() == 0  # only the last position reaches the metric
-    with pytest.raises(KeyError, match="no gradient"):
+    with pytest.raises(ex.MissingPointError, match="no gradient"):
         grads["z", 0]
+    with pytest.raises(ex.MissingPointError, match="no activation for it"):
+        grads.activations["z", 0]
+
+
+def test_the_activations_take_the_gradients_keys():
+    """``grads.activations["z", 0]``, as documented: the same keys as the gradients (it was a plain dict
+    keyed by full ``(kind, layer, head)`` tuples, so the short key raised KeyError)."""
+    w, toks = ref.weights(0), ref.tokens(3)
+    circuit = cc.causal_mask(cm.build_attn_only(ref.CONFIG, w, toks))
+    grads = gradients(circuit, ex.mean_loss, [("z", 0), "logits"])
+    _, logits, _ = ref.forward(w, toks)
+    assert list(grads.activations) == list(grads) == [("z", 0, None), ("logits", None, None)]
+    torch.testing.assert_close(grads.activations["logits"], logits, rtol=0, atol=1e-12)
+    z = grads.activations["z", 0]
+    assert z is grads.activations[("z", 0, None)] and z.shape == grads["z", 0].shape == (2, 3, ref.SEQ, 4)
 
 
 # ------------------------------------------------------------------ attribution patching
@@ -229,6 +244,33 @@ def test_attribution_into_clean_is_the_first_order_term_of_torch_patching():
             expected = (grad * (corrupted_heads[(layer, head)] - clean_heads[(layer, head)])).sum((0, -1))
             assert (result["head_out"][layer, head] - expected).abs().max() < 1e-9
     assert result["head_out"].shape == (2, 3, ref.SEQ)
+
+
+@pytest.mark.parametrize("targets", ["clean", "corrupted"])
+def test_attribution_into_corrupted_scores_the_targets_the_metric_names(targets):
+    """Into the corrupted run, with ``ex.mean_loss``: the loss of the corrupted run's logits on the clean
+    prompt's next tokens (the default, as the grids score them) or the corrupted prompt's; each
+    head's attribution is (clean - corrupted) · ∂loss/∂head at the corrupted run, in torch with the
+    targets written out."""
+    w, toks = ref.weights(0), ref.tokens(3)
+    corrupted = toks.clone()
+    corrupted[:, [2, 4]] = (toks[:, [2, 4]] + 1) % ref.CONFIG.vocab_size  # inputs and targets differ
+    scored = (toks if targets == "clean" else corrupted)[:, 1:]
+    metric = ex.mean_loss if targets == "clean" else ex.mean_loss.with_targets("corrupted")
+    split = ref.split_circuit(w, toks)
+    result = attribution_patching(split, {"toks_int_var": corrupted}, metric, ["head_out"])
+    _, _, clean_heads = ref.forward(w, toks)
+    _, _, corrupted_heads = ref.forward(w, corrupted)
+    for layer in range(2):
+        leaves = {k: v.detach().requires_grad_() for k, v in corrupted_heads.items() if k[0] == layer}
+        loss, _, _ = ref.forward(w, corrupted, override=leaves, targets=scored)
+        assert abs(result.target_metric - float(loss.mean().detach())) < 1e-9
+        grads = dict(zip(leaves, torch.autograd.grad(loss.mean(), list(leaves.values()))))
+        for (_, head), grad in grads.items():
+            expected = (grad * (clean_heads[(layer, head)] - corrupted_heads[(layer, head)])).sum((0, -1))
+            assert (result["head_out"][layer, head] - expected).abs().max() < 1e-9, (layer, head)
+    source_loss, _, _ = ref.forward(w, toks, targets=scored)
+    assert abs(result.source_metric - float(source_loss.mean())) < 1e-9
 
 
 def test_attribution_errors():

@@ -15,7 +15,7 @@ import circuits.models as cm
 from circuits import experiments as ex
 from circuits.experiments import causal_suffix
 from circuits.experiments import patching_grids as grids
-from experiments_reference import CONFIG, forward, tokens, weights
+from experiments_reference import CONFIG, forward, resid_pres, tokens, weights
 
 TOL = 1e-4
 GOOD, BAD = torch.tensor([3, 5, 7]), torch.tensor([2, 2, 11])
@@ -32,11 +32,15 @@ def _inputs(vocab: int, batch: int = 3, seq: int = 8):
     return clean, corrupted
 
 
-def _reference_metric(logits: torch.Tensor) -> torch.Tensor:
-    """Logit difference at the last position, written in torch (TransformerLens's metric)."""
-    last = logits[:, -1]
+def _reference_metric(logits: torch.Tensor, position: int = -1) -> torch.Tensor:
+    """Logit difference at ``position`` (the last by default), written in torch (TransformerLens's metric)."""
+    last = logits[:, position]
     rows = torch.arange(last.shape[0])
     return (last[rows, GOOD[: last.shape[0]]] - last[rows, BAD[: last.shape[0]]]).mean()
+
+
+def _reference_metric_at_4(logits: torch.Tensor) -> torch.Tensor:
+    return _reference_metric(logits, 4)
 
 
 # ------------------------------------------------------------------ TransformerLens
@@ -78,6 +82,54 @@ def test_every_grid_equals_transformer_lens(gpt2_setup, grid):
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated")
+@pytest.mark.parametrize("grid", [*grids.GRIDS, *grids.EVERY])
+def test_every_grid_at_an_earlier_position_equals_transformer_lens(gpt2_setup, grid):
+    """The metric at position 4 of 8: a run of patches all after it cannot reach it (zero effect)."""
+    patching = pytest.importorskip("transformer_lens.patching")
+    model, circuit, cache, clean, corrupted = gpt2_setup
+    with torch.no_grad():
+        expected = getattr(patching, f"get_act_patch_{grid}")(
+            model, corrupted[:, :-1], cache, _reference_metric_at_4
+        )
+        unpatched = float(_reference_metric_at_4(model(corrupted[:, :-1])))
+    metric = ex.metrics.logit_diff(4, GOOD, BAD)
+    # runs of two positions: [0, 1], ..., [6, 7]; the last lies wholly after position 4
+    ours = getattr(grids, f"act_patch_{grid}")(
+        circuit, {"toks_int_var": corrupted}, metric, patches_per_run=5, positions_per_run=2
+    )
+    assert ours.values.shape == expected.shape
+    assert (ours.values - expected).abs().max().item() < TOL, grid
+    if "all_pos" not in grid:  # a patch after position 4 leaves the metric as the corrupted run has it
+        records = ours.records
+        later = [r["value"] for r in records if r["pos"] is not None and r["pos"] > 4]
+        assert later and all(abs(value - unpatched) < TOL for value in later)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated")
+def test_mean_loss_grid_scores_the_clean_targets_as_transformer_lens_users_do(gpt2_setup):
+    """TransformerLens's metric is a function of the logits; its users score the clean prompt's next tokens."""
+    patching = pytest.importorskip("transformer_lens.patching")
+    model, circuit, cache, clean, corrupted = gpt2_setup
+
+    def loss_on(targets):
+        def metric(logits):
+            return torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets[:, 1:].flatten())
+
+        return metric
+
+    inputs = {"toks_int_var": corrupted}
+    for metric, targets in ((ex.mean_loss, clean), (ex.mean_loss.with_targets("corrupted"), corrupted)):
+        with torch.no_grad():
+            expected = patching.get_act_patch_resid_pre(model, corrupted[:, :-1], cache, loss_on(targets))
+        ours = grids.act_patch_resid_pre(circuit, inputs, metric)
+        assert (ours.values - expected).abs().max().item() < TOL, metric
+    clean_scored = grids.act_patch_resid_pre(circuit, inputs, ex.mean_loss).values
+    assert (clean_scored - ours.values).abs().max() > 0.1  # the two targets differ: the check can fail
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated")
 def test_records_name_each_patch(gpt2_setup):
     _, circuit, _, _, corrupted = gpt2_setup
     metric = ex.metrics.logit_diff(-1, GOOD, BAD)
@@ -115,6 +167,67 @@ def _torch_head_grid(w, clean, corrupted, per_position: bool) -> torch.Tensor:
                 index = (layer, head) if pos is None else (layer, pos, head)
                 expected[index] = _reference_metric(logits)
     return expected
+
+
+def _attention_only_setup():
+    w = weights()
+    clean = tokens(3)
+    corrupted = clean.clone()
+    corrupted[:, [0, 2, 5]] = (clean[:, [0, 2, 5]] + 1) % CONFIG.vocab_size
+    return w, clean, corrupted, cc.causal_mask(cm.build_attn_only(CONFIG, w, clean))
+
+
+EARLIER = 2  # the measured position of the tests below (of 6)
+
+
+def _at_earlier(logits):
+    rows = torch.arange(2)
+    return float((logits[rows, EARLIER, GOOD[:2]] - logits[rows, EARLIER, BAD[:2]]).mean())
+
+
+@pytest.fixture(scope="module")
+def earlier_expected():
+    """The resid_pre and head-output grids with the metric at position 2, by hand patching in torch."""
+    w, clean, corrupted, _ = _attention_only_setup()
+    clean_resid, corrupted_resid = resid_pres(w, clean), resid_pres(w, corrupted)
+    _, _, clean_heads = forward(w, clean)
+    _, _, corrupted_heads = forward(w, corrupted)
+    seq = clean.shape[1] - 1
+    resid = torch.zeros(CONFIG.n_layers, seq, dtype=torch.float64)
+    heads = torch.zeros(CONFIG.n_layers, seq, CONFIG.n_heads, dtype=torch.float64)
+    for layer in range(CONFIG.n_layers):
+        for pos in range(seq):
+            patched = corrupted_resid[layer].clone()
+            patched[:, pos] = clean_resid[layer][:, pos]
+            resid[layer, pos] = _at_earlier(forward(w, corrupted, resid_pre={layer: patched})[1])
+            for head in range(CONFIG.n_heads):
+                patched = corrupted_heads[(layer, head)].clone()
+                patched[:, pos] = clean_heads[(layer, head)][:, pos]
+                heads[layer, pos, head] = _at_earlier(
+                    forward(w, corrupted, override={(layer, head): patched})[1]
+                )
+    return resid, heads, _at_earlier(forward(w, corrupted)[1])
+
+
+@pytest.mark.parametrize("positions_per_run", [1, 8])
+def test_grids_measured_before_the_last_position_equal_torch(earlier_expected, positions_per_run):
+    """The metric at position 2 of 6: patches at positions 3 to 5 cannot reach it, so they leave the
+    metric exactly as the corrupted run has it (the grid used to fail with 'iteration over a 0-d
+    tensor' when a run of patches all lay after the measured position)."""
+    expected_resid, expected_heads, unpatched = earlier_expected
+    later = expected_resid[:, EARLIER + 1 :]
+    assert torch.equal(later, torch.full_like(later, unpatched))  # torch: no effect at all
+    assert expected_resid[:, : EARLIER + 1].std() > 1e-3  # the earlier patches matter
+    _, _, corrupted, circuit = _attention_only_setup()
+    metric = ex.metrics.logit_diff(EARLIER, GOOD[:2], BAD[:2])
+    inputs = {"toks_int_var": corrupted}
+    options = {"patches_per_run": 4, "positions_per_run": positions_per_run}
+    resid = grids.act_patch_resid_pre(circuit, inputs, metric, **options)
+    heads = grids.act_patch_attn_head_out_by_pos(circuit, inputs, metric, **options)
+    assert (resid.values - expected_resid).abs().max().item() < 1e-9
+    assert (heads.values - expected_heads).abs().max().item() < 1e-9
+    for values in (resid.values[:, EARLIER + 1 :], heads.values[:, EARLIER + 1 :]):
+        assert (values - unpatched).abs().max().item() < 1e-12  # zero effect, not a near miss
 
 
 @pytest.mark.parametrize("per_position", [True, False])
@@ -159,10 +272,17 @@ def test_an_executor_gives_the_local_grid():
     inline = grids.act_patch_attn_head_q_by_pos(
         circuit, {"toks_int_var": corrupted}, metric, executor=_InlineExecutor()
     )
-    spawn = multiprocessing.get_context("spawn")  # forking a process with torch's threads running can hang
+    assert torch.equal(inline.values, local.values) and inline.records == local.records
+
+
+@pytest.mark.slow  # starting spawned workers (each imports torch) takes about 20 s here
+def test_a_spawned_process_pool_gives_the_local_grid():
+    """A fork-started pool: tests/test_sweep_executor.py, in a subprocess that may not hang the suite."""
+    circuit, corrupted = _small_gpt2()
+    metric = ex.metrics.logit_diff(-1, GOOD, BAD)
+    spawn = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=2, mp_context=spawn) as pool:
         pooled = grids.act_patch_resid_pre(circuit, {"toks_int_var": corrupted}, metric, executor=pool)
-    assert torch.equal(inline.values, local.values) and inline.records == local.records
     assert torch.equal(
         pooled.values, grids.act_patch_resid_pre(circuit, {"toks_int_var": corrupted}, metric).values
     )
@@ -183,6 +303,32 @@ def test_bad_input_is_named():
         grids.act_patch_resid_pre(circuit, {"toks_int_var": corrupted}, metric, patches_per_run=0)
     with pytest.raises(ex.ExperimentError, match="metric"):
         grids.act_patch_resid_pre(circuit, {"toks_int_var": corrupted}, "logit_diff")
+
+
+def _last_logits(logits):
+    return logits[:, -1, 3]  # one number per row, not one number
+
+
+@pytest.mark.parametrize(
+    "metric, shown",
+    [
+        (_last_logits, r"metric _last_logits gave a Tensor of shape \[3\].*not one number"),
+        (lambda logits: "0.5", "gave a str"),
+        (lambda logits: None, "gave a NoneType"),
+        (ex.Metric(lambda c: c.get_unique("t.loss"), "per_token"), r"metric per_token: .*shape \[3, 8\]"),
+    ],
+)
+def test_a_metric_that_is_not_one_number_is_named(metric, shown):
+    circuit, corrupted = _small_gpt2()
+    with pytest.raises(ex.ExperimentError, match=shown):
+        grids.act_patch_resid_pre(circuit, {"toks_int_var": corrupted}, metric)
+
+
+def test_a_model_without_mlps_has_no_mlp_grid():
+    w, clean, corrupted, circuit = _attention_only_setup()
+    with pytest.raises(ex.ExperimentError, match="the model has no MLP") as raised:
+        grids.act_patch_mlp_out(circuit, {"toks_int_var": corrupted}, ex.metrics.logit_diff(-1, 1, 2))
+    assert "split_heads" not in str(raised.value)
 
 
 @pytest.mark.slow
@@ -208,21 +354,51 @@ def test_bidirectional_attention_patches_every_position(grid):
     assert (ours.values - expected).abs().max().item() < TOL
 
 
-def test_mean_loss_grid_equals_torch():
-    """A Metric other than logit_diff: the corrupted run's mean loss, per patch, against torch."""
+@pytest.mark.parametrize("targets", ["clean", "corrupted"])
+@pytest.mark.parametrize("grid", ["attn_head_out_all_pos", "resid_pre"])
+def test_mean_loss_grid_scores_the_targets_it_names(targets, grid):
+    """``ex.mean_loss`` scores the clean prompt's next tokens (TransformerLens users' metric);
+    ``with_targets("corrupted")`` the corrupted prompt's: the patched run's loss, against torch
+    with the targets written out."""
     w = weights()
     clean = tokens(4)
     corrupted = clean.clone()
-    corrupted[:, [1, 3]] = (clean[:, [1, 3]] + 2) % CONFIG.vocab_size
+    corrupted[:, [1, 3]] = (clean[:, [1, 3]] + 2) % CONFIG.vocab_size  # inputs and targets differ
     circuit = cc.causal_mask(cm.build_attn_only(CONFIG, w, clean))
-    _, _, clean_heads = forward(w, clean)
-    _, _, corrupted_heads = forward(w, corrupted)
-    ours = grids.act_patch_attn_head_out_all_pos(circuit, {"toks_int_var": corrupted}, ex.mean_loss)
-    for layer in range(CONFIG.n_layers):
-        for head in range(CONFIG.n_heads):
-            loss, _, _ = forward(w, corrupted, override={(layer, head): clean_heads[(layer, head)]})
-            assert abs(ours.values[layer, head].item() - loss.mean().item()) < 1e-9
+    scored = (clean if targets == "clean" else corrupted)[:, 1:]
+    metric = ex.mean_loss if targets == "clean" else ex.mean_loss.with_targets("corrupted")
+    assert metric.targets == targets
+    ours = grids.patch_grid(circuit, {"toks_int_var": corrupted}, metric, grid)
+    if grid == "resid_pre":
+        clean_resid, corrupted_resid = resid_pres(w, clean), resid_pres(w, corrupted)
+        cells = [(layer, pos) for layer in range(CONFIG.n_layers) for pos in range(clean.shape[1] - 1)]
+    else:
+        _, _, clean_heads = forward(w, clean)
+        cells = [(layer, head) for layer in range(CONFIG.n_layers) for head in range(CONFIG.n_heads)]
+    for layer, i in cells:
+        if grid == "resid_pre":
+            patched = corrupted_resid[layer].clone()
+            patched[:, i] = clean_resid[layer][:, i]
+            loss, _, _ = forward(w, corrupted, resid_pre={layer: patched}, targets=scored)
+        else:
+            loss, _, _ = forward(w, corrupted, override={(layer, i): clean_heads[(layer, i)]}, targets=scored)
+        assert abs(ours.values[layer, i].item() - loss.mean().item()) < 1e-9, (layer, i)
     assert ours.values.std() > 1e-6
+    other = ex.mean_loss.with_targets("corrupted" if targets == "clean" else "clean")
+    other_values = grids.patch_grid(circuit, {"toks_int_var": corrupted}, other, grid).values
+    assert (other_values - ours.values).abs().min() > 0.01  # the two targets differ: the check can fail
+
+
+def test_metrics_that_read_no_targets_are_the_same_for_either():
+    w, clean, corrupted, circuit = _attention_only_setup()
+    metric = ex.metrics.logit_diff(-1, GOOD[:2], BAD[:2])
+    inputs = {"toks_int_var": corrupted}
+    assert torch.equal(
+        grids.act_patch_resid_pre(circuit, inputs, metric).values,
+        grids.act_patch_resid_pre(circuit, inputs, metric.with_targets("corrupted")).values,
+    )
+    with pytest.raises(ex.ExperimentError, match="targets must be 'clean' or 'corrupted'"):
+        ex.mean_loss.with_targets("source")
 
 
 def test_the_causal_suffix_changes_no_value():

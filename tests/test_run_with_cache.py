@@ -49,5 +49,13 @@ def test_bad_points_and_keys():
     with pytest.raises(cc.CircuitError, match="finds no node"):
         run_with_cache(c, [("resid_pre", 5)])
     cache = run_with_cache(c, ["logits"])
-    with pytest.raises(KeyError, match="not in this cache"):
+    with pytest.raises(
+        ex.MissingPointError, match=r"^'loss': not in this cache; it holds 'logits'$"
+    ) as missing:
         cache["loss"]
+    assert isinstance(missing.value, KeyError) and isinstance(missing.value, cc.CircuitError)
+    with pytest.raises(ex.MissingPointError, match=r"^\('nonsense', 0\): not in this cache"):
+        cache["nonsense", 0]
+    with pytest.raises(ex.MissingPointError, match="a point is a kind"):
+        cache[3]
+    assert cache.get("loss") is None and "loss" not in cache  # a Mapping's missing key, as a dict's

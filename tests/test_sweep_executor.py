@@ -6,6 +6,7 @@ import concurrent.futures
 import multiprocessing
 
 import pytest
+import torch
 
 import circuits as cc
 from circuits import experiments as ex
@@ -84,3 +85,66 @@ def test_head_grid_puts_each_heads_delta_at_its_layer_and_head(split):
     assert int(grid.isnan().sum()) == 4
     with pytest.raises(cc.CircuitError, match="no target of this sweep is a single head"):
         ex.sweep(split, {"tokens": "idxed_embeds"}, progress=False).head_grid()
+
+
+_FORKED_POOL = """
+import concurrent.futures, json, multiprocessing, sys
+import torch
+import circuits as cc
+from circuits import experiments as ex
+from circuits import models
+from circuits.models.demo_model import repeated_tokens
+
+torch.set_num_threads(2)  # the parent's thread pool running when the workers fork: what used to hang
+split = cc.split_heads(cc.causal_mask(models.load_demo_model(repeated_tokens(2, 8))))
+local = ex.sweep(split, ex.head_names(split), progress=False)
+clean = cc.causal_mask(models.load_demo_model(repeated_tokens(2, 8)))
+corrupted = repeated_tokens(2, 8, seed=1)
+metric = ex.logit_diff(-1, good=[1, 2], bad=[3, 4])
+local_grid = ex.act_patch_resid_pre(clean, {"toks_int_var": corrupted}, metric)
+fork = multiprocessing.get_context("fork")
+with concurrent.futures.ProcessPoolExecutor(2, mp_context=fork) as pool:
+    forked = ex.sweep(split, ex.head_names(split), executor=pool)
+    forked_grid = ex.act_patch_resid_pre(clean, {"toks_int_var": corrupted}, metric, executor=pool)
+print(json.dumps({
+    "local": dict(local), "forked": dict(forked), "baselines": [local.baseline, forked.baseline],
+    "grids": [local_grid.values.tolist(), forked_grid.values.tolist()], "parent_threads": torch.get_num_threads(),
+}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="no fork on this platform")
+def test_a_fork_started_process_pool_finishes_with_the_local_results():
+    """``ProcessPoolExecutor``'s Linux default (before Python 3.14) forks workers from a process whose
+    torch threads are running; their first einsum used to wait forever.  Run in a subprocess with a
+    timeout, so that a hang fails this test instead of stopping the suite."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    # a session of its own, so that a hang is ended with its forked workers, none left behind
+    process = subprocess.Popen(
+        [sys.executable, "-c", _FORKED_POOL],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        pytest.fail("a sweep or grid on a fork-started ProcessPoolExecutor did not finish in 240 s (hung)")
+    assert process.returncode == 0, stderr[-3000:]
+    found = json.loads(stdout.strip().splitlines()[-1])
+    assert found["parent_threads"] == 2  # the parent keeps its threads; only forked workers run on one
+    assert list(found["forked"]) == list(found["local"])
+    for target, value in found["local"].items():
+        assert found["forked"][target] == pytest.approx(value, rel=1e-6, abs=0), target
+    assert found["baselines"][1] == pytest.approx(found["baselines"][0], rel=1e-6, abs=0)
+    local_grid, forked_grid = (torch.tensor(values) for values in found["grids"])
+    assert local_grid.abs().max() > 0 and (forked_grid - local_grid).abs().max() < 1e-5

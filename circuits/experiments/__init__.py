@@ -50,7 +50,7 @@ from circuits.cache import Evaluator
 from circuits.experiments.activations import ActivationCache, run_with_cache
 from circuits.experiments.attribution import ATTRIBUTION_KINDS, AttributionResult, attribution_patching
 from circuits.experiments.ablation import DEFAULT_CACHE_BYTES, mean_ablate, resample_ablate, zero_ablate
-from circuits.errors import ExperimentError
+from circuits.errors import ExperimentError, MissingPointError
 from circuits.experiments.gradients import Gradients, gradients
 from circuits.experiments.inputs import with_inputs
 from circuits.experiments.logit_attribution import (
@@ -104,6 +104,7 @@ __all__ = [
     "LogitAttribution",
     "LogitLens",
     "Metric",
+    "MissingPointError",
     "POINT_KINDS",
     "PatchGrid",
     "PathTerms",

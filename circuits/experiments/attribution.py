@@ -8,7 +8,8 @@ every point of every layer (and head, and position) is estimated at once.  The d
 the clean activation patched into the corrupted run, minus the corrupted run's metric;
 ``into="clean"`` estimates the corrupted activation patched into the clean run
 (``(corrupted - clean) · ∂metric/∂activation`` at the clean run).  The exact grid is the check
-(docs/patching.md compares them on the shipped model).
+(docs/patching.md compares them on the shipped model).  A Metric scores the next tokens of its
+``targets`` run in both runs (the clean prompt's by default, as the grids do: ``Metric.targets``).
 
 Layouts (sums over the batch and the activation's own axis, as patching a position of every
 row at once changes the metric by that sum): residual and layer kinds ``[layer, pos]``; per-head
@@ -26,7 +27,7 @@ import torch
 
 from circuits.errors import ExperimentError
 from circuits.experiments.gradients import tracked_run
-from circuits.experiments.inputs import same_shape_inputs
+from circuits.experiments.inputs import same_shape_inputs, with_targets_of
 from circuits.experiments.metrics import Metric
 from circuits.experiments.points import HEAD_KINDS, point, resolve_points
 from circuits.matching import get
@@ -117,6 +118,9 @@ def attribution_patching(
         raise ExperimentError(f"attribution_patching: into must be 'corrupted' or 'clean', got {into!r}")
     corrupted = _corrupted(circuit, corrupted_inputs)
     target, source = (corrupted, circuit) if into == "corrupted" else (circuit, corrupted)
+    if isinstance(metric, Metric):  # both runs score the next tokens of the run the metric names
+        scored = circuit if metric.targets == "clean" else corrupted
+        target, source = (with_targets_of(run, scored, "attribution_patching") for run in (target, source))
     layout = _layout(circuit, kinds)
     keys = [key for entries in layout.values() for _, key in entries]
     tracked = tracked_run(target, metric, keys, track=True)

@@ -36,17 +36,27 @@ Key = tuple
 
 
 class Gradients(ByPoint):
-    """``∂metric/∂activation`` by ``(kind, layer, head)``; ``metric`` (a float) and ``activations``."""
+    """``∂metric/∂activation`` by ``(kind, layer, head)``; ``metric`` (a float) and ``activations``
+    (the points' values from the same run, read with the same keys: ``activations["z", 0]``)."""
 
     missing = "no gradient for it here; there are"
 
     def __init__(self, metric: float, grads: dict[Key, torch.Tensor], activations: dict[Key, torch.Tensor]):
         super().__init__(grads)
         self.metric = metric
-        self.activations = activations
+        self.activations = _Activations(activations)
 
     def __repr__(self) -> str:
         return f"Gradients(metric {self.metric:.6g}; {len(self)} points: {self.shown()})"
+
+
+class _Activations(ByPoint):
+    """``Gradients.activations``: the tracked points' values, by the gradients' keys."""
+
+    missing = "no activation for it here; there are"
+
+    def __repr__(self) -> str:
+        return f"activations ({len(self)} points: {self.shown()})"
 
 
 class TrackedRun(NamedTuple):

@@ -29,6 +29,7 @@ from typing import Any, Mapping
 
 import torch
 
+from circuits import names
 from circuits.batching import expand
 from circuits.errors import ExperimentError, shown
 from circuits.matching import IterativeMatcher
@@ -36,7 +37,7 @@ from circuits.nodes import Array, Circuit
 from circuits.rewrite import replace
 from circuits.traversal import unique_nodes
 
-__all__ = ["check_keys_found", "same_shape_inputs", "shape_changes", "with_inputs"]
+__all__ = ["check_keys_found", "same_shape_inputs", "shape_changes", "with_inputs", "with_targets_of"]
 
 SAME, REBATCHED, EXPANDED = "same", "rebatched", "expanded"
 
@@ -168,3 +169,24 @@ def same_shape_inputs(circuit: Circuit, inputs: Mapping[Any, Any], what: str) ->
         )
     result, _ = with_inputs(circuit, inputs, what=what)
     return result
+
+
+def with_targets_of(run: Circuit, source: Circuit, what: str) -> Circuit:
+    """``run`` with its loss scoring ``source``'s next tokens: its targets node ``'true_toks_int'`` (the
+    targets Index of the token Array) replaced by ``source``'s, every activation still ``run``'s.
+
+    How an experiment that compares two runs scores the next tokens a Metric names
+    (``Metric.targets``).  A circuit with no targets node (a prompt) has nothing to replace.
+    """
+    if source is run:
+        return run
+    found = source.get(names.TARGET_TOKENS)
+    if len(found) > 1:
+        raise ExperimentError(
+            f"{what}: {source.describe()} has {len(found)} nodes named {names.TARGET_TOKENS!r}; "
+            "which next tokens the metric scores is ambiguous"
+        )
+    if not found:
+        return run
+    (kept,) = found
+    return replace(run, {node: kept for node in run.get(names.TARGET_TOKENS)})

@@ -14,8 +14,16 @@ handful of nodes.  Calling a metric evaluates it to a float::
 
 ``sweep`` takes these (or any function of the evaluated root tensor).
 
+Which next tokens a metric scores: a circuit's loss reads them from its own token Array
+(``'true_toks_int'``), so an experiment that runs the model on other tokens (a patching
+grid's corrupted run) would score those.  Each Metric says which run's next tokens it scores
+in such an experiment: ``metric.targets``, ``"clean"`` by default (what TransformerLens users
+build their metrics on), or ``"corrupted"`` (``mean_loss.with_targets("corrupted")``).  Metrics
+that read no next tokens (``logit_diff``, ``kl_div``) are the same either way.
+
 ============================  =========================================================
-``mean_loss``                 mean of ``'t.loss'`` (the per-token loss) over every axis
+``mean_loss``                 mean of ``'t.loss'`` (the per-token loss) over every axis; in a
+                              grid, on the clean prompt's next tokens (``targets``, below)
 ``logit_diff(pos, good, bad)``  mean over the batch of ``logits[..., pos, good] - logits[..., pos, bad]``
                               (``'t.call'``); the Index is pushed down toward the
                               leaves so only that position's logits are computed
@@ -26,6 +34,7 @@ handful of nodes.  Calling a metric evaluates it to a float::
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable
 
 import torch
@@ -33,28 +42,47 @@ import torch
 from circuits import names
 from circuits.cache import Evaluator
 from circuits.evaluation import evaluate
-from circuits.errors import ExperimentError
+from circuits.errors import ExperimentError, shown
 from circuits.nodes import Add, Array, Circuit, Einsum, GeneralFunction, Index, Scalar, check_node
 from circuits.shapes import EINSUM_LETTERS
 
-__all__ = ["Metric", "kl_div", "logit_diff", "mean_loss"]
+__all__ = ["TARGETS", "Metric", "kl_div", "logit_diff", "mean_loss"]
+
+#: Which run's next tokens a metric scores in a two-run experiment (the module docstring).
+TARGETS = ("clean", "corrupted")
 
 
 class Metric:
     """A metric as a circuit builder: ``build(circuit) -> circuit of shape []``.
 
     ``metric.circuit(c)`` builds it; ``metric(c)`` (or ``metric(c,
-    evaluator=ev)``) evaluates it to a float.
+    evaluator=ev)``) evaluates it to a float.  ``targets``: which run's next tokens it scores
+    when an experiment compares two runs (the module docstring); ``with_targets`` changes it.
     """
 
-    def __init__(self, build: Callable[[Circuit], Circuit], name: str):
+    def __init__(self, build: Callable[[Circuit], Circuit], name: str, *, targets: str = "clean"):
+        if targets not in TARGETS:
+            raise ExperimentError(f"metric {name}: targets must be 'clean' or 'corrupted', got {targets!r}")
         self.build = build
         self.name = name
+        self.targets = targets
+
+    def with_targets(self, targets: str) -> Metric:
+        """This metric scoring the next tokens of the ``targets`` run (``"clean"`` or ``"corrupted"``)."""
+        base = self.name.removesuffix(f"[targets={self.targets}]")
+        name = base if targets == "clean" else f"{base}[targets={targets}]"
+        return Metric(self.build, name, targets=targets)
 
     def circuit(self, circuit: Circuit) -> Circuit:
-        return check_node(
+        node = check_node(
             self.build(circuit), f"metric {self.name}: the builder returned {{got}}", ExperimentError
         )
+        if node.shape != ():
+            raise ExperimentError(
+                f"metric {self.name}: its circuit {node.describe()} has shape {list(node.shape)}; a metric "
+                "gives one number (shape []): reduce it, e.g. with a mean"
+            )
+        return node
 
     def __call__(self, circuit: Circuit, *, evaluator: Evaluator | None = None) -> float:
         node = self.circuit(circuit)
@@ -116,8 +144,38 @@ def logit_diff(
     (``circuits.passes.push_index``), so the unembedding runs for that one
     position only.  The metric pickles, so an executor can send it to its workers.
     """
+    try:
+        position = operator.index(position)
+    except TypeError:
+        raise ExperimentError(f"logit_diff: position must be an int, got {shown(repr(position))}") from None
+    good, bad = _token_ids(good, "good"), _token_ids(bad, "bad")
     build = _LogitDiff(position, good, bad, logits, push_down)
-    return Metric(build, f"logit_diff(position={position}, good={good}, bad={bad})")
+    return Metric(build, f"logit_diff(position={position}, good={_shown_ids(good)}, bad={_shown_ids(bad)})")
+
+
+def _token_ids(ids: Any, argument: str) -> torch.Tensor:
+    """``good`` or ``bad`` as a 1-D int64 tensor; anything but integer ids is an ExperimentError naming it."""
+    items = ids if isinstance(ids, (list, tuple)) else [ids]
+    try:
+        tensor = torch.as_tensor(ids)
+    except (TypeError, ValueError, RuntimeError):
+        tensor = None
+    if (
+        tensor is None
+        or tensor.dtype == torch.bool
+        or tensor.is_floating_point()
+        or tensor.is_complex()
+        or any(isinstance(item, bool) for item in items)
+    ):
+        raise ExperimentError(
+            f"logit_diff: {argument} must be integer token ids (an int, or one per batch row), got "
+            f"{shown(repr(ids))}" + ("" if tensor is None else f" ({tensor.dtype})")
+        )
+    return tensor.reshape(-1).to(torch.int64).clone()  # the caller may edit theirs later
+
+
+def _shown_ids(ids: torch.Tensor) -> Any:
+    return ids.item() if ids.numel() == 1 else ids.tolist()
 
 
 class _LogitDiff:
@@ -145,16 +203,18 @@ class _LogitDiff:
 
             at = push_index(at)
         picked = []
-        for which, label in ((good, "good"), (bad, "bad")):
-            ids = torch.as_tensor(which).reshape(-1).to(torch.int64)
+        for ids, label in ((good, "good"), (bad, "bad")):
             if ids.numel() == 1:
                 ids = ids.expand(rows)
             if ids.numel() != rows:
                 raise ExperimentError(
-                    f"logit_diff: {ids.numel()} token ids for {rows} batch rows; give one id, or one per row"
+                    f"logit_diff: {label} has {ids.numel()} token ids for {rows} batch rows; give one id, "
+                    "or one per row"
                 )
             if bool(((ids < 0) | (ids >= vocab)).any()):
-                raise ExperimentError(f"logit_diff: token ids {ids.tolist()[:8]} out of range [0, {vocab})")
+                raise ExperimentError(
+                    f"logit_diff: {label} token ids {ids.tolist()[:8]} out of range [0, {vocab})"
+                )
             index = Array(ids.clone() if batched else ids[0].clone(), name=f"metric.{label}_ids")
             spec = "gen_index_at_0_batch_x_c" if batched else "gen_index_at_0_c"
             picked.append(

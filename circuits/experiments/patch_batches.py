@@ -17,6 +17,7 @@ node, and nothing below the node is recomputed (its value is all the layers abov
 
 from __future__ import annotations
 
+from numbers import Real
 from typing import Any, Sequence
 
 import torch
@@ -27,7 +28,8 @@ from circuits.cache import Evaluator
 from circuits.errors import ExperimentError
 from circuits.experiments import causal_suffix
 from circuits.experiments.metrics import Metric, find
-from circuits.experiments.points import resolve_points
+from circuits.experiments.points import point, resolve_points
+from circuits.matching import get
 from circuits.nodes import Array, Circuit
 from circuits.rewrite import replace
 from circuits.traversal import unique_nodes
@@ -78,9 +80,17 @@ class PatchRun:
         batched = expand(measured, {self.leaf: Array(patched, name=self.leaf.name)})
         with torch.no_grad():
             value = self.evaluator.evaluate(batched, store=self._reused)
+        if batched.rank == measured.rank:
+            # no patch axis: the measured circuit does not read the patched node (every patch lies
+            # after the measured position on a causal model), so each patch leaves the metric as it is
+            return [self._number(value)] * len(indices)
+        return [self._number(one) for one in value]
+
+    def _number(self, value: torch.Tensor) -> float:
+        """One patch's metric: the Metric's value, or the metric function's on the logits."""
         if isinstance(self.metric, Metric):
-            return [float(v) for v in value]
-        return [_number(self.metric(logits)) for logits in value]
+            return float(value)
+        return _number(self.metric(value), self.metric)
 
     def _reused(self, node: Circuit) -> bool:
         """Keep only values every chunk reads (the unpatched part), not one chunk's batched ones."""
@@ -91,6 +101,12 @@ def _layer_node(circuit: Circuit, key: tuple) -> Circuit:
     try:
         return resolve_points(circuit, [key])[key]
     except ExperimentError as error:
+        found = len(get(circuit, point(key[0], key[1])))
+        if found == 0:
+            missing = "no MLP" if key[0].startswith("mlp") else f"no {key[0]!r} node in layer {key[1]}"
+            raise ExperimentError(
+                f"patching grid: {error}: the model has {missing}, so it has no {key[0]} grid"
+            ) from None
         raise ExperimentError(
             f"{error}; a patching grid patches one node per layer (a head by its index on the head axis): "
             "give it the circuit before split_heads"
@@ -108,8 +124,18 @@ def _block_values(corrupted: Circuit, layer: int, evaluator: Evaluator) -> dict[
     return dict(zip(blocks, values))
 
 
-def _number(value: Any) -> float:
-    return float(value.item() if isinstance(value, torch.Tensor) else value)
+def _number(value: Any, metric: Any) -> float:
+    """A metric function's result as a float; anything but one number is an ExperimentError naming it."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return float(value.item())
+    if isinstance(value, Real) and not isinstance(value, bool):
+        return float(value)
+    shape = f" of shape {list(value.shape)}" if isinstance(value, torch.Tensor) else ""
+    name = getattr(metric, "__name__", repr(metric))
+    raise ExperimentError(
+        f"patching grid: metric {name} gave a {type(value).__name__}{shape} for one patch's logits, not one "
+        "number; return a scalar (e.g. a mean over the batch)"
+    )
 
 
 def runs(positions: Sequence[int], size: int, window: int) -> list[list[int]]:
@@ -134,6 +160,6 @@ def measure_all(
     found: list[float] = [0.0] * len(indices)
     for numbers in runs(positions, size, window):
         first = positions[numbers[0]]
-        for number, value in zip(numbers, run.values([indices[n] for n in numbers], first)):
+        for number, value in zip(numbers, run.values([indices[n] for n in numbers], first), strict=True):
             found[number] = value
     return found

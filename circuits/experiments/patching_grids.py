@@ -36,9 +36,10 @@ import torch
 from circuits import names
 from circuits.cache import Evaluator, check_cache_bytes
 from circuits.errors import ExperimentError
-from circuits.experiments.inputs import same_shape_inputs
+from circuits.experiments.inputs import same_shape_inputs, with_targets_of
 from circuits.experiments.metrics import Metric
 from circuits.experiments.patch_batches import PatchRun, measure_all
+from circuits.experiments.workers import one_thread_if_forked
 from circuits.nodes import Circuit, check_node
 from circuits.traversal import unique_nodes
 from circuits.experiments.tables import records_frame
@@ -110,8 +111,11 @@ def patch_grid(
 
     ``circuit``: the model circuit on the clean inputs, heads not split.  ``corrupted_inputs``:
     e.g. ``{"toks_int_var": corrupted_tokens}``, the shape of what they replace.  ``metric``: a
-    ``Metric`` (``logit_diff(-1, good, bad)`` unembeds one position) or a function of the logits
-    tensor ``[B, S, V]`` (every position unembedded).  ``patches_per_run``: patches evaluated as
+    ``Metric`` (``logit_diff(-1, good, bad)`` unembeds one position; ``mean_loss`` scores the next
+    tokens of the run its ``targets`` names, the clean prompt's by default, as TransformerLens
+    users score them) or a function of the logits tensor ``[B, S, V]`` (every position unembedded)
+    returning one number.  A patch that cannot reach the measured position (a later one, under a
+    causal mask) leaves the corrupted run's metric.  ``patches_per_run``: patches evaluated as
     one batch; ``positions_per_run``: how many positions one batch spans (on a causal model a
     batch recomputes only from its first patched position on).  ``executor``: a
     ``concurrent.futures.Executor`` to run the layers on (one job per layer, each with its own
@@ -128,6 +132,8 @@ def patch_grid(
     _check_options(metric, options, executor)
     check_node(circuit, f"act_patch_{grid}: the circuit", ExperimentError)
     corrupted = _corrupted(circuit, corrupted_inputs, grid)
+    if isinstance(metric, Metric) and metric.targets == "clean":  # the patched run scores the clean targets
+        corrupted = with_targets_of(corrupted, circuit, f"act_patch_{grid}")
     jobs = [(circuit, corrupted, spec, layer, metric, options) for layer in range(_layer_count(circuit))]
     if executor is None:
         evaluator = Evaluator(cache_bytes)
@@ -148,6 +154,7 @@ class RunOptions:
 
 def _layer_values(circuit, corrupted, spec: Grid, layer: int, metric, options: RunOptions, evaluator=None):
     """``(sizes, cells, values, dtype)`` of one layer's patches (module-level: it travels by pickle)."""
+    one_thread_if_forked()  # an executor's forked worker would hang on torch's threads
     evaluator = evaluator or Evaluator(options.cache_bytes)
     run = PatchRun(circuit, corrupted, (spec.kind, layer, None), metric, evaluator)
     axes = spec.axes[1:]

@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Union
 import torch
 
 from circuits import names
-from circuits.errors import ExperimentError
+from circuits.errors import ExperimentError, MissingPointError
 from circuits.matching import IterativeMatcher, Matcher, get
 from circuits.nodes import Circuit
 from circuits.traversal import unique_nodes
@@ -338,7 +338,8 @@ class PointCollector:
 class ByPoint(Mapping):
     """Tensors by point, read-only: ``m["logits"]``, ``m["attn_probs", 1]``, ``m["z", 1, 2]``.
 
-    The base of ``ActivationCache`` and ``Gradients``; ``missing`` words the KeyError."""
+    The base of ``ActivationCache`` and ``Gradients``; ``missing`` words the ``MissingPointError``
+    (a ``KeyError``)."""
 
     missing = "not here; there are"
 
@@ -349,9 +350,9 @@ class ByPoint(Mapping):
         try:
             normalized = as_key(key)
         except ExperimentError as error:
-            raise KeyError(str(error)) from None
+            raise MissingPointError(str(error)) from None
         if normalized not in self._by_point:
-            raise KeyError(f"{key!r}: {self.missing} {', '.join(map(show_key, self._by_point))}")
+            raise MissingPointError(f"{key!r}: {self.missing} {', '.join(map(show_key, self._by_point))}")
         return self._by_point[normalized]
 
     def __iter__(self) -> Iterator[tuple]:

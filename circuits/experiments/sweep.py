@@ -34,6 +34,7 @@ from circuits.costs import cost
 from circuits.errors import ExperimentError, shown
 from circuits.experiments.ablation import DEFAULT_CACHE_BYTES, zero_ablate
 from circuits.experiments.metrics import Metric, mean_loss
+from circuits.experiments.workers import one_thread_if_forked
 from circuits.nodes import Circuit, check_node
 from circuits.passes.attention import split_heads, unsplit_head_counts
 from circuits.traversal import unique_nodes
@@ -309,7 +310,9 @@ def sweep(
       many.  The circuit, ``ablation`` and ``metric`` travel by pickle:
       module-level functions or ``functools.partial`` of them, not lambdas.
       The table is the local run's; every row's ``baseline`` and ``delta``
-      use the first shard's baseline.
+      use the first shard's baseline.  A worker forked from this process
+      (``ProcessPoolExecutor``'s default on Linux) runs torch on one thread:
+      forked, torch's thread pool would hang (``circuits.experiments.workers``).
     - ``dry_run``: build every circuit, run nothing, and return a ``SweepPlan``: the FLOPs and
       the peak memory the sweep will need with the cache plan it would use.
 
@@ -380,6 +383,7 @@ def _sweep_items(
 
 def _shard(circuit: Circuit, items: list, ablation: Callable, metric: Any, cache_bytes: int, policy: str):
     """One shard of a sharded sweep, run where the executor runs it (module-level: it travels by pickle)."""
+    one_thread_if_forked()
     return _sweep_items(circuit, items, ablation, metric, Evaluator(cache_bytes), policy, progress=False)
 
 
