@@ -113,6 +113,9 @@ from circuits.matching import (  # noqa: E402
     chain_excluding,
     get_all_paths,
     get_paths,
+    new_traversal,
+    restrict,
+    restrict_sl,
 )
 from circuits.rewrite import replace, substitute, update  # noqa: E402
 
@@ -129,7 +132,10 @@ __all__ += [
     "expand",
     "get_all_paths",
     "get_paths",
+    "new_traversal",
     "replace",
+    "restrict",
+    "restrict_sl",
     "substitute",
     "update",
 ]

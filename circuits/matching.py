@@ -77,13 +77,26 @@ A union of stage chains is itself a graph of stages (``then`` after it
 chains from every branch); ``&`` (or ``|`` holding one) runs its sides side
 by side, each in its own state, and stages added after it start at every
 node it finds.
-``chain(*forms)`` is ``then`` repeated; ``chain_many(*chains)`` is the union
-of one ``chain`` per chain, as rust_circuit's.  A stage's ``term_early_at``
-matcher stops it at the nodes it matches (below its start node): routes
-through them are not searched.  ``chain_excluding(first, then, excluding)``
-is ``first.then(then, term_early_at=excluding)``.  ``get_paths`` and
+A stage's ``term_early_at`` matcher stops it at the nodes it matches (below
+its start node): routes through them are not searched.  ``get_paths`` and
 ``get_all_paths`` list the routes from the root by which a matcher finds
 each node, to read a path patch before running it.
+
+rust_circuit's chain and restrict
+---------------------------------
+``m.chain(a, b)`` is rust_circuit's: each item is started *at* every node
+the one before finds, so it may find that node itself (``then(a,
+min_depth=0)`` for a plain form); ``must_be_sub=True`` makes it strictly
+below.  An item may be any IterativeMatcher (a union, another chain, a
+``restrict``), run from that node as from a root.  ``chain_many(*chains)``
+is the union of one ``chain`` per chain.  ``restrict(m, term_if_matches,
+start_depth, end_depth, term_early_at)`` limits any matcher as
+rust_circuit's does (depths from where it starts, ``end_depth``
+exclusive, ``term_early_at`` checked at its start node too), and
+``chain_excluding(parent, child, term_early_at)`` is
+``restrict(parent.chain(child), term_early_at=term_early_at)``: the
+exclusion holds on the whole route from the root.  Such matchers run as
+small state machines beside the stage graph (``_Then``, ``_Restrict``).
 """
 
 from __future__ import annotations
@@ -115,7 +128,10 @@ __all__ = [
     "get_unique",
     "layer_of",
     "layer_text",
+    "new_traversal",
     "no_match_hint",
+    "restrict",
+    "restrict_sl",
     "shortest_paths",
     "walk",
 ]
@@ -336,8 +352,8 @@ class IterativeMatcher:
     two (or one and a plain matcher form): see "Combining" in the module
     docstring.
 
-    Inside, the stages form a small graph: ``_following[i]`` is the stage a
-    hit of stage ``i`` starts (None: the hit is found) and ``_heads`` are the
+    Inside, the stages form a small graph: ``_following[i]`` are the stages a
+    hit of stage ``i`` starts (none: the hit is found) and ``_heads`` are the
     stages started at the root, so a union of chains is one graph.
     """
 
@@ -354,7 +370,7 @@ class IterativeMatcher:
         term_early_at: Any = None,
     ):
         stage = _Stage(matcher, min_depth, max_depth, positions, stop_at_match, term_early_at)
-        self._set_stages((stage,), (None,), (0,))
+        self._set_stages((stage,), ((),), (0,))
 
     def _set_stages(self, stages: tuple[_Stage, ...], following: tuple, heads: tuple[int, ...]) -> None:
         self._stages = stages
@@ -388,9 +404,22 @@ class IterativeMatcher:
 
     def _extended(self, stage: _Stage) -> IterativeMatcher:
         """``stage`` appended after every stage whose hits were found so far."""
-        added = len(self._stages)
-        following = tuple(added if index is None else index for index in self._following)
-        return IterativeMatcher._built(self._stages + (stage,), following + (None,), self._heads)
+        return self._spliced(IterativeMatcher._built((stage,), ((),), (0,)))
+
+    def _spliced(self, rest: IterativeMatcher) -> IterativeMatcher:
+        """``rest`` (a stage graph) started at every node this one finds, as its found nodes."""
+        shift = len(self._stages)
+        starts = tuple(head + shift for head in rest._heads)
+        following = tuple(after or starts for after in self._following) + tuple(
+            tuple(index + shift for index in after) for after in rest._following
+        )
+        return IterativeMatcher._built(self._stages + rest._stages, following, self._heads)
+
+    def _chained(self, rest: IterativeMatcher) -> IterativeMatcher:
+        """``rest`` (any IterativeMatcher) started at every node this one finds, that node included."""
+        if type(rest) is IterativeMatcher:
+            return self._spliced(rest)
+        return _Then.of(self, rest)
 
     def then(
         self,
@@ -419,23 +448,36 @@ class IterativeMatcher:
             raise MatcherError("IterativeMatcher.children: give at least one child position")
         return self._extended(_Stage(matcher, 1, 1, positions, False))
 
-    def chain(self, *forms: Any) -> IterativeMatcher:
-        """``then(form)`` for each of ``forms`` in turn: successive stages, each strictly below the last."""
-        result = self
-        for form in forms:
-            result = result.then(form)
+    def chain(self, *rest: Any, must_be_sub: bool = False) -> IterativeMatcher:
+        """rust_circuit's ``chain``: each of ``rest`` in turn, started at every node the one
+        before finds.
+
+        Each item starts *at* that node (depth 0), so it may find the node itself:
+        ``corr_root_matcher.chain("labels")`` finds the root if it is ``'labels'``.  With
+        ``must_be_sub=True`` each item finds only nodes strictly below (``then``'s default).
+        An item is a matcher form (one stage: ``then(form, min_depth=0)``) or any
+        IterativeMatcher (``restrict(...)``, another chain, a union ...), run from there as
+        from a root.
+        """
+        result: IterativeMatcher = self
+        for form in rest:
+            if not isinstance(form, IterativeMatcher):
+                result = result.then(form, min_depth=1 if must_be_sub else 0)
+            else:
+                result = result._chained(restrict(form, start_depth=1) if must_be_sub else form)
         return result
 
-    def chain_many(self, *chains: Any) -> IterativeMatcher:
+    def chain_many(self, *chains: Any, must_be_sub: bool = False) -> IterativeMatcher:
         """The union (``|``) of ``self.chain(*chain)`` over ``chains``, as rust_circuit's.
 
-        Each chain is a list or tuple of matcher forms (successive stages), or one form.
+        Each chain is a list or tuple of items (successive stages), or one item.
         """
         if not chains:
             raise MatcherError(f"{self!r}.chain_many: give at least one chain of matcher forms")
         result = None
         for chain in chains:
-            one = self.chain(*chain) if isinstance(chain, (list, tuple)) else self.chain(chain)
+            items = chain if isinstance(chain, (list, tuple)) else (chain,)
+            one = self.chain(*items, must_be_sub=must_be_sub)
             result = one if result is None else result | one
         return result
 
@@ -446,7 +488,7 @@ class IterativeMatcher:
         if self._plain and other._plain:
             return IterativeMatcher(self.plain_matcher | other.plain_matcher)
         shift = len(self._stages)
-        following = tuple(None if index is None else index + shift for index in other._following)
+        following = tuple(tuple(index + shift for index in after) for after in other._following)
         heads = tuple(head + shift for head in other._heads)
         return IterativeMatcher._built(
             self._stages + other._stages, self._following + following, self._heads + heads
@@ -499,10 +541,10 @@ class IterativeMatcher:
                 and (stage.max_depth is None or depth <= stage.max_depth)
             )
             if hit:
-                if following[index] is None:
+                if not following[index]:
                     found = True
-                else:
-                    started = (following[index], 0)
+                for after in following[index]:
+                    started = (after, 0)
                     if started not in seen:
                         seen.add(started)
                         pending.append(started)
@@ -546,11 +588,10 @@ class IterativeMatcher:
         chains, stack = [], [[head] for head in reversed(self._heads)]
         while stack:
             chain = stack.pop()
-            after = self._following[chain[-1]]
-            if after is None:
+            following = self._following[chain[-1]]
+            if not following:
                 chains.append(chain)
-            else:
-                stack.append(chain + [after])
+            stack.extend(chain + [after] for after in reversed(following))
         return chains
 
     def _chain_repr(self, chain: list[int]) -> str:
@@ -559,15 +600,35 @@ class IterativeMatcher:
 
 
 def _stage_call(stage: _Stage) -> str:
-    """``.children(...)`` or ``.then(...)``: how a stage after the first is written."""
+    """``.children(...)``, ``.chain(...)`` or ``.then(...)``: how a stage after the first is written."""
     if stage.min_depth == 1 and stage.max_depth == 1 and stage.positions is not None:
         positions = ", ".join(str(p) for p in stage.positions)
         matcher = "" if repr(stage.matcher) == "Matcher(True)" else f", matcher={stage.matcher!r}"
         return f".children({positions}{matcher})"
+    if stage.describe(0) == repr(stage.matcher):  # min_depth 0 and nothing else: a chain item
+        return f".chain({stage.matcher!r})"
     return f".then({stage.describe(1)})"
 
 
-class _Combination(IterativeMatcher):
+class _Composite(IterativeMatcher):
+    """An IterativeMatcher that is not one stage graph: its state is a tuple of its parts'
+    states (``_DONE`` once nothing more can be found), and items chained after it run as a
+    ``_Then``."""
+
+    __slots__ = ()
+
+    def _extended(self, stage: _Stage) -> IterativeMatcher:
+        return self._chained(IterativeMatcher._built((stage,), ((),), (0,)))
+
+    def _chained(self, rest: IterativeMatcher) -> IterativeMatcher:
+        return _Then.of(self, rest)
+
+    @property
+    def plain_matcher(self) -> Matcher:
+        raise MatcherError(f"{self!r} combines IterativeMatchers and has no single plain matcher")
+
+
+class _Combination(_Composite):
     """``a | b`` or ``a & b`` where a plain stage graph cannot say it: the parts run side by side.
 
     Its state is the tuple of the parts' states (``_DONE`` once nothing more can be found:
@@ -594,13 +655,6 @@ class _Combination(IterativeMatcher):
         new._plain = False
         return new
 
-    def _extended(self, stage: _Stage) -> IterativeMatcher:
-        return _Then.of(self, IterativeMatcher._built((stage,), (None,), (0,)))
-
-    @property
-    def plain_matcher(self) -> Matcher:
-        raise MatcherError(f"{self!r} combines IterativeMatchers and has no single plain matcher")
-
     def step_from(self, state: tuple, hits: tuple[bool, ...], count: int) -> tuple[bool, list]:
         results = [
             part.step_from(part_state, hits[low:high], count) if part_state else (False, None)
@@ -619,57 +673,174 @@ class _Combination(IterativeMatcher):
         return "(" + joiner.join(repr(part) for part in self._parts) + ")"
 
 
-class _Then(IterativeMatcher):
-    """Stages after a ``_Combination``: every node ``first`` finds starts ``rest`` (a chain of
-    stages) there.  Its state is the pair (``first``'s state, ``rest``'s state)."""
+class _Then(_Composite):
+    """``rest`` started at every node ``first`` finds (that node included), where the two
+    cannot be one stage graph.  Its state is the pair (``first``'s state, ``rest``'s): for a
+    stage graph ``rest``, the union of the states it was started in (the pairs of a stage
+    graph step independently); for any other, the frozenset of them."""
 
-    __slots__ = ("_first", "_rest", "_split")
+    __slots__ = ("_first", "_rest", "_split", "_graph")
 
     @staticmethod
     def of(first: IterativeMatcher, rest: IterativeMatcher) -> _Then:
         new = object.__new__(_Then)
         new._first, new._rest = first, rest
         new._split = len(first._predicates)
+        new._graph = type(rest) is IterativeMatcher
         new._predicates = first._predicates + rest._predicates
         new._start = (first._start, _DONE)
         new._plain = False
         return new
 
-    def _extended(self, stage: _Stage) -> IterativeMatcher:
-        return _Then.of(self._first, self._rest._extended(stage))
-
-    @property
-    def plain_matcher(self) -> Matcher:
-        raise MatcherError(f"{self!r} combines IterativeMatchers and has no single plain matcher")
+    def _chained(self, rest: IterativeMatcher) -> IterativeMatcher:
+        return _Then.of(self._first, self._rest._chained(rest))
 
     def step_from(self, state: tuple, hits: tuple[bool, ...], count: int) -> tuple[bool, list]:
         first_state, rest_state = state
         first_found, first_children = False, [_DONE] * count
         if first_state:
             first_found, first_children = self._first.step_from(first_state, hits[: self._split], count)
-        if first_found:
-            rest_state = rest_state | self._rest._start
-        found, rest_children = False, [_DONE] * count
-        if rest_state:
-            found, rest_children = self._rest.step_from(rest_state, hits[self._split :], count)
+        rest, rest_hits = self._rest, hits[self._split :]
+        if self._graph:
+            if first_found:
+                rest_state = rest_state | rest._start
+            found, rest_children = False, [_DONE] * count
+            if rest_state:
+                found, rest_children = rest.step_from(rest_state, rest_hits, count)
+        else:
+            if first_found:
+                rest_state = rest_state | {rest._start}
+            found, kids = False, [set() for _ in range(count)]
+            for one in rest_state:
+                one_found, one_children = rest.step_from(one, rest_hits, count)
+                found = found or one_found
+                for position, child in enumerate(one_children):
+                    if child:
+                        kids[position].add(child)
+            rest_children = [frozenset(child) for child in kids]
         return found, [
             (first, rest) if first or rest else _DONE for first, rest in zip(first_children, rest_children)
         ]
 
     def __repr__(self) -> str:
-        return repr(self._first) + "".join(_stage_call(stage) for stage in self._rest._stages)
+        chains = self._rest._chains() if self._graph else ()
+        if len(chains) == 1:  # one chain of stages: written as the calls that append them
+            return repr(self._first) + "".join(_stage_call(self._rest._stages[i]) for i in chains[0])
+        return f"{self._first!r}.chain({self._rest!r})"
 
 
-def chain_excluding(first: Any, then: Any, excluding: Any) -> IterativeMatcher:
-    """``then`` below each node ``first`` finds, reached without passing through a node ``excluding``
-    matches (rust_circuit's ``chain_excluding``): ``first.then(then, term_early_at=excluding)``.
+class _Restrict(_Composite):
+    """rust_circuit's ``restrict``: ``inner`` with depth limits and early termination.
+
+    Its state is (``inner``'s state, depth below where it started); the depth stops counting
+    once no limit needs it.  See ``restrict``.
+    """
+
+    __slots__ = ("_inner", "_term_if_matches", "_start_depth", "_end_depth", "_term_early_at")
+
+    @staticmethod
+    def of(inner, term_if_matches, start_depth, end_depth, term_early_at) -> _Restrict:
+        new = object.__new__(_Restrict)
+        new._inner = inner
+        new._term_if_matches = bool(term_if_matches)
+        new._start_depth, new._end_depth = start_depth, end_depth
+        new._term_early_at = term_early_at
+        extra = () if term_early_at is None else (term_early_at._predicate,)
+        new._predicates = inner._predicates + extra
+        new._start = (inner._start, 0)
+        new._plain = False
+        return new
+
+    def step_from(self, state: tuple, hits: tuple[bool, ...], count: int) -> tuple[bool, list]:
+        inner_state, depth = state
+        end, start = self._end_depth, self._start_depth
+        if end is not None and depth >= end:
+            return False, [_DONE] * count
+        found, children = self._inner.step_from(inner_state, hits[: len(self._inner._predicates)], count)
+        before_start = start is not None and depth < start
+        found = found and not before_start
+        if (
+            not any(children)
+            or (found and self._term_if_matches)
+            or (end is not None and depth >= end - 1)
+            or (self._term_early_at is not None and hits[-1])
+        ):
+            return found, [_DONE] * count
+        deeper = depth + 1 if end is not None or before_start else depth
+        return found, [(child, deeper) if child else _DONE for child in children]
+
+    def __repr__(self) -> str:
+        inner = self._inner
+        parts = [repr(inner.plain_matcher if inner.is_plain else inner)]
+        if self._term_if_matches:
+            parts.append("term_if_matches=True")
+        if self._start_depth is not None:
+            parts.append(f"start_depth={self._start_depth}")
+        if self._end_depth is not None:
+            parts.append(f"end_depth={self._end_depth}")
+        if self._term_early_at is not None:
+            parts.append(f"term_early_at={self._term_early_at!r}")
+        return f"restrict({', '.join(parts)})"
+
+
+def restrict(
+    matcher: Any,
+    term_if_matches: bool = False,
+    start_depth: int | None = None,
+    end_depth: int | None = None,
+    term_early_at: Any = False,
+) -> IterativeMatcher:
+    """rust_circuit's ``restrict``: ``matcher`` (any form or IterativeMatcher) limited by depth,
+    counted from where it starts (the root, or the node a chain starts it at: depth 0).
+
+    It finds what ``matcher`` finds at depths ``start_depth <= d < end_depth`` (``None``: no
+    bound; ``end_depth`` is exclusive, as in rust_circuit); it searches no deeper than
+    ``end_depth - 1``, nothing below a node it found when ``term_if_matches``, and nothing below
+    a node ``term_early_at`` matches (that node itself may still be found; unlike a stage's
+    ``term_early_at``, this applies to the start node too).  ``restrict(A.chain(B), ...)``,
+    ``A.chain(restrict(B, ...))`` and ``restrict(A, ...).chain(B)`` are three different
+    matchers, as in rust_circuit.
+    """
+    where = "restrict"
+    for label, depth in (("start_depth", start_depth), ("end_depth", end_depth)):
+        if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 0):
+            raise MatcherError(f"{where}: {label} {depth!r} is not None or an int >= 0")
+    if not isinstance(term_if_matches, bool):
+        raise MatcherError(f"{where}: term_if_matches {term_if_matches!r} is not a bool")
+    term = None if term_early_at is False else Matcher(term_early_at)
+    return _Restrict.of(as_iterative(matcher), term_if_matches, start_depth, end_depth, term)
+
+
+def restrict_sl(
+    matcher: Any, term_if_matches: bool = False, depth_slice: slice = slice(None), term_early_at: Any = False
+) -> IterativeMatcher:
+    """rust_circuit's ``restrict_sl``: ``restrict`` with the depths as a slice (``slice(2, 5)``)."""
+    if not isinstance(depth_slice, slice) or depth_slice.step is not None:
+        raise MatcherError(f"restrict_sl: depth_slice {depth_slice!r} is not a slice without a step")
+    return restrict(matcher, term_if_matches, depth_slice.start, depth_slice.stop, term_early_at)
+
+
+def new_traversal(
+    start_depth: int | None = None, end_depth: int | None = None, term_early_at: Any = False
+) -> IterativeMatcher:
+    """rust_circuit's ``new_traversal``: every node, within the limits (``restrict(True, ...)``)."""
+    return restrict(True, False, start_depth, end_depth, term_early_at)
+
+
+def chain_excluding(parent: Any, child: Any, term_early_at: Any = False) -> IterativeMatcher:
+    """rust_circuit's ``chain_excluding``: ``child`` chained from what ``parent`` finds, on routes
+    that pass through no node ``term_early_at`` matches:
+    ``restrict(parent.chain(child), term_early_at=term_early_at)`` (``parent.chain(child)``
+    when ``term_early_at`` is False).
 
     "Head 1.4's direct route to the logits" in a 4-layer model: ``chain_excluding("t.call",
     "b1.a.head4", Matcher.regex(r"^b[23]\\.[am]$"))`` reaches the head from the logits through
-    the residual stream only, not through a later layer's attention or MLP.  An excluded node
-    can still be found itself.
+    the residual stream only, not through a later layer's attention or MLP.  The exclusion
+    holds on the whole route from the root (to ``parent`` too); an excluded node can still be
+    found itself, and ``child`` can be the node ``parent`` finds.
     """
-    return as_iterative(first).then(then, term_early_at=excluding)
+    chained = as_iterative(parent).chain(child)
+    return chained if term_early_at is False else restrict(chained, term_early_at=term_early_at)
 
 
 def as_iterative(form: Any) -> IterativeMatcher:
