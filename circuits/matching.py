@@ -117,6 +117,7 @@ __all__ = [
     "FoundRoutes",
     "IterativeMatcher",
     "Matcher",
+    "Regex",
     "Route",
     "are_any_found",
     "as_iterative",
@@ -126,6 +127,7 @@ __all__ = [
     "get_all_paths",
     "get_paths",
     "get_unique",
+    "get_unique_op",
     "layer_of",
     "layer_text",
     "new_traversal",
@@ -133,6 +135,8 @@ __all__ = [
     "restrict",
     "restrict_sl",
     "shortest_paths",
+    "validate",
+    "validate_found",
     "walk",
 ]
 
@@ -140,29 +144,103 @@ __all__ = [
 # ----------------------------------------------------------------- Matcher
 
 
-class Matcher:
+class _Finding:
+    """rust_circuit's methods on matchers: ``m.get(c)`` is ``get(c, m)``, ``m.update(c, fn)``
+    is ``update(c, m, fn)`` and so on (for Matcher and IterativeMatcher alike)."""
+
+    __slots__ = ()
+
+    def get(self, circuit: Circuit, fancy_validate: bool = False) -> set[Circuit]:
+        return get(circuit, self, fancy_validate=fancy_validate)
+
+    def get_unique(self, circuit: Circuit, fancy_validate: bool = False) -> Circuit:
+        return get_unique(circuit, self, fancy_validate=fancy_validate)
+
+    def get_unique_op(self, circuit: Circuit, fancy_validate: bool = False) -> Circuit | None:
+        """The one node found, or None if none is; ``MatchError`` if several are."""
+        return get_unique_op(circuit, self, fancy_validate=fancy_validate)
+
+    def are_any_found(self, circuit: Circuit) -> bool:
+        return are_any_found(circuit, self)
+
+    def get_paths(self, circuit: Circuit) -> FoundRoutes:
+        return get_paths(circuit, self)
+
+    def get_all_paths(self, circuit: Circuit) -> FoundRoutes:
+        return get_all_paths(circuit, self)
+
+    def validate(self, circuit: Circuit) -> None:
+        """``MatchError`` unless every part of this matcher finds something (``validate_found``)."""
+        validate(circuit, self)
+
+    def getter(self, default_fancy_validate: bool = False):
+        """A ``BoundGetter`` of this matcher (``circuits.operations``)."""
+        from circuits.operations import Getter
+
+        return Getter(default_fancy_validate).bind(self)
+
+    def update(
+        self,
+        circuit: Circuit,
+        transform: Callable[[Circuit], Circuit],
+        cache_transform: bool = True,
+        cache_update: bool = True,
+        fancy_validate: bool = False,
+        assert_any_found: bool = True,
+    ) -> Circuit:
+        """``circuits.rewrite.update(circuit, self, transform, ...)``, rust_circuit's signature
+        (``assert_any_found`` defaults to True here, as ``update`` does)."""
+        from circuits.operations import Updater
+
+        updater = Updater(transform, cache_transform, cache_update)
+        return updater.update(circuit, self, fancy_validate, assert_any_found)
+
+    def updater(
+        self,
+        transform: Callable[[Circuit], Circuit],
+        cache_transform: bool = True,
+        cache_update: bool = True,
+        default_fancy_validate: bool = False,
+        default_assert_any_found: bool = True,
+    ):
+        """A ``BoundUpdater`` of this matcher (``circuits.operations``)."""
+        from circuits.operations import Updater
+
+        settings = (cache_transform, cache_update, default_fancy_validate, default_assert_any_found)
+        return Updater(transform, *settings).bind(self)
+
+
+class Matcher(_Finding):
     """A predicate on nodes; see the module docstring for the accepted forms.
 
     ``Matcher(form)`` converts any plain form; a Matcher is callable,
     ``matcher(node) -> bool``.
     """
 
-    __slots__ = ("_predicate", "_text")
+    __slots__ = ("_predicate", "_text", "_checks")
 
     def __init__(self, form: Any = True):
         if isinstance(form, Matcher):
-            predicate, text = form._predicate, form._text
+            predicate, text, checks = form._predicate, form._text, form._checks
         else:
-            predicate, text = _convert(form)
+            predicate, text, checks = _convert(form)
         self._predicate: Callable[[Circuit], bool] = predicate
         self._text: str = text
+        self._checks: tuple = checks
 
     @classmethod
-    def from_predicate(cls, predicate: Callable[[Circuit], bool], text: str) -> Matcher:
-        """A matcher running ``predicate`` as it is (no conversion), printed as ``text``."""
+    def from_predicate(
+        cls, predicate: Callable[[Circuit], bool], text: str, checks: tuple | None = None
+    ) -> Matcher:
+        """A matcher running ``predicate`` as it is (no conversion), printed as ``text``.
+
+        ``checks`` are what ``fancy_validate`` asks of what it finds (see ``validate_found``);
+        by default, that ``predicate`` holds for some found node.
+        """
         matcher = object.__new__(cls)
         matcher._predicate = predicate
         matcher._text = text
+        matcher._checks = ((_PREDICATE, predicate, text),) if checks is None else checks
         return matcher
 
     @property
@@ -173,8 +251,14 @@ class Matcher:
     # ------------------------------------------------------- constructors
 
     @classmethod
-    def regex(cls, pattern: str | re.Pattern, flags: int = 0) -> Matcher:
-        """Named nodes whose name contains a match of ``pattern`` (``re.search``)."""
+    def regex(cls, pattern: str | re.Pattern, flags: int = 0, *, escape_dot: bool = False) -> Matcher:
+        """Named nodes whose name contains a match of ``pattern`` (``re.search``).
+
+        ``escape_dot=True`` reads the pattern as rust_circuit's ``Regex`` does by default
+        (``.`` a literal dot, ``\\.`` any character); here the default is Python's reading.
+        """
+        if escape_dot:
+            return cls(Regex(pattern, escape_dot=True))
         try:
             compiled = re.compile(pattern, flags) if isinstance(pattern, str) else pattern
         except re.error as error:
@@ -198,12 +282,23 @@ class Matcher:
         return cls.from_predicate(
             lambda node: isinstance(node, classes),
             "Matcher.types(" + ", ".join(kind.__name__ for kind in classes) + ")",
+            ((_TYPES, classes),),
         )
 
     @classmethod
     def any(cls, *forms: Any) -> Matcher:
         """Nodes matched by any of ``forms`` (the same as a set of them)."""
         return cls(list(forms))
+
+    def to_iterative_matcher(self) -> IterativeMatcher:
+        return IterativeMatcher(self)
+
+    def chain(self, *rest: Any, must_be_sub: bool = False) -> IterativeMatcher:
+        """``IterativeMatcher(self).chain(...)`` (rust_circuit's ``Matcher.chain``)."""
+        return IterativeMatcher(self).chain(*rest, must_be_sub=must_be_sub)
+
+    def chain_many(self, *chains: Any, must_be_sub: bool = False) -> IterativeMatcher:
+        return IterativeMatcher(self).chain_many(*chains, must_be_sub=must_be_sub)
 
     # ---------------------------------------------------------------- use
 
@@ -216,7 +311,9 @@ class Matcher:
         other = Matcher(other)
         a, b = self._predicate, other._predicate
         return Matcher.from_predicate(
-            lambda node: bool(a(node)) and bool(b(node)), f"({self._text} & {other._text})"
+            lambda node: bool(a(node)) and bool(b(node)),
+            f"({self._text} & {other._text})",
+            self._checks + other._checks,
         )
 
     def __rand__(self, other: Any) -> Matcher:
@@ -228,7 +325,9 @@ class Matcher:
         other = Matcher(other)
         a, b = self._predicate, other._predicate
         return Matcher.from_predicate(
-            lambda node: bool(a(node)) or bool(b(node)), f"({self._text} | {other._text})"
+            lambda node: bool(a(node)) or bool(b(node)),
+            f"({self._text} | {other._text})",
+            self._checks + other._checks,
         )
 
     def __ror__(self, other: Any) -> Matcher:
@@ -236,26 +335,35 @@ class Matcher:
 
     def __invert__(self) -> Matcher:
         a = self._predicate
-        return Matcher.from_predicate(lambda node: not a(node), f"~{self._text}")
+        return Matcher.from_predicate(lambda node: not a(node), f"~{self._text}", ())  # nothing to check
 
     def __repr__(self) -> str:
         return self._text
 
 
-def _convert(form: Any) -> tuple[Callable[[Circuit], bool], str]:
+# What fancy validation asks of the nodes a matcher found, one entry per part of it:
+# (_NAMES, names) every name is among them; (_TYPES, classes) each class has an instance among
+# them; (_NODES, ((hash, text), ...)) each node is among them; (_PREDICATE, predicate, text)
+# some node satisfies it.  A negation asks nothing (rust_circuit's validate_matched).
+_NAMES, _TYPES, _NODES, _PREDICATE = "names", "types", "nodes", "predicate"
+
+
+def _convert(form: Any) -> tuple[Callable[[Circuit], bool], str, tuple]:
     if isinstance(form, bool):
-        return ((lambda node: True) if form else (lambda node: False)), f"Matcher({form})"
+        predicate = (lambda node: True) if form else (lambda node: False)
+        return predicate, f"Matcher({form})", ((_PREDICATE, predicate, f"Matcher({form})"),)
     if isinstance(form, str):
-        return (lambda node: node.name == form), f"Matcher({form!r})"
-    if isinstance(form, re.Pattern):
-        matcher = Matcher.regex(form)
-        return matcher._predicate, matcher._text
+        return (lambda node: node.name == form), f"Matcher({form!r})", ((_NAMES, frozenset([form])),)
+    if isinstance(form, (re.Pattern, Regex)):
+        matcher = Matcher.regex(form.compiled if isinstance(form, Regex) else form)
+        text = f"Matcher({form!r})" if isinstance(form, Regex) else matcher._text
+        return matcher._predicate, text, ((_PREDICATE, matcher._predicate, text),)
     if isinstance(form, Circuit):
-        target = form.hash
-        return (lambda node: node.hash == target), f"Matcher(<{form.describe()} {list(form.shape)}>)"
+        target, text = form.hash, f"<{form.describe()} {list(form.shape)}>"
+        return (lambda node: node.hash == target), f"Matcher({text})", ((_NODES, ((target, text),)),)
     if isinstance(form, type):
         if issubclass(form, Circuit):
-            return (lambda node: isinstance(node, form)), f"Matcher({form.__name__})"
+            return (lambda node: isinstance(node, form)), f"Matcher({form.__name__})", ((_TYPES, (form,)),)
         raise MatcherError(f"Matcher({form.__name__}): a class matcher must be a circuit node class")
     if isinstance(form, types.UnionType):  # cc.Einsum | cc.Add, as Python spells a union of classes
         return _convert_collection(typing.get_args(form))
@@ -267,18 +375,20 @@ def _convert(form: Any) -> tuple[Callable[[Circuit], bool], str]:
     if isinstance(form, (set, frozenset, list, tuple)):
         return _convert_collection(form)
     if callable(form):
-        text = getattr(form, "__name__", None) or type(form).__name__
-        return form, f"Matcher({text})"
+        text = f"Matcher({getattr(form, '__name__', None) or type(form).__name__})"
+        return form, text, ((_PREDICATE, form, text),)
     raise MatcherError(
         f"cannot make a Matcher from {type(form).__name__} {form!r}: expected a name, a regex "
-        "(Matcher.regex), a node class, a predicate, a set of these, a node, or a bool"
+        "(Matcher.regex, Regex), a node class, a predicate, a set of these, a node, or a bool"
     )
 
 
-def _convert_collection(forms) -> tuple[Callable[[Circuit], bool], str]:
+def _convert_collection(forms) -> tuple[Callable[[Circuit], bool], str, tuple]:
     names = frozenset(f for f in forms if isinstance(f, str))
-    hashes = frozenset(f.hash for f in forms if isinstance(f, Circuit))
-    others = [Matcher(f)._predicate for f in forms if not isinstance(f, (str, Circuit))]
+    nodes = tuple((f.hash, f"<{f.describe()} {list(f.shape)}>") for f in forms if isinstance(f, Circuit))
+    hashes = frozenset(h for h, _ in nodes)
+    matchers = [Matcher(f) for f in forms if not isinstance(f, (str, Circuit))]
+    others = [m._predicate for m in matchers]
 
     def predicate(node: Circuit) -> bool:
         return node.name in names or node.hash in hashes or any(p(node) for p in others)
@@ -287,7 +397,39 @@ def _convert_collection(forms) -> tuple[Callable[[Circuit], bool], str]:
     text = "{" + ", ".join(repr(n) for n in shown)
     extra = len(forms) - len(shown)
     text += (", " if shown and extra else "") + (f"...{extra} more" if extra else "") + "}"
-    return predicate, f"Matcher({text})"
+    checks = ((_NAMES, names),) if names else ()
+    checks += ((_NODES, nodes),) if nodes else ()
+    return predicate, f"Matcher({text})", checks + sum((m._checks for m in matchers), ())
+
+
+class Regex:
+    """rust_circuit's ``Regex``: a name pattern where, by default, ``.`` is a literal dot and
+    ``\\.`` any character (``escape_dot=False``: Python's reading).  Like ``Matcher.regex``,
+    it need not match the whole name (anchor with ``^``/``$``).  A matcher form: named nodes
+    whose name it matches."""
+
+    __slots__ = ("pattern", "escape_dot", "compiled")
+
+    def __init__(self, pattern: str, escape_dot: bool = True):
+        if not isinstance(pattern, str):
+            raise MatcherError(f"Regex: pattern {pattern!r} is not a str")
+        if not isinstance(escape_dot, bool):
+            raise MatcherError(f"Regex({pattern!r}): escape_dot {escape_dot!r} is not a bool")
+        read = (
+            re.sub(r"(\\\.)|(\.)", lambda m: "." if m.group(1) else r"\.", pattern) if escape_dot else pattern
+        )
+        try:
+            compiled = re.compile(read)
+        except re.error as error:
+            raise MatcherError(f"Regex({pattern!r}): not a valid regular expression: {error}") from None
+        self.pattern, self.escape_dot, self.compiled = pattern, escape_dot, compiled
+
+    def call(self, name: str) -> bool:
+        """Whether ``name`` contains a match (rust_circuit's ``Regex.call``)."""
+        return self.compiled.search(name) is not None
+
+    def __repr__(self) -> str:
+        return f"Regex({self.pattern!r}, escape_dot={self.escape_dot})"
 
 
 # --------------------------------------------------------- IterativeMatcher
@@ -342,7 +484,7 @@ State = frozenset  # of (stage index, depth) pairs; the empty set means "nothing
 _DONE: State = frozenset()
 
 
-class IterativeMatcher:
+class IterativeMatcher(_Finding):
     """Matching restricted to paths: a chain of stages (see the module docstring).
 
     ``IterativeMatcher(m, min_depth=0, max_depth=None, positions=None,
@@ -516,6 +658,15 @@ class IterativeMatcher:
         """The matcher of the first stage (the whole matcher when ``is_plain``)."""
         return self._stages[0].matcher
 
+    def matchers(self) -> list[Matcher]:
+        """Every stage's matcher (for messages: the names a matcher looks for)."""
+        return [stage.matcher for stage in self._stages]
+
+    def final_matchers(self) -> list[Matcher]:
+        """The matchers whose hits are found, which ``fancy_validate`` checks (rust_circuit checks
+        the last matcher of each chain, the parts of an ``|``, nothing of an ``&``)."""
+        return [stage.matcher for stage, after in zip(self._stages, self._following) if not after]
+
     @property
     def start(self) -> State:
         return self._start
@@ -668,6 +819,14 @@ class _Combination(_Composite):
             children.append(states if keep(states) else _DONE)
         return found, children
 
+    def matchers(self) -> list[Matcher]:
+        return [matcher for part in self._parts for matcher in part.matchers()]
+
+    def final_matchers(self) -> list[Matcher]:
+        if self._mode == "all":
+            return []
+        return [matcher for part in self._parts for matcher in part.final_matchers()]
+
     def __repr__(self) -> str:
         joiner = " & " if self._mode == "all" else " | "
         return "(" + joiner.join(repr(part) for part in self._parts) + ")"
@@ -694,6 +853,12 @@ class _Then(_Composite):
 
     def _chained(self, rest: IterativeMatcher) -> IterativeMatcher:
         return _Then.of(self._first, self._rest._chained(rest))
+
+    def matchers(self) -> list[Matcher]:
+        return self._first.matchers() + self._rest.matchers()
+
+    def final_matchers(self) -> list[Matcher]:
+        return self._rest.final_matchers()
 
     def step_from(self, state: tuple, hits: tuple[bool, ...], count: int) -> tuple[bool, list]:
         first_state, rest_state = state
@@ -750,6 +915,12 @@ class _Restrict(_Composite):
         new._start = (inner._start, 0)
         new._plain = False
         return new
+
+    def matchers(self) -> list[Matcher]:
+        return self._inner.matchers()
+
+    def final_matchers(self) -> list[Matcher]:
+        return self._inner.final_matchers()
 
     def step_from(self, state: tuple, hits: tuple[bool, ...], count: int) -> tuple[bool, list]:
         inner_state, depth = state
@@ -971,10 +1142,65 @@ def iter_found(root: Circuit, matcher: Any) -> Iterator[Circuit]:
     return (entry.node for entry in _walk_states(root, iterative, True) if entry.found)
 
 
-def get(circuit: Circuit, matcher: Any) -> set[Circuit]:
-    """Every distinct node of ``circuit`` that ``matcher`` finds (plain or iterative)."""
+def get(circuit: Circuit, matcher: Any, *, fancy_validate: bool = False) -> set[Circuit]:
+    """Every distinct node of ``circuit`` that ``matcher`` finds (plain or iterative).
+
+    ``fancy_validate=True``: ``MatchError`` unless every part of the matcher finds something
+    (``validate_found``), so ``{"b0.a.head1", "b0.a.haed2"}`` does not quietly find one head.
+    """
     check_node(circuit, "get: the circuit to search", MatcherError)
-    return set(iter_found(circuit, matcher))
+    found = set(iter_found(circuit, matcher))
+    if fancy_validate:
+        validate_found(circuit, matcher, found, "get")
+    return found
+
+
+def validate(circuit: Circuit, matcher: Any, what: str = "validate") -> set[Circuit]:
+    """The nodes ``matcher`` finds, after ``validate_found`` checked them."""
+    check_node(circuit, f"{what}: the circuit to search", MatcherError)
+    found = set(iter_found(circuit, matcher))
+    validate_found(circuit, matcher, found, what)
+    return found
+
+
+def validate_found(circuit: Circuit, matcher: Any, found: set[Circuit], what: str = "validate") -> None:
+    """rust_circuit's fancy validation: ``MatchError`` unless each part of ``matcher`` found
+    something among ``found``: every name of a name (or set of names), an instance of every
+    class, every node given as a node, and, for a regex or predicate, some node it matches.
+
+    Of an IterativeMatcher, the matchers whose hits are found are checked (the last of each
+    chain, each side of an ``|``; nothing of an ``&``, nor of a negation ``~m``).
+    """
+    iterative = as_iterative(matcher)
+    finals = [iterative.plain_matcher] if iterative.is_plain else iterative.final_matchers()
+    names = {node.name for node in found}
+    hashes = {node.hash for node in found}
+    missing: list[str] = []
+    for check in (check for final in finals for check in final._checks):
+        kind = check[0]
+        if kind == _NAMES:
+            missing += [
+                repr(name) + _close_text(circuit, name) for name in sorted(check[1]) if name not in names
+            ]
+        elif kind == _TYPES:
+            missing += [kind.__name__ for kind in check[1] if not any(isinstance(n, kind) for n in found)]
+        elif kind == _NODES:
+            missing += [text for target, text in check[1] if target not in hashes]
+        elif not any(check[1](node) for node in found):
+            missing.append(check[2])
+    if missing:
+        shown = iterative.plain_matcher if iterative.is_plain else iterative
+        raise MatchError(
+            f"{what}({shown!r}) with fancy_validate: {len(found)} node(s) found in {circuit.describe()}, "
+            f"but these parts of the matcher found nothing: {', '.join(missing)}",
+            count=len(found),
+            nodes=sorted(found, key=lambda n: (n.name or "", n.hash)),
+        )
+
+
+def _close_text(circuit: Circuit, name: str) -> str:
+    close = _close_names(circuit, name)
+    return f" (names that come close: {', '.join(repr(n) for n in close)})" if close else ""
 
 
 def are_any_found(circuit: Circuit, matcher: Any) -> bool:
@@ -1000,14 +1226,21 @@ def are_any_found(circuit: Circuit, matcher: Any) -> bool:
 _SHOWN = 8
 
 
-def get_unique(circuit: Circuit, matcher: Any) -> Circuit:
+def get_unique_op(circuit: Circuit, matcher: Any, *, fancy_validate: bool = False) -> Circuit | None:
+    """The one node ``matcher`` finds, or None if it finds none; ``MatchError`` if several
+    (rust_circuit's ``get_unique_op``)."""
+    found = get(circuit, matcher, fancy_validate=fancy_validate)
+    return get_unique(circuit, matcher) if found else None
+
+
+def get_unique(circuit: Circuit, matcher: Any, *, fancy_validate: bool = False) -> Circuit:
     """The one node ``matcher`` finds; ``MatchError`` if none or several do.
 
     With none, the message lists names that come close and, for a head's name on a layer whose
     heads are not split, says to ``split_heads``.  With several, it says where each sits: its
     path from the root and, where the naming convention tells, its layer (and head).
     """
-    found = get(circuit, matcher)
+    found = get(circuit, matcher, fancy_validate=fancy_validate)
     if len(found) == 1:
         return next(iter(found))
     iterative = as_iterative(matcher)
@@ -1045,15 +1278,44 @@ def _order(node: Circuit, path: list[Circuit], placed: bool) -> tuple:
 def no_match_hint(circuit: Circuit, form: Any) -> str:
     """What a message about ``form`` finding nothing in ``circuit`` adds: names that come close,
     and for a head's name (``'b1.a.head2'``, ``'b1.a.head0-3'``) on a layer that is not split
-    into heads, that ``split_heads`` makes them.  Empty, or ``'; ...'``."""
+    into heads, that ``split_heads`` makes them.  Empty, or ``'; ...'``.
+
+    The one suggestion function of the rewriting layer (``update``, ``replace``, ``get_unique``
+    and the experiments use it).  Beyond a name, it reads the names a Matcher, a set or an
+    IterativeMatcher looks for (each absent one gets its close names), and for a node, says
+    which nodes of its name the circuit has instead.
+    """
+    if isinstance(form, str):
+        hints = [_split_hint(circuit, form)]
+        close = _close_names(circuit, form)
+        hints.append(f"names that come close: {', '.join(repr(n) for n in close)}" if close else "")
+        return "".join(f"; {hint}" for hint in hints if hint)
+    present = {node.name for node in unique_nodes([circuit])}
     hints = []
-    split = _split_hint(circuit, form)
-    if split:
-        hints.append(split)
-    close = _close_names(circuit, form)
-    if close:
-        hints.append(f"names that come close: {', '.join(repr(n) for n in close)}")
-    return "".join(f"; {hint}" for hint in hints)
+    for name in _names_of(form):
+        if name not in present:
+            hints.append(_split_hint(circuit, name))
+            hints.append(f"no node is named {name!r}{_close_text(circuit, name)}")
+    if isinstance(form, Circuit) and form.name in present:
+        same = sorted((n for n in unique_nodes([circuit]) if n.name == form.name), key=lambda n: n.hash)
+        shown = ", ".join(f"{n.describe()} {list(n.shape)}" for n in same[:3])
+        hints.append(f"the circuit's node(s) named {form.name!r} differ from it: {shown}")
+    return "".join(f"; {hint}" for hint in hints if hint)
+
+
+def _names_of(form: Any) -> list[str]:
+    """The names ``form`` looks for (a Matcher's name parts, every stage's of an IterativeMatcher)."""
+    if isinstance(form, Circuit):
+        return [] if form.name is None else [form.name]
+    if isinstance(form, IterativeMatcher):
+        matchers = form.matchers()
+    else:
+        try:
+            matchers = [Matcher(form)]
+        except MatcherError:
+            return []
+    found = (name for m in matchers for check in m._checks if check[0] == _NAMES for name in check[1])
+    return sorted(set(found))
 
 
 def _split_hint(circuit: Circuit, form: Any) -> str:

@@ -343,34 +343,43 @@ class Circuit:
 
         return evaluate(self, inputs=inputs, device=device, dtype=dtype)
 
-    def get(self, matcher: Any) -> set[Circuit]:
+    def get(self, matcher: Any, *, fancy_validate: bool = False) -> set[Circuit]:
         """Every distinct node matching ``matcher`` (see ``circuits.matching``)."""
         from circuits.matching import get
 
-        return get(self, matcher)
+        return get(self, matcher, fancy_validate=fancy_validate)
 
-    def get_unique(self, matcher: Any) -> Circuit:
+    def get_unique(self, matcher: Any, *, fancy_validate: bool = False) -> Circuit:
         """The one node matching ``matcher``; zero or several is an error."""
         from circuits.matching import get_unique
 
-        return get_unique(self, matcher)
+        return get_unique(self, matcher, fancy_validate=fancy_validate)
 
     def are_any_found(self, matcher: Any) -> bool:
         from circuits.matching import are_any_found
 
         return are_any_found(self, matcher)
 
-    def update(self, matcher: Any, fn: Callable[[Circuit], Circuit]) -> Circuit:
-        """Every matching node replaced by ``fn(node)`` (see ``circuits.rewrite.update``)."""
+    def update(
+        self,
+        matcher: Any,
+        fn: Callable[[Circuit], Circuit],
+        *,
+        assert_any_found: bool = True,
+        fancy_validate: bool = False,
+    ) -> Circuit:
+        """Every matching node replaced by ``fn(node)`` (see ``circuits.rewrite.update``); a
+        matcher that finds nothing is an error unless ``assert_any_found=False``."""
         from circuits.rewrite import update
 
-        return update(self, matcher, fn)
+        return update(self, matcher, fn, assert_any_found=assert_any_found, fancy_validate=fancy_validate)
 
-    def replace(self, mapping: Any) -> Circuit:
-        """Nodes replaced by ``mapping[node]`` (see ``circuits.rewrite.replace``)."""
+    def replace(self, mapping: Any, *, assert_all_found: bool = True) -> Circuit:
+        """Nodes replaced by ``mapping[node]`` (see ``circuits.rewrite.replace``); a key that
+        replaces nothing is an error unless ``assert_all_found=False``."""
         from circuits.rewrite import replace
 
-        return replace(self, mapping)
+        return replace(self, mapping, assert_all_found=assert_all_found)
 
 
 # Setting a frozen node's field through its slot's bound __set__ takes two thirds of the time of
