@@ -109,6 +109,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from circuits import names
 from circuits.errors import MatcherError, MatchError, PassError
+from circuits.gcpause import gc_paused
 from circuits.nodes import Array, Circuit, Einsum, check_node
 from circuits.printing import set_traversal_converter
 from circuits.traversal import unique_nodes
@@ -1091,6 +1092,11 @@ def _walk_plain(root: Circuit, matcher: Matcher, descend_found: bool) -> list[Wa
 
 
 def _walk_states(root: Circuit, matcher: IterativeMatcher, descend_found: bool) -> list[WalkEntry]:
+    with gc_paused():  # a walk makes a tuple or two per node: young collections would traverse them all
+        return _walk_states_unpaused(root, matcher, descend_found)
+
+
+def _walk_states_unpaused(root: Circuit, matcher: IterativeMatcher, descend_found: bool) -> list[WalkEntry]:
     entries: dict[tuple, WalkEntry] = {}
     order: list[WalkEntry] = []
     predicates = matcher._predicates

@@ -330,6 +330,10 @@ def test_deep_chain_without_recursion():
     assert node.get(IterativeMatcher(cc.Array, term_early_at="mid")) == set()
     assert len(cc.get_paths(node, "deep.leaf")[leaf]) == 20_001
     assert len(cc.get_all_paths(node, "deep.leaf")[leaf][0]) == 20_001
+    # restrict and chains of IterativeMatchers walk as iteratively
+    assert node.get(cc.restrict(cc.Array, end_depth=20_000)) == set()
+    assert node.get(IterativeMatcher("mid").chain(cc.restrict(cc.Array, start_depth=9_999))) == {leaf}
+    assert node.get(cc.chain_excluding(True, "deep.leaf", "mid")) == set()
 
 
 # ------------------------------------------- path patching on the torch model
