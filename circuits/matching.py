@@ -12,6 +12,8 @@ form                   matches
 ``Matcher.regex(p)``   named nodes whose name contains a match of regex
                        ``p`` (``re.search``; anchor with ``^``/``$``); a
                        compiled ``re.Pattern`` is taken as a regex too
+``Regex(p)``           the same, read as rust_circuit reads it: ``.`` a
+                       literal dot, ``\\.`` any character
 ``cc.Einsum``          nodes of that class (``isinstance``)
 ``callable``           nodes for which ``callable(node)`` is true
 ``{"a", "b"}``         any element (names, nodes, classes, ... mixed)
