@@ -261,6 +261,8 @@ class Matcher(_Finding):
         (``.`` a literal dot, ``\\.`` any character); here the default is Python's reading.
         """
         if escape_dot:
+            if flags:
+                raise MatcherError(f"Matcher.regex({pattern!r}): flags are not taken with escape_dot=True")
             return cls(Regex(pattern, escape_dot=True))
         try:
             compiled = re.compile(pattern, flags) if isinstance(pattern, str) else pattern
@@ -981,7 +983,7 @@ def restrict(
             raise MatcherError(f"{where}: {label} {depth!r} is not None or an int >= 0")
     if not isinstance(term_if_matches, bool):
         raise MatcherError(f"{where}: term_if_matches {term_if_matches!r} is not a bool")
-    term = None if term_early_at is False else Matcher(term_early_at)
+    term = None if term_early_at is False or term_early_at is None else Matcher(term_early_at)
     return _Restrict.of(as_iterative(matcher), term_if_matches, start_depth, end_depth, term)
 
 
@@ -1191,7 +1193,7 @@ def validate_found(circuit: Circuit, matcher: Any, found: set[Circuit], what: st
                 repr(name) + _close_text(circuit, name) for name in sorted(check[1]) if name not in names
             ]
         elif kind == _TYPES:
-            missing += [kind.__name__ for kind in check[1] if not any(isinstance(n, kind) for n in found)]
+            missing += [cls.__name__ for cls in check[1] if not any(isinstance(n, cls) for n in found)]
         elif kind == _NODES:
             missing += [text for target, text in check[1] if target not in hashes]
         elif not any(check[1](node) for node in found):
@@ -1238,7 +1240,9 @@ def get_unique_op(circuit: Circuit, matcher: Any, *, fancy_validate: bool = Fals
     """The one node ``matcher`` finds, or None if it finds none; ``MatchError`` if several
     (rust_circuit's ``get_unique_op``)."""
     found = get(circuit, matcher, fancy_validate=fancy_validate)
-    return get_unique(circuit, matcher) if found else None
+    if len(found) > 1:
+        get_unique(circuit, matcher)  # its MatchError says where each sits
+    return next(iter(found), None)
 
 
 def get_unique(circuit: Circuit, matcher: Any, *, fancy_validate: bool = False) -> Circuit:
