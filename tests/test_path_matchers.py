@@ -216,6 +216,7 @@ def test_restrict_depths_and_termination_as_in_rust_circuit(tower):
     assert a.get(cc.new_traversal(term_early_at=cc.Add, start_depth=0)) == {a}
     for depth in range(1, 4):
         assert a.get(cc.new_traversal(term_early_at=cc.Add, start_depth=depth)) == set()
+    assert tower.get(restrict(cc.Add, term_early_at=None)) == tower.get(cc.Add)  # None: no termination
     with pytest.raises(cc.MatcherError, match="end_depth -1"):
         restrict("x", end_depth=-1)
 

@@ -86,6 +86,16 @@ def test_update_that_finds_nothing_raises_with_close_names(diamond):
         root.update({"left", "lft"}, zero, fancy_validate=True)
 
 
+def test_a_path_through_a_head_of_an_unsplit_layer_says_to_split_heads():
+    from circuits import models
+
+    unsplit = cc.causal_mask(models.load_demo_model(torch.zeros(1, 6, dtype=torch.int64)))
+    path = IterativeMatcher("b1.a.head1").chain("a.v")
+    with pytest.raises(cc.NoMatchError, match=r"layer 1 is not split into heads .*cc.split_heads\(c\)"):
+        unsplit.update(path, lambda n: n)
+    assert cc.split_heads(unsplit).update(path, lambda n: n) is not None
+
+
 def test_replace_of_a_key_that_replaces_nothing_raises(diamond):
     root, x, s = diamond["root"], diamond["x"], diamond["s"]
     other_x = cc.Array(torch.arange(4.0), name="x")  # named like x, but another node

@@ -45,6 +45,8 @@ def test_regex_escapes_dots_by_default_as_rust_circuit_does():
         cc.Regex("(")
     with pytest.raises(cc.MatcherError, match="escape_dot 1 is not a bool"):
         cc.Regex("a", escape_dot=1)
+    with pytest.raises(cc.MatcherError, match="flags are not taken with escape_dot=True"):
+        Matcher.regex("a", 2, escape_dot=True)
 
 
 # ----------------------------------------------------- Einsum.scalar_mul, Add.minus
