@@ -104,32 +104,48 @@ __all__ = [
 
 # Finding and rewriting (issue 4): matchers, update/replace/substitute, batching.
 from circuits.batching import expand  # noqa: E402
-from circuits.errors import ExpandError, MatcherError, MatchError, RewriteError  # noqa: E402
+from circuits.errors import ExpandError, MatcherError, MatchError, NoMatchError, RewriteError  # noqa: E402
 from circuits.matching import (  # noqa: E402
     FoundRoutes,
     IterativeMatcher,
     Matcher,
+    Regex,
     Route,
     chain_excluding,
     get_all_paths,
     get_paths,
+    new_traversal,
+    restrict,
+    restrict_sl,
 )
-from circuits.rewrite import replace, substitute, update  # noqa: E402
+from circuits.operations import BoundGetter, BoundUpdater, Expander, Getter, Updater  # noqa: E402
+from circuits.rewrite import cast_circuit, replace, substitute, update  # noqa: E402
 
 __all__ += [
+    "BoundGetter",
+    "BoundUpdater",
     "ExpandError",
+    "Expander",
     "FoundRoutes",
+    "Getter",
     "IterativeMatcher",
     "MatchError",
     "Matcher",
     "MatcherError",
+    "NoMatchError",
+    "Regex",
     "RewriteError",
     "Route",
+    "Updater",
+    "cast_circuit",
     "chain_excluding",
     "expand",
     "get_all_paths",
     "get_paths",
+    "new_traversal",
     "replace",
+    "restrict",
+    "restrict_sl",
     "substitute",
     "update",
 ]

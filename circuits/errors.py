@@ -151,6 +151,17 @@ class RewriteError(CircuitError, ValueError):
     substitution for a Symbol that is not there or has another shape."""
 
 
+class NoMatchError(MatchError, RewriteError):
+    """A rewrite whose matcher found nothing to rewrite (``update``, ``replace``, an
+    ``Updater`` or ``Expander``): catchable as either ``MatchError`` (``count`` 0) or
+    ``RewriteError``.  ``keys`` are a ``replace``'s keys that replaced nothing.  The
+    message names names that come close."""
+
+    def __init__(self, message: str, keys=()):
+        super().__init__(message, count=0, nodes=())
+        self.keys = list(keys)
+
+
 class ExpandError(RewriteError):
     """``expand`` (batching) could not add batch axes: a replacement whose
     trailing shape differs from the node it replaces, batch shapes that

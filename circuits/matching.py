@@ -12,6 +12,8 @@ form                   matches
 ``Matcher.regex(p)``   named nodes whose name contains a match of regex
                        ``p`` (``re.search``; anchor with ``^``/``$``); a
                        compiled ``re.Pattern`` is taken as a regex too
+``Regex(p)``           the same, read as rust_circuit reads it: ``.`` a
+                       literal dot, ``\\.`` any character
 ``cc.Einsum``          nodes of that class (``isinstance``)
 ``callable``           nodes for which ``callable(node)`` is true
 ``{"a", "b"}``         any element (names, nodes, classes, ... mixed)
@@ -77,13 +79,26 @@ A union of stage chains is itself a graph of stages (``then`` after it
 chains from every branch); ``&`` (or ``|`` holding one) runs its sides side
 by side, each in its own state, and stages added after it start at every
 node it finds.
-``chain(*forms)`` is ``then`` repeated; ``chain_many(*chains)`` is the union
-of one ``chain`` per chain, as rust_circuit's.  A stage's ``term_early_at``
-matcher stops it at the nodes it matches (below its start node): routes
-through them are not searched.  ``chain_excluding(first, then, excluding)``
-is ``first.then(then, term_early_at=excluding)``.  ``get_paths`` and
+A stage's ``term_early_at`` matcher stops it at the nodes it matches (below
+its start node): routes through them are not searched.  ``get_paths`` and
 ``get_all_paths`` list the routes from the root by which a matcher finds
 each node, to read a path patch before running it.
+
+rust_circuit's chain and restrict
+---------------------------------
+``m.chain(a, b)`` is rust_circuit's: each item is started *at* every node
+the one before finds, so it may find that node itself (``then(a,
+min_depth=0)`` for a plain form); ``must_be_sub=True`` makes it strictly
+below.  An item may be any IterativeMatcher (a union, another chain, a
+``restrict``), run from that node as from a root.  ``chain_many(*chains)``
+is the union of one ``chain`` per chain.  ``restrict(m, term_if_matches,
+start_depth, end_depth, term_early_at)`` limits any matcher as
+rust_circuit's does (depths from where it starts, ``end_depth``
+exclusive, ``term_early_at`` checked at its start node too), and
+``chain_excluding(parent, child, term_early_at)`` is
+``restrict(parent.chain(child), term_early_at=term_early_at)``: the
+exclusion holds on the whole route from the root.  Such matchers run as
+small state machines beside the stage graph (``_Then``, ``_Restrict``).
 """
 
 from __future__ import annotations
@@ -96,6 +111,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from circuits import names
 from circuits.errors import MatcherError, MatchError, PassError
+from circuits.gcpause import gc_paused
 from circuits.nodes import Array, Circuit, Einsum, check_node
 from circuits.printing import set_traversal_converter
 from circuits.traversal import unique_nodes
@@ -104,6 +120,7 @@ __all__ = [
     "FoundRoutes",
     "IterativeMatcher",
     "Matcher",
+    "Regex",
     "Route",
     "are_any_found",
     "as_iterative",
@@ -113,10 +130,16 @@ __all__ = [
     "get_all_paths",
     "get_paths",
     "get_unique",
+    "get_unique_op",
     "layer_of",
     "layer_text",
+    "new_traversal",
     "no_match_hint",
+    "restrict",
+    "restrict_sl",
     "shortest_paths",
+    "validate",
+    "validate_found",
     "walk",
 ]
 
@@ -124,29 +147,103 @@ __all__ = [
 # ----------------------------------------------------------------- Matcher
 
 
-class Matcher:
+class _Finding:
+    """rust_circuit's methods on matchers: ``m.get(c)`` is ``get(c, m)``, ``m.update(c, fn)``
+    is ``update(c, m, fn)`` and so on (for Matcher and IterativeMatcher alike)."""
+
+    __slots__ = ()
+
+    def get(self, circuit: Circuit, fancy_validate: bool = False) -> set[Circuit]:
+        return get(circuit, self, fancy_validate=fancy_validate)
+
+    def get_unique(self, circuit: Circuit, fancy_validate: bool = False) -> Circuit:
+        return get_unique(circuit, self, fancy_validate=fancy_validate)
+
+    def get_unique_op(self, circuit: Circuit, fancy_validate: bool = False) -> Circuit | None:
+        """The one node found, or None if none is; ``MatchError`` if several are."""
+        return get_unique_op(circuit, self, fancy_validate=fancy_validate)
+
+    def are_any_found(self, circuit: Circuit) -> bool:
+        return are_any_found(circuit, self)
+
+    def get_paths(self, circuit: Circuit) -> FoundRoutes:
+        return get_paths(circuit, self)
+
+    def get_all_paths(self, circuit: Circuit) -> FoundRoutes:
+        return get_all_paths(circuit, self)
+
+    def validate(self, circuit: Circuit) -> None:
+        """``MatchError`` unless every part of this matcher finds something (``validate_found``)."""
+        validate(circuit, self)
+
+    def getter(self, default_fancy_validate: bool = False):
+        """A ``BoundGetter`` of this matcher (``circuits.operations``)."""
+        from circuits.operations import Getter
+
+        return Getter(default_fancy_validate).bind(self)
+
+    def update(
+        self,
+        circuit: Circuit,
+        transform: Callable[[Circuit], Circuit],
+        cache_transform: bool = True,
+        cache_update: bool = True,
+        fancy_validate: bool = False,
+        assert_any_found: bool = True,
+    ) -> Circuit:
+        """``circuits.rewrite.update(circuit, self, transform, ...)``, rust_circuit's signature
+        (``assert_any_found`` defaults to True here, as ``update`` does)."""
+        from circuits.operations import Updater
+
+        updater = Updater(transform, cache_transform, cache_update)
+        return updater.update(circuit, self, fancy_validate, assert_any_found)
+
+    def updater(
+        self,
+        transform: Callable[[Circuit], Circuit],
+        cache_transform: bool = True,
+        cache_update: bool = True,
+        default_fancy_validate: bool = False,
+        default_assert_any_found: bool = True,
+    ):
+        """A ``BoundUpdater`` of this matcher (``circuits.operations``)."""
+        from circuits.operations import Updater
+
+        settings = (cache_transform, cache_update, default_fancy_validate, default_assert_any_found)
+        return Updater(transform, *settings).bind(self)
+
+
+class Matcher(_Finding):
     """A predicate on nodes; see the module docstring for the accepted forms.
 
     ``Matcher(form)`` converts any plain form; a Matcher is callable,
     ``matcher(node) -> bool``.
     """
 
-    __slots__ = ("_predicate", "_text")
+    __slots__ = ("_predicate", "_text", "_checks")
 
     def __init__(self, form: Any = True):
         if isinstance(form, Matcher):
-            predicate, text = form._predicate, form._text
+            predicate, text, checks = form._predicate, form._text, form._checks
         else:
-            predicate, text = _convert(form)
+            predicate, text, checks = _convert(form)
         self._predicate: Callable[[Circuit], bool] = predicate
         self._text: str = text
+        self._checks: tuple = checks
 
     @classmethod
-    def from_predicate(cls, predicate: Callable[[Circuit], bool], text: str) -> Matcher:
-        """A matcher running ``predicate`` as it is (no conversion), printed as ``text``."""
+    def from_predicate(
+        cls, predicate: Callable[[Circuit], bool], text: str, checks: tuple | None = None
+    ) -> Matcher:
+        """A matcher running ``predicate`` as it is (no conversion), printed as ``text``.
+
+        ``checks`` are what ``fancy_validate`` asks of what it finds (see ``validate_found``);
+        by default, that ``predicate`` holds for some found node.
+        """
         matcher = object.__new__(cls)
         matcher._predicate = predicate
         matcher._text = text
+        matcher._checks = ((_PREDICATE, predicate, text),) if checks is None else checks
         return matcher
 
     @property
@@ -157,8 +254,16 @@ class Matcher:
     # ------------------------------------------------------- constructors
 
     @classmethod
-    def regex(cls, pattern: str | re.Pattern, flags: int = 0) -> Matcher:
-        """Named nodes whose name contains a match of ``pattern`` (``re.search``)."""
+    def regex(cls, pattern: str | re.Pattern, flags: int = 0, *, escape_dot: bool = False) -> Matcher:
+        """Named nodes whose name contains a match of ``pattern`` (``re.search``).
+
+        ``escape_dot=True`` reads the pattern as rust_circuit's ``Regex`` does by default
+        (``.`` a literal dot, ``\\.`` any character); here the default is Python's reading.
+        """
+        if escape_dot:
+            if flags:
+                raise MatcherError(f"Matcher.regex({pattern!r}): flags are not taken with escape_dot=True")
+            return cls(Regex(pattern, escape_dot=True))
         try:
             compiled = re.compile(pattern, flags) if isinstance(pattern, str) else pattern
         except re.error as error:
@@ -182,12 +287,23 @@ class Matcher:
         return cls.from_predicate(
             lambda node: isinstance(node, classes),
             "Matcher.types(" + ", ".join(kind.__name__ for kind in classes) + ")",
+            ((_TYPES, classes),),
         )
 
     @classmethod
     def any(cls, *forms: Any) -> Matcher:
         """Nodes matched by any of ``forms`` (the same as a set of them)."""
         return cls(list(forms))
+
+    def to_iterative_matcher(self) -> IterativeMatcher:
+        return IterativeMatcher(self)
+
+    def chain(self, *rest: Any, must_be_sub: bool = False) -> IterativeMatcher:
+        """``IterativeMatcher(self).chain(...)`` (rust_circuit's ``Matcher.chain``)."""
+        return IterativeMatcher(self).chain(*rest, must_be_sub=must_be_sub)
+
+    def chain_many(self, *chains: Any, must_be_sub: bool = False) -> IterativeMatcher:
+        return IterativeMatcher(self).chain_many(*chains, must_be_sub=must_be_sub)
 
     # ---------------------------------------------------------------- use
 
@@ -200,7 +316,9 @@ class Matcher:
         other = Matcher(other)
         a, b = self._predicate, other._predicate
         return Matcher.from_predicate(
-            lambda node: bool(a(node)) and bool(b(node)), f"({self._text} & {other._text})"
+            lambda node: bool(a(node)) and bool(b(node)),
+            f"({self._text} & {other._text})",
+            self._checks + other._checks,
         )
 
     def __rand__(self, other: Any) -> Matcher:
@@ -212,7 +330,9 @@ class Matcher:
         other = Matcher(other)
         a, b = self._predicate, other._predicate
         return Matcher.from_predicate(
-            lambda node: bool(a(node)) or bool(b(node)), f"({self._text} | {other._text})"
+            lambda node: bool(a(node)) or bool(b(node)),
+            f"({self._text} | {other._text})",
+            self._checks + other._checks,
         )
 
     def __ror__(self, other: Any) -> Matcher:
@@ -220,26 +340,35 @@ class Matcher:
 
     def __invert__(self) -> Matcher:
         a = self._predicate
-        return Matcher.from_predicate(lambda node: not a(node), f"~{self._text}")
+        return Matcher.from_predicate(lambda node: not a(node), f"~{self._text}", ())  # nothing to check
 
     def __repr__(self) -> str:
         return self._text
 
 
-def _convert(form: Any) -> tuple[Callable[[Circuit], bool], str]:
+# What fancy validation asks of the nodes a matcher found, one entry per part of it:
+# (_NAMES, names) every name is among them; (_TYPES, classes) each class has an instance among
+# them; (_NODES, ((hash, text), ...)) each node is among them; (_PREDICATE, predicate, text)
+# some node satisfies it.  A negation asks nothing (rust_circuit's validate_matched).
+_NAMES, _TYPES, _NODES, _PREDICATE = "names", "types", "nodes", "predicate"
+
+
+def _convert(form: Any) -> tuple[Callable[[Circuit], bool], str, tuple]:
     if isinstance(form, bool):
-        return ((lambda node: True) if form else (lambda node: False)), f"Matcher({form})"
+        predicate = (lambda node: True) if form else (lambda node: False)
+        return predicate, f"Matcher({form})", ((_PREDICATE, predicate, f"Matcher({form})"),)
     if isinstance(form, str):
-        return (lambda node: node.name == form), f"Matcher({form!r})"
-    if isinstance(form, re.Pattern):
-        matcher = Matcher.regex(form)
-        return matcher._predicate, matcher._text
+        return (lambda node: node.name == form), f"Matcher({form!r})", ((_NAMES, frozenset([form])),)
+    if isinstance(form, (re.Pattern, Regex)):
+        matcher = Matcher.regex(form.compiled if isinstance(form, Regex) else form)
+        text = f"Matcher({form!r})" if isinstance(form, Regex) else matcher._text
+        return matcher._predicate, text, ((_PREDICATE, matcher._predicate, text),)
     if isinstance(form, Circuit):
-        target = form.hash
-        return (lambda node: node.hash == target), f"Matcher(<{form.describe()} {list(form.shape)}>)"
+        target, text = form.hash, f"<{form.describe()} {list(form.shape)}>"
+        return (lambda node: node.hash == target), f"Matcher({text})", ((_NODES, ((target, text),)),)
     if isinstance(form, type):
         if issubclass(form, Circuit):
-            return (lambda node: isinstance(node, form)), f"Matcher({form.__name__})"
+            return (lambda node: isinstance(node, form)), f"Matcher({form.__name__})", ((_TYPES, (form,)),)
         raise MatcherError(f"Matcher({form.__name__}): a class matcher must be a circuit node class")
     if isinstance(form, types.UnionType):  # cc.Einsum | cc.Add, as Python spells a union of classes
         return _convert_collection(typing.get_args(form))
@@ -251,18 +380,20 @@ def _convert(form: Any) -> tuple[Callable[[Circuit], bool], str]:
     if isinstance(form, (set, frozenset, list, tuple)):
         return _convert_collection(form)
     if callable(form):
-        text = getattr(form, "__name__", None) or type(form).__name__
-        return form, f"Matcher({text})"
+        text = f"Matcher({getattr(form, '__name__', None) or type(form).__name__})"
+        return form, text, ((_PREDICATE, form, text),)
     raise MatcherError(
         f"cannot make a Matcher from {type(form).__name__} {form!r}: expected a name, a regex "
-        "(Matcher.regex), a node class, a predicate, a set of these, a node, or a bool"
+        "(Matcher.regex, Regex), a node class, a predicate, a set of these, a node, or a bool"
     )
 
 
-def _convert_collection(forms) -> tuple[Callable[[Circuit], bool], str]:
+def _convert_collection(forms) -> tuple[Callable[[Circuit], bool], str, tuple]:
     names = frozenset(f for f in forms if isinstance(f, str))
-    hashes = frozenset(f.hash for f in forms if isinstance(f, Circuit))
-    others = [Matcher(f)._predicate for f in forms if not isinstance(f, (str, Circuit))]
+    nodes = tuple((f.hash, f"<{f.describe()} {list(f.shape)}>") for f in forms if isinstance(f, Circuit))
+    hashes = frozenset(h for h, _ in nodes)
+    matchers = [Matcher(f) for f in forms if not isinstance(f, (str, Circuit))]
+    others = [m._predicate for m in matchers]
 
     def predicate(node: Circuit) -> bool:
         return node.name in names or node.hash in hashes or any(p(node) for p in others)
@@ -271,7 +402,39 @@ def _convert_collection(forms) -> tuple[Callable[[Circuit], bool], str]:
     text = "{" + ", ".join(repr(n) for n in shown)
     extra = len(forms) - len(shown)
     text += (", " if shown and extra else "") + (f"...{extra} more" if extra else "") + "}"
-    return predicate, f"Matcher({text})"
+    checks = ((_NAMES, names),) if names else ()
+    checks += ((_NODES, nodes),) if nodes else ()
+    return predicate, f"Matcher({text})", checks + sum((m._checks for m in matchers), ())
+
+
+class Regex:
+    """rust_circuit's ``Regex``: a name pattern where, by default, ``.`` is a literal dot and
+    ``\\.`` any character (``escape_dot=False``: Python's reading).  Like ``Matcher.regex``,
+    it need not match the whole name (anchor with ``^``/``$``).  A matcher form: named nodes
+    whose name it matches."""
+
+    __slots__ = ("pattern", "escape_dot", "compiled")
+
+    def __init__(self, pattern: str, escape_dot: bool = True):
+        if not isinstance(pattern, str):
+            raise MatcherError(f"Regex: pattern {pattern!r} is not a str")
+        if not isinstance(escape_dot, bool):
+            raise MatcherError(f"Regex({pattern!r}): escape_dot {escape_dot!r} is not a bool")
+        read = (
+            re.sub(r"(\\\.)|(\.)", lambda m: "." if m.group(1) else r"\.", pattern) if escape_dot else pattern
+        )
+        try:
+            compiled = re.compile(read)
+        except re.error as error:
+            raise MatcherError(f"Regex({pattern!r}): not a valid regular expression: {error}") from None
+        self.pattern, self.escape_dot, self.compiled = pattern, escape_dot, compiled
+
+    def call(self, name: str) -> bool:
+        """Whether ``name`` contains a match (rust_circuit's ``Regex.call``)."""
+        return self.compiled.search(name) is not None
+
+    def __repr__(self) -> str:
+        return f"Regex({self.pattern!r}, escape_dot={self.escape_dot})"
 
 
 # --------------------------------------------------------- IterativeMatcher
@@ -326,7 +489,7 @@ State = frozenset  # of (stage index, depth) pairs; the empty set means "nothing
 _DONE: State = frozenset()
 
 
-class IterativeMatcher:
+class IterativeMatcher(_Finding):
     """Matching restricted to paths: a chain of stages (see the module docstring).
 
     ``IterativeMatcher(m, min_depth=0, max_depth=None, positions=None,
@@ -336,8 +499,8 @@ class IterativeMatcher:
     two (or one and a plain matcher form): see "Combining" in the module
     docstring.
 
-    Inside, the stages form a small graph: ``_following[i]`` is the stage a
-    hit of stage ``i`` starts (None: the hit is found) and ``_heads`` are the
+    Inside, the stages form a small graph: ``_following[i]`` are the stages a
+    hit of stage ``i`` starts (none: the hit is found) and ``_heads`` are the
     stages started at the root, so a union of chains is one graph.
     """
 
@@ -354,7 +517,7 @@ class IterativeMatcher:
         term_early_at: Any = None,
     ):
         stage = _Stage(matcher, min_depth, max_depth, positions, stop_at_match, term_early_at)
-        self._set_stages((stage,), (None,), (0,))
+        self._set_stages((stage,), ((),), (0,))
 
     def _set_stages(self, stages: tuple[_Stage, ...], following: tuple, heads: tuple[int, ...]) -> None:
         self._stages = stages
@@ -388,9 +551,22 @@ class IterativeMatcher:
 
     def _extended(self, stage: _Stage) -> IterativeMatcher:
         """``stage`` appended after every stage whose hits were found so far."""
-        added = len(self._stages)
-        following = tuple(added if index is None else index for index in self._following)
-        return IterativeMatcher._built(self._stages + (stage,), following + (None,), self._heads)
+        return self._spliced(IterativeMatcher._built((stage,), ((),), (0,)))
+
+    def _spliced(self, rest: IterativeMatcher) -> IterativeMatcher:
+        """``rest`` (a stage graph) started at every node this one finds, as its found nodes."""
+        shift = len(self._stages)
+        starts = tuple(head + shift for head in rest._heads)
+        following = tuple(after or starts for after in self._following) + tuple(
+            tuple(index + shift for index in after) for after in rest._following
+        )
+        return IterativeMatcher._built(self._stages + rest._stages, following, self._heads)
+
+    def _chained(self, rest: IterativeMatcher) -> IterativeMatcher:
+        """``rest`` (any IterativeMatcher) started at every node this one finds, that node included."""
+        if type(rest) is IterativeMatcher:
+            return self._spliced(rest)
+        return _Then.of(self, rest)
 
     def then(
         self,
@@ -419,23 +595,36 @@ class IterativeMatcher:
             raise MatcherError("IterativeMatcher.children: give at least one child position")
         return self._extended(_Stage(matcher, 1, 1, positions, False))
 
-    def chain(self, *forms: Any) -> IterativeMatcher:
-        """``then(form)`` for each of ``forms`` in turn: successive stages, each strictly below the last."""
-        result = self
-        for form in forms:
-            result = result.then(form)
+    def chain(self, *rest: Any, must_be_sub: bool = False) -> IterativeMatcher:
+        """rust_circuit's ``chain``: each of ``rest`` in turn, started at every node the one
+        before finds.
+
+        Each item starts *at* that node (depth 0), so it may find the node itself:
+        ``corr_root_matcher.chain("labels")`` finds the root if it is ``'labels'``.  With
+        ``must_be_sub=True`` each item finds only nodes strictly below (``then``'s default).
+        An item is a matcher form (one stage: ``then(form, min_depth=0)``) or any
+        IterativeMatcher (``restrict(...)``, another chain, a union ...), run from there as
+        from a root.
+        """
+        result: IterativeMatcher = self
+        for form in rest:
+            if not isinstance(form, IterativeMatcher):
+                result = result.then(form, min_depth=1 if must_be_sub else 0)
+            else:
+                result = result._chained(restrict(form, start_depth=1) if must_be_sub else form)
         return result
 
-    def chain_many(self, *chains: Any) -> IterativeMatcher:
+    def chain_many(self, *chains: Any, must_be_sub: bool = False) -> IterativeMatcher:
         """The union (``|``) of ``self.chain(*chain)`` over ``chains``, as rust_circuit's.
 
-        Each chain is a list or tuple of matcher forms (successive stages), or one form.
+        Each chain is a list or tuple of items (successive stages), or one item.
         """
         if not chains:
             raise MatcherError(f"{self!r}.chain_many: give at least one chain of matcher forms")
         result = None
         for chain in chains:
-            one = self.chain(*chain) if isinstance(chain, (list, tuple)) else self.chain(chain)
+            items = chain if isinstance(chain, (list, tuple)) else (chain,)
+            one = self.chain(*items, must_be_sub=must_be_sub)
             result = one if result is None else result | one
         return result
 
@@ -446,7 +635,7 @@ class IterativeMatcher:
         if self._plain and other._plain:
             return IterativeMatcher(self.plain_matcher | other.plain_matcher)
         shift = len(self._stages)
-        following = tuple(None if index is None else index + shift for index in other._following)
+        following = tuple(tuple(index + shift for index in after) for after in other._following)
         heads = tuple(head + shift for head in other._heads)
         return IterativeMatcher._built(
             self._stages + other._stages, self._following + following, self._heads + heads
@@ -474,6 +663,15 @@ class IterativeMatcher:
         """The matcher of the first stage (the whole matcher when ``is_plain``)."""
         return self._stages[0].matcher
 
+    def matchers(self) -> list[Matcher]:
+        """Every stage's matcher (for messages: the names a matcher looks for)."""
+        return [stage.matcher for stage in self._stages]
+
+    def final_matchers(self) -> list[Matcher]:
+        """The matchers whose hits are found, which ``fancy_validate`` checks (rust_circuit checks
+        the last matcher of each chain, the parts of an ``|``, nothing of an ``&``)."""
+        return [stage.matcher for stage, after in zip(self._stages, self._following) if not after]
+
     @property
     def start(self) -> State:
         return self._start
@@ -499,10 +697,10 @@ class IterativeMatcher:
                 and (stage.max_depth is None or depth <= stage.max_depth)
             )
             if hit:
-                if following[index] is None:
+                if not following[index]:
                     found = True
-                else:
-                    started = (following[index], 0)
+                for after in following[index]:
+                    started = (after, 0)
                     if started not in seen:
                         seen.add(started)
                         pending.append(started)
@@ -546,11 +744,10 @@ class IterativeMatcher:
         chains, stack = [], [[head] for head in reversed(self._heads)]
         while stack:
             chain = stack.pop()
-            after = self._following[chain[-1]]
-            if after is None:
+            following = self._following[chain[-1]]
+            if not following:
                 chains.append(chain)
-            else:
-                stack.append(chain + [after])
+            stack.extend(chain + [after] for after in reversed(following))
         return chains
 
     def _chain_repr(self, chain: list[int]) -> str:
@@ -559,15 +756,35 @@ class IterativeMatcher:
 
 
 def _stage_call(stage: _Stage) -> str:
-    """``.children(...)`` or ``.then(...)``: how a stage after the first is written."""
+    """``.children(...)``, ``.chain(...)`` or ``.then(...)``: how a stage after the first is written."""
     if stage.min_depth == 1 and stage.max_depth == 1 and stage.positions is not None:
         positions = ", ".join(str(p) for p in stage.positions)
         matcher = "" if repr(stage.matcher) == "Matcher(True)" else f", matcher={stage.matcher!r}"
         return f".children({positions}{matcher})"
+    if stage.describe(0) == repr(stage.matcher):  # min_depth 0 and nothing else: a chain item
+        return f".chain({stage.matcher!r})"
     return f".then({stage.describe(1)})"
 
 
-class _Combination(IterativeMatcher):
+class _Composite(IterativeMatcher):
+    """An IterativeMatcher that is not one stage graph: its state is a tuple of its parts'
+    states (``_DONE`` once nothing more can be found), and items chained after it run as a
+    ``_Then``."""
+
+    __slots__ = ()
+
+    def _extended(self, stage: _Stage) -> IterativeMatcher:
+        return self._chained(IterativeMatcher._built((stage,), ((),), (0,)))
+
+    def _chained(self, rest: IterativeMatcher) -> IterativeMatcher:
+        return _Then.of(self, rest)
+
+    @property
+    def plain_matcher(self) -> Matcher:
+        raise MatcherError(f"{self!r} combines IterativeMatchers and has no single plain matcher")
+
+
+class _Combination(_Composite):
     """``a | b`` or ``a & b`` where a plain stage graph cannot say it: the parts run side by side.
 
     Its state is the tuple of the parts' states (``_DONE`` once nothing more can be found:
@@ -594,13 +811,6 @@ class _Combination(IterativeMatcher):
         new._plain = False
         return new
 
-    def _extended(self, stage: _Stage) -> IterativeMatcher:
-        return _Then.of(self, IterativeMatcher._built((stage,), (None,), (0,)))
-
-    @property
-    def plain_matcher(self) -> Matcher:
-        raise MatcherError(f"{self!r} combines IterativeMatchers and has no single plain matcher")
-
     def step_from(self, state: tuple, hits: tuple[bool, ...], count: int) -> tuple[bool, list]:
         results = [
             part.step_from(part_state, hits[low:high], count) if part_state else (False, None)
@@ -614,62 +824,199 @@ class _Combination(IterativeMatcher):
             children.append(states if keep(states) else _DONE)
         return found, children
 
+    def matchers(self) -> list[Matcher]:
+        return [matcher for part in self._parts for matcher in part.matchers()]
+
+    def final_matchers(self) -> list[Matcher]:
+        if self._mode == "all":
+            return []
+        return [matcher for part in self._parts for matcher in part.final_matchers()]
+
     def __repr__(self) -> str:
         joiner = " & " if self._mode == "all" else " | "
         return "(" + joiner.join(repr(part) for part in self._parts) + ")"
 
 
-class _Then(IterativeMatcher):
-    """Stages after a ``_Combination``: every node ``first`` finds starts ``rest`` (a chain of
-    stages) there.  Its state is the pair (``first``'s state, ``rest``'s state)."""
+class _Then(_Composite):
+    """``rest`` started at every node ``first`` finds (that node included), where the two
+    cannot be one stage graph.  Its state is the pair (``first``'s state, ``rest``'s): for a
+    stage graph ``rest``, the union of the states it was started in (the pairs of a stage
+    graph step independently); for any other, the frozenset of them."""
 
-    __slots__ = ("_first", "_rest", "_split")
+    __slots__ = ("_first", "_rest", "_split", "_graph")
 
     @staticmethod
     def of(first: IterativeMatcher, rest: IterativeMatcher) -> _Then:
         new = object.__new__(_Then)
         new._first, new._rest = first, rest
         new._split = len(first._predicates)
+        new._graph = type(rest) is IterativeMatcher
         new._predicates = first._predicates + rest._predicates
         new._start = (first._start, _DONE)
         new._plain = False
         return new
 
-    def _extended(self, stage: _Stage) -> IterativeMatcher:
-        return _Then.of(self._first, self._rest._extended(stage))
+    def _chained(self, rest: IterativeMatcher) -> IterativeMatcher:
+        return _Then.of(self._first, self._rest._chained(rest))
 
-    @property
-    def plain_matcher(self) -> Matcher:
-        raise MatcherError(f"{self!r} combines IterativeMatchers and has no single plain matcher")
+    def matchers(self) -> list[Matcher]:
+        return self._first.matchers() + self._rest.matchers()
+
+    def final_matchers(self) -> list[Matcher]:
+        return self._rest.final_matchers()
 
     def step_from(self, state: tuple, hits: tuple[bool, ...], count: int) -> tuple[bool, list]:
         first_state, rest_state = state
         first_found, first_children = False, [_DONE] * count
         if first_state:
             first_found, first_children = self._first.step_from(first_state, hits[: self._split], count)
-        if first_found:
-            rest_state = rest_state | self._rest._start
-        found, rest_children = False, [_DONE] * count
-        if rest_state:
-            found, rest_children = self._rest.step_from(rest_state, hits[self._split :], count)
+        rest, rest_hits = self._rest, hits[self._split :]
+        if self._graph:
+            if first_found:
+                rest_state = rest_state | rest._start
+            found, rest_children = False, [_DONE] * count
+            if rest_state:
+                found, rest_children = rest.step_from(rest_state, rest_hits, count)
+        else:
+            if first_found:
+                rest_state = rest_state | {rest._start}
+            found, kids = False, [set() for _ in range(count)]
+            for one in rest_state:
+                one_found, one_children = rest.step_from(one, rest_hits, count)
+                found = found or one_found
+                for position, child in enumerate(one_children):
+                    if child:
+                        kids[position].add(child)
+            rest_children = [frozenset(child) for child in kids]
         return found, [
             (first, rest) if first or rest else _DONE for first, rest in zip(first_children, rest_children)
         ]
 
     def __repr__(self) -> str:
-        return repr(self._first) + "".join(_stage_call(stage) for stage in self._rest._stages)
+        chains = self._rest._chains() if self._graph else ()
+        if len(chains) == 1:  # one chain of stages: written as the calls that append them
+            return repr(self._first) + "".join(_stage_call(self._rest._stages[i]) for i in chains[0])
+        return f"{self._first!r}.chain({self._rest!r})"
 
 
-def chain_excluding(first: Any, then: Any, excluding: Any) -> IterativeMatcher:
-    """``then`` below each node ``first`` finds, reached without passing through a node ``excluding``
-    matches (rust_circuit's ``chain_excluding``): ``first.then(then, term_early_at=excluding)``.
+class _Restrict(_Composite):
+    """rust_circuit's ``restrict``: ``inner`` with depth limits and early termination.
+
+    Its state is (``inner``'s state, depth below where it started); the depth stops counting
+    once no limit needs it.  See ``restrict``.
+    """
+
+    __slots__ = ("_inner", "_term_if_matches", "_start_depth", "_end_depth", "_term_early_at")
+
+    @staticmethod
+    def of(inner, term_if_matches, start_depth, end_depth, term_early_at) -> _Restrict:
+        new = object.__new__(_Restrict)
+        new._inner = inner
+        new._term_if_matches = bool(term_if_matches)
+        new._start_depth, new._end_depth = start_depth, end_depth
+        new._term_early_at = term_early_at
+        extra = () if term_early_at is None else (term_early_at._predicate,)
+        new._predicates = inner._predicates + extra
+        new._start = (inner._start, 0)
+        new._plain = False
+        return new
+
+    def matchers(self) -> list[Matcher]:
+        return self._inner.matchers()
+
+    def final_matchers(self) -> list[Matcher]:
+        return self._inner.final_matchers()
+
+    def step_from(self, state: tuple, hits: tuple[bool, ...], count: int) -> tuple[bool, list]:
+        inner_state, depth = state
+        end, start = self._end_depth, self._start_depth
+        if end is not None and depth >= end:
+            return False, [_DONE] * count
+        found, children = self._inner.step_from(inner_state, hits[: len(self._inner._predicates)], count)
+        before_start = start is not None and depth < start
+        found = found and not before_start
+        if (
+            not any(children)
+            or (found and self._term_if_matches)
+            or (end is not None and depth >= end - 1)
+            or (self._term_early_at is not None and hits[-1])
+        ):
+            return found, [_DONE] * count
+        deeper = depth + 1 if end is not None or before_start else depth
+        return found, [(child, deeper) if child else _DONE for child in children]
+
+    def __repr__(self) -> str:
+        inner = self._inner
+        parts = [repr(inner.plain_matcher if inner.is_plain else inner)]
+        if self._term_if_matches:
+            parts.append("term_if_matches=True")
+        if self._start_depth is not None:
+            parts.append(f"start_depth={self._start_depth}")
+        if self._end_depth is not None:
+            parts.append(f"end_depth={self._end_depth}")
+        if self._term_early_at is not None:
+            parts.append(f"term_early_at={self._term_early_at!r}")
+        return f"restrict({', '.join(parts)})"
+
+
+def restrict(
+    matcher: Any,
+    term_if_matches: bool = False,
+    start_depth: int | None = None,
+    end_depth: int | None = None,
+    term_early_at: Any = False,
+) -> IterativeMatcher:
+    """rust_circuit's ``restrict``: ``matcher`` (any form or IterativeMatcher) limited by depth,
+    counted from where it starts (the root, or the node a chain starts it at: depth 0).
+
+    It finds what ``matcher`` finds at depths ``start_depth <= d < end_depth`` (``None``: no
+    bound; ``end_depth`` is exclusive, as in rust_circuit); it searches no deeper than
+    ``end_depth - 1``, nothing below a node it found when ``term_if_matches``, and nothing below
+    a node ``term_early_at`` matches (that node itself may still be found; unlike a stage's
+    ``term_early_at``, this applies to the start node too).  ``restrict(A.chain(B), ...)``,
+    ``A.chain(restrict(B, ...))`` and ``restrict(A, ...).chain(B)`` are three different
+    matchers, as in rust_circuit.
+    """
+    where = "restrict"
+    for label, depth in (("start_depth", start_depth), ("end_depth", end_depth)):
+        if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 0):
+            raise MatcherError(f"{where}: {label} {depth!r} is not None or an int >= 0")
+    if not isinstance(term_if_matches, bool):
+        raise MatcherError(f"{where}: term_if_matches {term_if_matches!r} is not a bool")
+    term = None if term_early_at is False or term_early_at is None else Matcher(term_early_at)
+    return _Restrict.of(as_iterative(matcher), term_if_matches, start_depth, end_depth, term)
+
+
+def restrict_sl(
+    matcher: Any, term_if_matches: bool = False, depth_slice: slice = slice(None), term_early_at: Any = False
+) -> IterativeMatcher:
+    """rust_circuit's ``restrict_sl``: ``restrict`` with the depths as a slice (``slice(2, 5)``)."""
+    if not isinstance(depth_slice, slice) or depth_slice.step is not None:
+        raise MatcherError(f"restrict_sl: depth_slice {depth_slice!r} is not a slice without a step")
+    return restrict(matcher, term_if_matches, depth_slice.start, depth_slice.stop, term_early_at)
+
+
+def new_traversal(
+    start_depth: int | None = None, end_depth: int | None = None, term_early_at: Any = False
+) -> IterativeMatcher:
+    """rust_circuit's ``new_traversal``: every node, within the limits (``restrict(True, ...)``)."""
+    return restrict(True, False, start_depth, end_depth, term_early_at)
+
+
+def chain_excluding(parent: Any, child: Any, term_early_at: Any = False) -> IterativeMatcher:
+    """rust_circuit's ``chain_excluding``: ``child`` chained from what ``parent`` finds, on routes
+    that pass through no node ``term_early_at`` matches:
+    ``restrict(parent.chain(child), term_early_at=term_early_at)`` (``parent.chain(child)``
+    when ``term_early_at`` is False).
 
     "Head 1.4's direct route to the logits" in a 4-layer model: ``chain_excluding("t.call",
     "b1.a.head4", Matcher.regex(r"^b[23]\\.[am]$"))`` reaches the head from the logits through
-    the residual stream only, not through a later layer's attention or MLP.  An excluded node
-    can still be found itself.
+    the residual stream only, not through a later layer's attention or MLP.  The exclusion
+    holds on the whole route from the root (to ``parent`` too); an excluded node can still be
+    found itself, and ``child`` can be the node ``parent`` finds.
     """
-    return as_iterative(first).then(then, term_early_at=excluding)
+    chained = as_iterative(parent).chain(child)
+    return chained if term_early_at is False else restrict(chained, term_early_at=term_early_at)
 
 
 def as_iterative(form: Any) -> IterativeMatcher:
@@ -749,6 +1096,11 @@ def _walk_plain(root: Circuit, matcher: Matcher, descend_found: bool) -> list[Wa
 
 
 def _walk_states(root: Circuit, matcher: IterativeMatcher, descend_found: bool) -> list[WalkEntry]:
+    with gc_paused():  # a walk makes a tuple or two per node: young collections would traverse them all
+        return _walk_states_unpaused(root, matcher, descend_found)
+
+
+def _walk_states_unpaused(root: Circuit, matcher: IterativeMatcher, descend_found: bool) -> list[WalkEntry]:
     entries: dict[tuple, WalkEntry] = {}
     order: list[WalkEntry] = []
     predicates = matcher._predicates
@@ -800,10 +1152,65 @@ def iter_found(root: Circuit, matcher: Any) -> Iterator[Circuit]:
     return (entry.node for entry in _walk_states(root, iterative, True) if entry.found)
 
 
-def get(circuit: Circuit, matcher: Any) -> set[Circuit]:
-    """Every distinct node of ``circuit`` that ``matcher`` finds (plain or iterative)."""
+def get(circuit: Circuit, matcher: Any, *, fancy_validate: bool = False) -> set[Circuit]:
+    """Every distinct node of ``circuit`` that ``matcher`` finds (plain or iterative).
+
+    ``fancy_validate=True``: ``MatchError`` unless every part of the matcher finds something
+    (``validate_found``), so ``{"b0.a.head1", "b0.a.haed2"}`` does not quietly find one head.
+    """
     check_node(circuit, "get: the circuit to search", MatcherError)
-    return set(iter_found(circuit, matcher))
+    found = set(iter_found(circuit, matcher))
+    if fancy_validate:
+        validate_found(circuit, matcher, found, "get")
+    return found
+
+
+def validate(circuit: Circuit, matcher: Any, what: str = "validate") -> set[Circuit]:
+    """The nodes ``matcher`` finds, after ``validate_found`` checked them."""
+    check_node(circuit, f"{what}: the circuit to search", MatcherError)
+    found = set(iter_found(circuit, matcher))
+    validate_found(circuit, matcher, found, what)
+    return found
+
+
+def validate_found(circuit: Circuit, matcher: Any, found: set[Circuit], what: str = "validate") -> None:
+    """rust_circuit's fancy validation: ``MatchError`` unless each part of ``matcher`` found
+    something among ``found``: every name of a name (or set of names), an instance of every
+    class, every node given as a node, and, for a regex or predicate, some node it matches.
+
+    Of an IterativeMatcher, the matchers whose hits are found are checked (the last of each
+    chain, each side of an ``|``; nothing of an ``&``, nor of a negation ``~m``).
+    """
+    iterative = as_iterative(matcher)
+    finals = [iterative.plain_matcher] if iterative.is_plain else iterative.final_matchers()
+    names = {node.name for node in found}
+    hashes = {node.hash for node in found}
+    missing: list[str] = []
+    for check in (check for final in finals for check in final._checks):
+        kind = check[0]
+        if kind == _NAMES:
+            missing += [
+                repr(name) + _close_text(circuit, name) for name in sorted(check[1]) if name not in names
+            ]
+        elif kind == _TYPES:
+            missing += [cls.__name__ for cls in check[1] if not any(isinstance(n, cls) for n in found)]
+        elif kind == _NODES:
+            missing += [text for target, text in check[1] if target not in hashes]
+        elif not any(check[1](node) for node in found):
+            missing.append(check[2])
+    if missing:
+        shown = iterative.plain_matcher if iterative.is_plain else iterative
+        raise MatchError(
+            f"{what}({shown!r}) with fancy_validate: {len(found)} node(s) found in {circuit.describe()}, "
+            f"but these parts of the matcher found nothing: {', '.join(missing)}",
+            count=len(found),
+            nodes=sorted(found, key=lambda n: (n.name or "", n.hash)),
+        )
+
+
+def _close_text(circuit: Circuit, name: str) -> str:
+    close = _close_names(circuit, name)
+    return f" (names that come close: {', '.join(repr(n) for n in close)})" if close else ""
 
 
 def are_any_found(circuit: Circuit, matcher: Any) -> bool:
@@ -829,14 +1236,23 @@ def are_any_found(circuit: Circuit, matcher: Any) -> bool:
 _SHOWN = 8
 
 
-def get_unique(circuit: Circuit, matcher: Any) -> Circuit:
+def get_unique_op(circuit: Circuit, matcher: Any, *, fancy_validate: bool = False) -> Circuit | None:
+    """The one node ``matcher`` finds, or None if it finds none; ``MatchError`` if several
+    (rust_circuit's ``get_unique_op``)."""
+    found = get(circuit, matcher, fancy_validate=fancy_validate)
+    if len(found) > 1:
+        get_unique(circuit, matcher)  # its MatchError says where each sits
+    return next(iter(found), None)
+
+
+def get_unique(circuit: Circuit, matcher: Any, *, fancy_validate: bool = False) -> Circuit:
     """The one node ``matcher`` finds; ``MatchError`` if none or several do.
 
     With none, the message lists names that come close and, for a head's name on a layer whose
     heads are not split, says to ``split_heads``.  With several, it says where each sits: its
     path from the root and, where the naming convention tells, its layer (and head).
     """
-    found = get(circuit, matcher)
+    found = get(circuit, matcher, fancy_validate=fancy_validate)
     if len(found) == 1:
         return next(iter(found))
     iterative = as_iterative(matcher)
@@ -874,15 +1290,44 @@ def _order(node: Circuit, path: list[Circuit], placed: bool) -> tuple:
 def no_match_hint(circuit: Circuit, form: Any) -> str:
     """What a message about ``form`` finding nothing in ``circuit`` adds: names that come close,
     and for a head's name (``'b1.a.head2'``, ``'b1.a.head0-3'``) on a layer that is not split
-    into heads, that ``split_heads`` makes them.  Empty, or ``'; ...'``."""
+    into heads, that ``split_heads`` makes them.  Empty, or ``'; ...'``.
+
+    The one suggestion function of the rewriting layer (``update``, ``replace``, ``get_unique``
+    and the experiments use it).  Beyond a name, it reads the names a Matcher, a set or an
+    IterativeMatcher looks for (each absent one gets its close names), and for a node, says
+    which nodes of its name the circuit has instead.
+    """
+    if isinstance(form, str):
+        hints = [_split_hint(circuit, form)]
+        close = _close_names(circuit, form)
+        hints.append(f"names that come close: {', '.join(repr(n) for n in close)}" if close else "")
+        return "".join(f"; {hint}" for hint in hints if hint)
+    present = {node.name for node in unique_nodes([circuit])}
     hints = []
-    split = _split_hint(circuit, form)
-    if split:
-        hints.append(split)
-    close = _close_names(circuit, form)
-    if close:
-        hints.append(f"names that come close: {', '.join(repr(n) for n in close)}")
-    return "".join(f"; {hint}" for hint in hints)
+    for name in _names_of(form):
+        if name not in present:
+            hints.append(_split_hint(circuit, name))
+            hints.append(f"no node is named {name!r}{_close_text(circuit, name)}")
+    if isinstance(form, Circuit) and form.name in present:
+        same = sorted((n for n in unique_nodes([circuit]) if n.name == form.name), key=lambda n: n.hash)
+        shown = ", ".join(f"{n.describe()} {list(n.shape)}" for n in same[:3])
+        hints.append(f"the circuit's node(s) named {form.name!r} differ from it: {shown}")
+    return "".join(f"; {hint}" for hint in hints if hint)
+
+
+def _names_of(form: Any) -> list[str]:
+    """The names ``form`` looks for (a Matcher's name parts, every stage's of an IterativeMatcher)."""
+    if isinstance(form, Circuit):
+        return [] if form.name is None else [form.name]
+    if isinstance(form, IterativeMatcher):
+        matchers = form.matchers()
+    else:
+        try:
+            matchers = [Matcher(form)]
+        except MatcherError:
+            return []
+    found = (name for m in matchers for check in m._checks if check[0] == _NAMES for name in check[1])
+    return sorted(set(found))
 
 
 def _split_hint(circuit: Circuit, form: Any) -> str:

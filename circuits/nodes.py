@@ -343,34 +343,43 @@ class Circuit:
 
         return evaluate(self, inputs=inputs, device=device, dtype=dtype)
 
-    def get(self, matcher: Any) -> set[Circuit]:
+    def get(self, matcher: Any, *, fancy_validate: bool = False) -> set[Circuit]:
         """Every distinct node matching ``matcher`` (see ``circuits.matching``)."""
         from circuits.matching import get
 
-        return get(self, matcher)
+        return get(self, matcher, fancy_validate=fancy_validate)
 
-    def get_unique(self, matcher: Any) -> Circuit:
+    def get_unique(self, matcher: Any, *, fancy_validate: bool = False) -> Circuit:
         """The one node matching ``matcher``; zero or several is an error."""
         from circuits.matching import get_unique
 
-        return get_unique(self, matcher)
+        return get_unique(self, matcher, fancy_validate=fancy_validate)
 
     def are_any_found(self, matcher: Any) -> bool:
         from circuits.matching import are_any_found
 
         return are_any_found(self, matcher)
 
-    def update(self, matcher: Any, fn: Callable[[Circuit], Circuit]) -> Circuit:
-        """Every matching node replaced by ``fn(node)`` (see ``circuits.rewrite.update``)."""
+    def update(
+        self,
+        matcher: Any,
+        fn: Callable[[Circuit], Circuit],
+        *,
+        assert_any_found: bool = True,
+        fancy_validate: bool = False,
+    ) -> Circuit:
+        """Every matching node replaced by ``fn(node)`` (see ``circuits.rewrite.update``); a
+        matcher that finds nothing is an error unless ``assert_any_found=False``."""
         from circuits.rewrite import update
 
-        return update(self, matcher, fn)
+        return update(self, matcher, fn, assert_any_found=assert_any_found, fancy_validate=fancy_validate)
 
-    def replace(self, mapping: Any) -> Circuit:
-        """Nodes replaced by ``mapping[node]`` (see ``circuits.rewrite.replace``)."""
+    def replace(self, mapping: Any, *, assert_all_found: bool = True) -> Circuit:
+        """Nodes replaced by ``mapping[node]`` (see ``circuits.rewrite.replace``); a key that
+        replaces nothing is an error unless ``assert_all_found=False``."""
         from circuits.rewrite import replace
 
-        return replace(self, mapping)
+        return replace(self, mapping, assert_all_found=assert_all_found)
 
 
 # Setting a frozen node's field through its slot's bound __set__ takes two thirds of the time of
@@ -813,6 +822,19 @@ class Einsum(Circuit):
         return shape, self.einsum_string
 
     @classmethod
+    def scalar_mul(
+        cls, node: Circuit, scalar: float, name: str | None = None, scalar_name: str | None = None
+    ) -> Einsum:
+        """rust_circuit's ``Einsum.scalar_mul``: ``node`` times the number ``scalar``, as an Einsum
+        of ``node`` and a rank-0 ``Scalar(scalar, name=scalar_name)`` over ``node``'s axes."""
+        where = f"Einsum.scalar_mul({shape_rules.describe('Einsum', name)})"
+        check_node(node, f"{where}: node")
+        if isinstance(scalar, bool) or not isinstance(scalar, (int, float, np.integer, np.floating)):
+            raise EinsumError(f"{where}: scalar {shown(repr(scalar))} is not a real number")
+        axes = tuple(range(node.rank))
+        return cls((node, axes), (Scalar(scalar, name=scalar_name), ()), out_axes=axes, name=name)
+
+    @classmethod
     def _from_fields(cls, fields: dict[str, Any], old: Einsum | None) -> Einsum:
         children, axes = fields["children"], fields["operand_axes"]
         if len(children) != len(axes):
@@ -838,6 +860,16 @@ class Add(Circuit):
 
     def __init__(self, *nodes: Circuit, name: str | None = None):
         self.__attrs_init__(children=tuple(nodes), name=name)
+
+    @classmethod
+    def minus(cls, positive: Circuit, negative: Circuit, name: str | None = None) -> Add:
+        """rust_circuit's ``Add.minus``: ``positive - negative``, as the Add of ``positive`` and
+        ``Einsum.scalar_mul(negative, -1.0)`` (named ``'neg {name}'`` after ``negative``, its
+        Scalar ``'neg_1'``, as rust_circuit names them)."""
+        check_node(positive, f"Add.minus({shape_rules.describe('Add', name)}): positive")
+        check_node(negative, f"Add.minus({shape_rules.describe('Add', name)}): negative")
+        negated_name = None if negative.name is None else f"neg {negative.name}"
+        return cls(positive, Einsum.scalar_mul(negative, -1.0, negated_name, "neg_1"), name=name)
 
     def _derive(self):
         return shape_rules.broadcast_shapes([c.shape for c in self.children], self.describe()), ""

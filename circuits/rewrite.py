@@ -34,24 +34,38 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from circuits.errors import RewriteError
+from circuits.errors import NoMatchError, RewriteError
 from circuits.gcpause import gc_paused
-from circuits.matching import Matcher, WalkEntry, as_iterative, walk
-from circuits.nodes import Array, Circuit, Symbol, check_node
+from circuits.matching import Matcher, WalkEntry, as_iterative, no_match_hint, validate, walk
+from circuits.nodes import Array, Circuit, Index, Symbol, check_node
 from circuits.traversal import unique_nodes
 
-__all__ = ["rebuild", "replace", "substitute", "update"]
+__all__ = ["cast_circuit", "rebuild", "replace", "substitute", "update"]
 
 
-def update(circuit: Circuit, matcher: Any, fn: Callable[[Circuit], Circuit]) -> Circuit:
+def update(
+    circuit: Circuit,
+    matcher: Any,
+    fn: Callable[[Circuit], Circuit],
+    *,
+    assert_any_found: bool = True,
+    fancy_validate: bool = False,
+) -> Circuit:
     """``circuit`` with every node that ``matcher`` finds replaced by ``fn(node)``.
 
     ``matcher`` is any matcher form or an IterativeMatcher; see the module
-    docstring for the order in which ``fn`` is applied.
+    docstring for the order in which ``fn`` is applied.  A matcher that finds
+    nothing is a ``NoMatchError`` naming names that come close (a typo must not
+    look like "no effect"); ``assert_any_found=False`` says that finding nothing
+    is fine (rust_circuit's keyword, whose default there is False).  With
+    ``fancy_validate=True``, every part of the matcher must find something
+    (``circuits.matching.validate_found``).
     """
     _check_root(circuit, "update")
     if not callable(fn):
         raise RewriteError(f"update: fn must be callable (node -> node), got {type(fn).__name__} {fn!r}")
+    if fancy_validate:
+        validate(circuit, matcher, what="update")
 
     done: dict[bytes, Circuit] = {}  # fn is called once per distinct node it is given
 
@@ -65,16 +79,28 @@ def update(circuit: Circuit, matcher: Any, fn: Callable[[Circuit], Circuit]) -> 
     iterative = as_iterative(matcher)
     with gc_paused():
         if iterative.is_plain:
-            return _rewrite_plain(circuit, iterative.plain_matcher, on_found, descend_found=True)
-        return rebuild(walk(circuit, iterative, descend_found=True), on_found, circuit)
+            result = _rewrite_plain(circuit, iterative.plain_matcher, on_found, descend_found=True)
+        else:
+            result = rebuild(walk(circuit, iterative, descend_found=True), on_found, circuit)
+    if assert_any_found and not done:
+        shown = iterative.plain_matcher if iterative.is_plain else iterative
+        raise NoMatchError(
+            f"update({shown!r}): no node found in {circuit.describe()}{no_match_hint(circuit, matcher)}; "
+            "pass assert_any_found=False where finding nothing is fine"
+        )
+    return result
 
 
-def replace(circuit: Circuit, mapping: Mapping[Circuit, Circuit]) -> Circuit:
+def replace(
+    circuit: Circuit, mapping: Mapping[Circuit, Circuit], *, assert_all_found: bool = True
+) -> Circuit:
     """``circuit`` with every node equal to a key of ``mapping`` replaced by its value.
 
     Keys are nodes, compared by structure (names included).  A replaced
     node is replaced whole: nothing below it is searched, and the value is
-    used as given.
+    used as given.  A key that is not replaced (not in ``circuit``, or below
+    another key, which is replaced whole) is a ``NoMatchError`` saying which;
+    ``assert_all_found=False`` says that is fine.
     """
     _check_root(circuit, "replace")
     try:
@@ -92,8 +118,39 @@ def replace(circuit: Circuit, mapping: Mapping[Circuit, Circuit]) -> Circuit:
     matcher = Matcher.from_predicate(
         lambda node: node.hash in by_hash, f"Matcher(replace keys: {len(by_hash)})"
     )
+    replaced: set[bytes] = set()
+
+    def on_found(node: Circuit) -> Circuit:
+        replaced.add(node.hash)
+        return by_hash[node.hash]
+
     with gc_paused():
-        return _rewrite_plain(circuit, matcher, lambda node: by_hash[node.hash], descend_found=False)
+        result = _rewrite_plain(circuit, matcher, on_found, descend_found=False)
+    if assert_all_found and len(replaced) < len(by_hash):
+        _refuse_unreplaced(circuit, [old for old, _ in items if old.hash not in replaced])
+    return result
+
+
+def _refuse_unreplaced(circuit: Circuit, keys: list[Circuit]) -> None:
+    """The ``NoMatchError`` for ``replace`` keys that replaced nothing, saying why for each."""
+    present = {node.hash for node in unique_nodes([circuit])}
+    reasons = []
+    for key in keys[:_SHOWN_KEYS]:
+        where = f"{key.describe()} {list(key.shape)}"
+        if key.hash in present:
+            reasons.append(f"{where} is below another key, which is replaced whole")
+        else:
+            reasons.append(f"{where} is not in {circuit.describe()}{no_match_hint(circuit, key)}")
+    more = f" (and {len(keys) - _SHOWN_KEYS} more)" if len(keys) > _SHOWN_KEYS else ""
+    raise NoMatchError(
+        f"replace: {len(keys)} key(s) replaced nothing{more}: "
+        + "; ".join(reasons)
+        + "; pass assert_all_found=False where that is fine",
+        keys=keys,
+    )
+
+
+_SHOWN_KEYS = 5
 
 
 def substitute(circuit: Circuit, bindings: Mapping[Any, Any]) -> Circuit:
@@ -141,6 +198,51 @@ def substitute(circuit: Circuit, bindings: Mapping[Any, Any]) -> Circuit:
                 )
             mapping[symbol] = new
     return replace(circuit, mapping)
+
+
+def cast_circuit(
+    circuit: Circuit, device_dtype: Any = None, *, device: Any = None, dtype: Any = None
+) -> Circuit:
+    """rust_circuit's ``cast_circuit``: ``circuit`` with its tensors on ``device`` and its
+    floating Arrays in ``dtype`` (each None: left as it is).
+
+    ``device_dtype`` is anything with ``.device`` and ``.dtype`` (rust_circuit's
+    ``TorchDeviceDtypeOp``), or give ``device=`` / ``dtype=``.  As in ``evaluate``, ``dtype``
+    must be a floating dtype and applies to floating tensors only: integer tensors (token ids,
+    an Index's tensor index) keep their dtype and only move.  Arrays that already fit are kept
+    as they are (the same objects); an Array whose values were not loaded cannot be cast.
+    """
+    _check_root(circuit, "cast_circuit")
+    if device_dtype is not None:
+        if device is not None or dtype is not None:
+            raise RewriteError("cast_circuit: give device_dtype or device=/dtype=, not both")
+        device, dtype = getattr(device_dtype, "device", None), getattr(device_dtype, "dtype", None)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, dtype)
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise RewriteError(f"cast_circuit: dtype {dtype!r} is not a floating torch dtype")
+    try:
+        device = None if device is None else torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise RewriteError(f"cast_circuit: device {device!r} is not a torch device ({error})") from None
+
+    def moved(tensor: torch.Tensor) -> torch.Tensor:
+        cast = dtype if dtype is not None and tensor.dtype.is_floating_point else tensor.dtype
+        return tensor.to(device=device if device is not None else tensor.device, dtype=cast)
+
+    def cast(node: Circuit) -> Circuit:
+        if isinstance(node, Array):
+            if node.value is None:
+                raise RewriteError(
+                    f"cast_circuit: {node.describe()} has no tensor to cast (it was parsed without one)"
+                )
+            new = moved(node.tensor())
+            return node if new is node.value else Array(new, name=node.name)
+        items = tuple(moved(item) if isinstance(item, torch.Tensor) else item for item in node.index)
+        same = all(a is b for a, b in zip(items, node.index))
+        return node if same else Index(node.children[0], items, name=node.name)
+
+    return update(circuit, Matcher.types(Array, Index), cast, assert_any_found=False)
 
 
 # ---------------------------------------------------------------- internals

@@ -123,7 +123,7 @@ def test_chain_and_chain_many(tower):
     many = IterativeMatcher("r").chain_many(["n2", "leaf"], "w", ("n1",))
     assert names(tower.get(many)) == ["leaf", "n1", "w"]
     assert repr(IterativeMatcher("r").chain_many(["n2"], "w")) == (
-        "(IterativeMatcher(Matcher('r')).then(Matcher('n2')) | IterativeMatcher(Matcher('r')).then(Matcher('w')))"
+        "(IterativeMatcher(Matcher('r')).chain(Matcher('n2')) | IterativeMatcher(Matcher('r')).chain(Matcher('w')))"
     )
 
 
@@ -139,10 +139,135 @@ def test_term_early_at_excludes_routes_through_a_node(tower):
 
 def test_chain_excluding(tower):
     direct = cc.chain_excluding("n3", "w", "n2")
-    assert repr(direct) == "IterativeMatcher(Matcher('n3')).then(Matcher('w'), term_early_at=Matcher('n2'))"
+    assert repr(direct) == (
+        "restrict(IterativeMatcher(Matcher('n3')).chain(Matcher('w')), term_early_at=Matcher('n2'))"
+    )
     assert str(cc.get_paths(tower, direct)) == "r -> n3 -> w"
     assert tower.get(cc.chain_excluding("n3", "leaf", Matcher.regex("^n[12]$"))) == set()
     assert names(tower.get(cc.chain_excluding("n3", "leaf", "n9"))) == ["leaf"]
+
+
+# --------------------------------------------- rust_circuit's chain and restrict
+
+
+def path(*names_from_root):
+    """One route of single-child Adds, named from the root down; the last name is an Array."""
+    node = cc.Array(torch.ones(2), name=names_from_root[-1])
+    for name in reversed(names_from_root[:-1]):
+        node = cc.Add(node, name=name)
+    return node
+
+
+def test_chain_items_start_at_the_node_found_as_in_rust_circuit(tower):
+    # rust_circuit's chain: the next item is run on the node the previous one found, so it may find it
+    assert names(tower.get(IterativeMatcher("n2").chain("n2"))) == ["n2"]
+    assert names(tower.get(IterativeMatcher("n2").chain(cc.Add))) == ["n1", "n2"]
+    assert names(tower.get(IterativeMatcher(True, max_depth=0).chain("r"))) == ["r"]
+    assert names(tower.get(IterativeMatcher("n3").chain("n2", cc.Add))) == ["n1", "n2"]
+    # must_be_sub=True: strictly below, as then() is
+    assert names(tower.get(IterativeMatcher("n2").chain(cc.Add, must_be_sub=True))) == ["n1"]
+    assert tower.get(IterativeMatcher("n2").chain("n2", must_be_sub=True)) == set()
+    sub = IterativeMatcher("r").chain_many(["n2", cc.Add], ["w"], must_be_sub=True)
+    assert names(tower.get(sub)) == ["n1", "w"]
+    assert names(tower.get(IterativeMatcher("r").chain_many(["n2", cc.Add], ["w"]))) == ["n1", "n2", "w"]
+
+
+def test_a_causal_scrubbing_chain_can_map_an_interpretation_node_to_an_input_array():
+    """rust_circuit's simple causal-scrubbing demo maps y' to the 'labels' input itself: its
+    branch's inputs are ``IterativeMatcher("labels").chain(input names)``, which finds 'labels'."""
+    x = cc.Array(torch.tensor([1.0, 5.0]), name="x")
+    labels = cc.Array(torch.tensor([0.0, 1.0]), name="labels")
+    loss = cc.Add(cc.Add(x, x, name="D"), cc.Einsum.scalar_mul(labels, -1.0), name="loss")
+    inputs = Matcher.any("x", "labels")
+    assert loss.get(IterativeMatcher("labels").chain(inputs)) == {labels}
+    assert loss.get(IterativeMatcher(True, max_depth=0).chain("labels").chain(inputs)) == {labels}
+    assert loss.get(IterativeMatcher("D").chain(inputs)) == {x}
+    from circuits.causal_scrubbing.hypothesis import corr_root_matcher, to_inputs
+
+    assert loss.get(to_inputs(IterativeMatcher("labels"), {"x", "labels"})) == {labels}
+    assert loss.get(to_inputs(corr_root_matcher, {"x", "labels"})) == {x, labels}
+    # the branch's input swapped for other data changes only its own use
+    other = cc.Array(torch.tensor([3.0, 3.0]), name="labels")
+    scrubbed = loss.update(IterativeMatcher("labels").chain(inputs), lambda n: other)
+    torch.testing.assert_close(scrubbed.evaluate(), torch.tensor([2.0, 10.0]) - torch.tensor([3.0, 3.0]))
+
+
+def test_restrict_depths_and_termination_as_in_rust_circuit(tower):
+    restrict = cc.restrict
+    # depths r 0, n3 1, n2 2, n1 3, leaf 4; end_depth is exclusive
+    assert names(tower.get(restrict(cc.Add, start_depth=2))) == ["n1", "n2"]
+    assert names(tower.get(restrict(cc.Add, end_depth=2))) == ["n3", "r"]
+    assert names(tower.get(restrict(cc.Add, start_depth=1, end_depth=3))) == ["n2", "n3"]
+    assert tower.get(restrict(True, end_depth=0)) == set()
+    assert tower.get(restrict(True, start_depth=2, end_depth=1)) == set()
+    assert names(tower.get(restrict(cc.Add, term_if_matches=True))) == ["r"]
+    assert names(tower.get(restrict(Matcher.regex("^n"), term_if_matches=True))) == ["n3"]
+    assert names(tower.get(cc.restrict_sl(cc.Add, depth_slice=slice(1, 3)))) == ["n2", "n3"]
+    # term_early_at: nothing below a node it matches (the node itself may be found) ...
+    routes = cc.get_all_paths(tower, restrict("w", term_early_at="n2"))
+    assert sorted(str(r) for r in routes[tower.get_unique("w")]) == ["r -> n3 -> w", "r -> w"]
+    assert names(tower.get(restrict(cc.Add, term_early_at="n2"))) == ["n2", "n3", "r"]
+    # ... the start node included (a stage's term_early_at skips its start node)
+    assert names(tower.get(restrict(True, term_early_at="r"))) == ["r"]
+    assert len(tower.get(IterativeMatcher(True, term_early_at="r"))) == 6
+    # rust_circuit's test_start_depth_behavior
+    b, c = cc.Add(name="B"), cc.Add(name="C")
+    a = cc.Add(b, c, name="A")
+    assert a.get(cc.new_traversal(term_early_at=cc.Add, start_depth=0)) == {a}
+    for depth in range(1, 4):
+        assert a.get(cc.new_traversal(term_early_at=cc.Add, start_depth=depth)) == set()
+    assert tower.get(restrict(cc.Add, term_early_at=None)) == tower.get(cc.Add)  # None: no termination
+    with pytest.raises(cc.MatcherError, match="end_depth -1"):
+        restrict("x", end_depth=-1)
+
+
+def test_where_restrict_sits_in_a_chain_matters(tower):
+    restrict = cc.restrict
+    assert tower.get(restrict(IterativeMatcher("n2").chain("leaf"), term_early_at="n3")) == set()
+    assert names(tower.get(IterativeMatcher("n2").chain(restrict("leaf", term_early_at="n3")))) == ["leaf"]
+    assert names(tower.get(restrict(IterativeMatcher("n2"), term_early_at="n1").chain("leaf"))) == ["leaf"]
+    assert tower.get(restrict(IterativeMatcher("n2").chain("leaf"), term_early_at="n1")) == set()
+
+
+def test_chain_of_iterative_matchers_follows_rust_circuits_tests():
+    """rust_circuit's test_chain_must_be_sub, as found sets: 'top' then a node matching ``f``
+    within one level of it, then 'dog' anywhere below."""
+    f = Matcher.any("top", "leaf")  # rust's lambda x: x.shape[-1] == 2 (true of top and leaf)
+
+    def found(route, must_be_sub):
+        matcher = IterativeMatcher("top").chain(cc.restrict(f, end_depth=2), "dog", must_be_sub=must_be_sub)
+        return names(route.get(matcher))
+
+    assert found(path("top", "dog"), must_be_sub=True) == []
+    assert found(path("top", "top", "dog"), must_be_sub=True) == ["dog"]
+    assert found(path("top", "leaf", "leaf", "leaf", "dog"), must_be_sub=True) == ["dog"]
+    assert found(path("top", "other", "other", "dog"), must_be_sub=True) == []
+    # without must_be_sub, f finds 'top' itself at depth 0, and 'dog' may be anywhere below it
+    assert found(path("top", "other", "other", "dog"), must_be_sub=False) == ["dog"]
+    assert found(path("top", "dog"), must_be_sub=False) == ["dog"]
+    # a union with a restrict in it
+    route = path("top", "top", "top", "dog")
+    either = cc.restrict("top", end_depth=2) | Matcher("dog")
+    assert len(route.get(either)) == 3  # the two upper 'top's and 'dog'
+
+
+def test_chain_takes_unions_and_chains_as_items(tower):
+    either = IterativeMatcher("n2") | IterativeMatcher("n3").children(1)
+    assert names(tower.get(IterativeMatcher("r").chain(either))) == ["n2", "w"]
+    assert names(tower.get(IterativeMatcher("r").chain(either, "leaf"))) == ["leaf"]
+    inner = IterativeMatcher("n2").chain("n1").children(1)
+    assert names(tower.get(IterativeMatcher("n3").chain(inner))) == ["w"]
+    assert str(cc.get_paths(tower, IterativeMatcher("n3").chain(inner))) == "r -> n3 -> n2 -> n1 -> w"
+    both = IterativeMatcher("n1") & IterativeMatcher(cc.Add)
+    assert names(tower.get(IterativeMatcher("r").chain(both).children(0))) == ["leaf"]
+
+
+def test_chain_excluding_excludes_on_the_whole_route_as_rust_circuit_does(tower):
+    # every route to n1 passes through n2: rust_circuit's restrict(parent.chain(child), ...)
+    assert tower.get(cc.chain_excluding("n1", "leaf", "n2")) == set()
+    # the child may be the node the parent finds
+    assert names(tower.get(cc.chain_excluding("n2", cc.Add, "n9"))) == ["n1", "n2"]
+    assert names(tower.get(cc.chain_excluding("n2", cc.Add))) == ["n1", "n2"]
 
 
 # --------------------------------------------------------------------- routes
@@ -188,7 +313,7 @@ def test_errors_are_typed_and_say_what_is_wrong(tower):
     with pytest.raises(cc.MatcherError, match="cannot make a Matcher from int 3"):
         IterativeMatcher("r").then("w", term_early_at=3)
     with pytest.raises(cc.MatcherError, match="cannot be used as a plain Matcher"):
-        IterativeMatcher("r").chain(IterativeMatcher("n2"))
+        IterativeMatcher("r").then(IterativeMatcher("n2"))  # chain takes IterativeMatchers; then does not
     with pytest.raises(cc.MatcherError, match="get_paths: the circuit"):
         cc.get_paths("r", "w")
 
@@ -206,6 +331,10 @@ def test_deep_chain_without_recursion():
     assert node.get(IterativeMatcher(cc.Array, term_early_at="mid")) == set()
     assert len(cc.get_paths(node, "deep.leaf")[leaf]) == 20_001
     assert len(cc.get_all_paths(node, "deep.leaf")[leaf][0]) == 20_001
+    # restrict and chains of IterativeMatchers walk as iteratively
+    assert node.get(cc.restrict(cc.Array, end_depth=20_000)) == set()
+    assert node.get(IterativeMatcher("mid").chain(cc.restrict(cc.Array, start_depth=9_999))) == {leaf}
+    assert node.get(cc.chain_excluding(True, "deep.leaf", "mid")) == set()
 
 
 # ------------------------------------------- path patching on the torch model

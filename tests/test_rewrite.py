@@ -47,10 +47,74 @@ def test_update_rebuilds_ancestors_only_and_keeps_sharing(diamond):
 
 def test_update_without_match_or_with_equal_result_returns_same_object(diamond):
     root = diamond["root"]
-    assert root.update("nothing", lambda n: 1 / 0) is root
+    assert root.update("nothing", lambda n: 1 / 0, assert_any_found=False) is root
     assert root.update("x", lambda n: n) is root
     rebuilt = cc.Array(torch.arange(3.0), name="x")  # equal, not the same object
     assert root.update("x", lambda n: rebuilt) is root
+
+
+def test_update_that_finds_nothing_raises_with_close_names(diamond):
+    """A typo in an ablation must not look like "no effect" (issue 28, item 7)."""
+    root = diamond["root"]
+    zero = lambda n: cc.Scalar(0.0, shape=n.shape, name=n.name)  # noqa: E731
+    for call in (lambda: root.update("lft", zero), lambda: cc.update(root, "lft", zero)):
+        with pytest.raises(
+            cc.NoMatchError, match=r"update\(Matcher\('lft'\)\): no node found in Add 'root'"
+        ) as info:
+            call()
+        assert isinstance(info.value, cc.MatchError) and isinstance(info.value, cc.RewriteError)
+        assert info.value.count == 0 and info.value.nodes == []
+        assert "names that come close: 'left'" in str(info.value)
+        assert "assert_any_found=False" in str(info.value)
+    # the same suggestions as an experiment's (one shared function)
+    with pytest.raises(cc.CircuitError, match="names that come close: 'left'"):
+        cc.zero_ablate(root, "lft")
+    # an IterativeMatcher: each name it looks for that is absent gets its close names
+    with pytest.raises(cc.NoMatchError, match=r"no node is named 'ss' \(names that come close: 's'\)"):
+        root.update(IterativeMatcher("left").chain("ss"), zero)
+    # names that exist, on no common path: no names to suggest, still an error
+    with pytest.raises(
+        cc.NoMatchError, match=r"\.chain\(Matcher\('left'\)\)\): no node found in Add 'root'; pass"
+    ):
+        root.update(IterativeMatcher("right").chain("left"), zero)
+    # told that finding nothing is fine: the very same circuit
+    assert root.update("lft", zero, assert_any_found=False) is root
+    assert cc.update(root, IterativeMatcher("right").chain("left"), zero, assert_any_found=False) is root
+    # a matcher that finds something works as before, and fancy_validate checks each part
+    assert root.update({"left", "lft"}, zero).get_unique("left").value == 0.0
+    with pytest.raises(cc.MatchError, match=r"found nothing: 'lft' \(names that come close: 'left'\)"):
+        root.update({"left", "lft"}, zero, fancy_validate=True)
+
+
+def test_a_path_through_a_head_of_an_unsplit_layer_says_to_split_heads():
+    from circuits import models
+
+    unsplit = cc.causal_mask(models.load_demo_model(torch.zeros(1, 6, dtype=torch.int64)))
+    path = IterativeMatcher("b1.a.head1").chain("a.v")
+    with pytest.raises(cc.NoMatchError, match=r"layer 1 is not split into heads .*cc.split_heads\(c\)"):
+        unsplit.update(path, lambda n: n)
+    assert cc.split_heads(unsplit).update(path, lambda n: n) is not None
+
+
+def test_replace_of_a_key_that_replaces_nothing_raises(diamond):
+    root, x, s = diamond["root"], diamond["x"], diamond["s"]
+    other_x = cc.Array(torch.arange(4.0), name="x")  # named like x, but another node
+    new = cc.Array(torch.zeros(4), name="x")
+    with pytest.raises(cc.NoMatchError, match="1 key\\(s\\) replaced nothing") as info:
+        root.replace({other_x: new})
+    assert info.value.keys == [other_x] and isinstance(info.value, cc.RewriteError)
+    assert "the circuit's node(s) named 'x' differ from it: Array 'x' [3]" in str(info.value)
+    with pytest.raises(cc.NoMatchError, match="Array 'y' \\[3\\] is not in Add 'root'; no node is named 'y'"):
+        cc.replace(root, {cc.Array(torch.ones(3), name="y"): x})
+    # a key below another key is never reached: replacing it would have no effect
+    with pytest.raises(cc.NoMatchError, match="Array 'x' \\[3\\] is below another key") as info:
+        root.replace({s: x, x: cc.Array(torch.ones(3), name="x1")})
+    assert info.value.keys == [x]
+    assert root.replace({other_x: new}, assert_all_found=False) is root
+    kept = root.replace({s: x, x: cc.Array(torch.ones(3), name="x1")}, assert_all_found=False)
+    torch.testing.assert_close(
+        kept.evaluate(), torch.relu(torch.arange(3.0)) + torch.arange(3.0) + 1 + 7, check_dtype=False
+    )
 
 
 def test_update_is_bottom_up_and_fn_sees_updated_children(diamond):

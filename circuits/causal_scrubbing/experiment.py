@@ -258,7 +258,10 @@ class Experiment:
             self._check_reaches_inputs(circuit, node, path)
             if check and node is not root:
                 self._check_inside_parent(circuit, node, path)
-            circuit = update(circuit, path, lambda found, node=node: _tagged(found, node))
+            # a branch that reaches no input is refused by replace_inputs where it matters
+            circuit = update(
+                circuit, path, lambda found, node=node: _tagged(found, node), assert_any_found=False
+            )
         return circuit
 
     def _check_inside_parent(self, circuit: Circuit, node: InterpNode, path) -> None:

@@ -49,7 +49,7 @@ def rewrite_found(circuit: Circuit, matcher: Any, fn: Callable[[Circuit], Circui
         calls.append(node)
         return fn(node)
 
-    result = update(circuit, matcher, counted)
+    result = update(circuit, matcher, counted, assert_any_found=False)  # refused below, as an ExperimentError
     if not calls:
         raise ExperimentError(
             f"{what}: {matcher!r} finds no node in {circuit.describe()}{no_match_hint(circuit, matcher)}"

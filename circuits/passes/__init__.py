@@ -36,7 +36,7 @@ from circuits.nodes import Circuit, Index
 
 def push_down_index(circuit: Circuit, matcher=True) -> Circuit:
     """Every Index that ``matcher`` finds moved down as far as it goes (same value)."""
-    return circuit.update(Matcher.types(Index) & Matcher(matcher), push_index)
+    return circuit.update(Matcher.types(Index) & Matcher(matcher), push_index, assert_any_found=False)
 
 
 __all__ = [

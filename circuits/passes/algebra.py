@@ -81,12 +81,12 @@ def flatten_adds(circuit: Circuit, traversal: Any = True) -> Circuit:
 
     Bottom-up, so with the default every nest of Adds becomes one Add.
     """
-    return circuit.update(traversal, flatten_add)
+    return circuit.update(traversal, flatten_add, assert_any_found=False)
 
 
 def flatten_einsums(circuit: Circuit, traversal: Any = True) -> Circuit:
     """Every Einsum that ``traversal`` finds absorbs the Einsums directly under it."""
-    return circuit.update(traversal, flatten_einsum)
+    return circuit.update(traversal, flatten_einsum, assert_any_found=False)
 
 
 # --- distributing -------------------------------------------------------------

@@ -107,7 +107,7 @@ def fuse_concat(node: Circuit) -> Circuit:
 
 def concat_fuse(circuit: Circuit, traversal: Any = True) -> Circuit:
     """Every Concat that ``traversal`` finds absorbs same-axis Concats under it (bottom-up)."""
-    return circuit.update(traversal, fuse_concat)
+    return circuit.update(traversal, fuse_concat, assert_any_found=False)
 
 
 def _slice_span(index_node: Circuit, axis: int) -> tuple[Circuit, int, int] | None:
@@ -144,7 +144,7 @@ def elim_split(node: Circuit) -> Circuit:
 
 def concat_elim_split(circuit: Circuit, traversal: Any = True) -> Circuit:
     """Every split (as ``split_to_concat`` makes) that ``traversal`` finds replaced by the node split."""
-    return circuit.update(traversal, elim_split)
+    return circuit.update(traversal, elim_split, assert_any_found=False)
 
 
 def drop_size_zero(node: Circuit) -> Circuit:
@@ -163,4 +163,4 @@ def drop_size_zero(node: Circuit) -> Circuit:
 
 def concat_drop_size_zero(circuit: Circuit, traversal: Any = True) -> Circuit:
     """Every Concat that ``traversal`` finds without its size-0 pieces."""
-    return circuit.update(traversal, drop_size_zero)
+    return circuit.update(traversal, drop_size_zero, assert_any_found=False)

@@ -110,7 +110,7 @@ def pull_concat_once(node: Circuit) -> Circuit:
 
 def pull_concat(circuit: Circuit, traversal: Any = True) -> Circuit:
     """Every function, Add or Einsum that ``traversal`` finds moved inside the Concat below it (bottom-up)."""
-    return circuit.update(traversal, pull_concat_once)
+    return circuit.update(traversal, pull_concat_once, assert_any_found=False)
 
 
 def _concatenable(nodes: list[Circuit], axis: int) -> bool:
@@ -189,4 +189,4 @@ def push_down_concat_once(node: Circuit) -> Circuit:
 def push_down_concat(circuit: Circuit, traversal: Any = True) -> Circuit:
     """Every Concat that ``traversal`` finds replaced by its pieces' common computation over
     Concats of their inputs (bottom-up), where ``push_down_concat_once`` can."""
-    return circuit.update(traversal, push_down_concat_once)
+    return circuit.update(traversal, push_down_concat_once, assert_any_found=False)
