@@ -13,10 +13,11 @@ from typing import Any
 
 from circuits.errors import ModelError
 from circuits.models.common import checked_options
-from circuits.models.torch_import import exporting
+from circuits.models.torch_import import dtypes, exporting
 from circuits.models.torch_import.naming import Namer
+from circuits.models.torch_import.registry import Const
 from circuits.models.torch_import.walk import Translator
-from circuits.nodes import Circuit
+from circuits.nodes import Array, Circuit
 
 
 @checked_options()
@@ -52,9 +53,7 @@ def from_torch(
     program = exporting.export(module, args, kwargs)
     leaves = exporting.leaves(program, args, kwargs, attach)
     positions = exporting.output_positions(exporting.output_structure(program), output)
-    taken = {value.name for value in leaves.values() if isinstance(value, Circuit)}
-    translator = Translator(leaves, Namer(taken))
-    outputs = exporting.user_outputs(program, translator.run(program.graph_module.graph))
+    translator, outputs = _translate(program, leaves, type(module).__name__)
     if strict and translator.missing:
         listing = "; ".join(
             f"{op} (in {', '.join(sorted(set(paths)))})" for op, paths in sorted(translator.missing.items())
@@ -65,6 +64,29 @@ def from_torch(
     if isinstance(positions, list):
         return [_root(translator, outputs, position) for position in positions]
     return _root(translator, outputs, positions)
+
+
+def _translate(program, leaves: dict, top: str) -> tuple[Translator, list]:
+    """The graph walked once, or twice when its Scalars evaluate to another dtype than the
+    parameters', buffers' and inputs' suggested (the casts that keep each op in torch's dtype
+    depend on it: models.torch_import.dtypes)."""
+    taken = {value.name for value in leaves.values() if isinstance(value, Circuit)}
+    basis = dtypes.promoted(
+        value.value.dtype if isinstance(value, Array) else value.tensor.dtype
+        for value in leaves.values()
+        if isinstance(value, (Array, Const))
+    )
+    assumed = basis
+    for _ in range(2):
+        translator = Translator(leaves, Namer(taken), top=top, basis=basis, scalar_dtype=assumed)
+        outputs = exporting.user_outputs(program, translator.run(program.graph_module.graph))
+        found = dtypes.scalar_dtype([value for value in outputs if isinstance(value, Circuit)])
+        if found == assumed:
+            return translator, outputs
+        assumed, previous = found, assumed
+    raise ModelError(  # the same constants make the same Arrays: the second walk agrees with the first
+        f"from_torch: the import's Scalars evaluate to {found} after a walk that assumed {previous}"
+    )
 
 
 def _is_module(module: Any) -> bool:

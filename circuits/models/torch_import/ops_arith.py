@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from circuits.models.torch_import.registry import UNTRANSLATED, translates
 from circuits.models.torch_import.shaping import unsqueezed
-from circuits.nodes import Add, Circuit, Einsum, GeneralFunction, Scalar
+from circuits.nodes import Add, Circuit, Einsum, GeneralFunction
 
 
 class Letters:
@@ -49,8 +49,7 @@ def scaled(ctx, node: Circuit, factor: float, part: str | None = None, name: str
     if factor == 1:
         return node
     axes = tuple(range(node.rank))
-    factor_node = Scalar(float(factor), name=ctx.name("scalar"))
-    return Einsum((node, axes), (factor_node, ()), out_axes=axes, name=name or ctx.name(part))
+    return Einsum((node, axes), (ctx.constant(factor), ()), out_axes=axes, name=name or ctx.name(part))
 
 
 def elementwise_product(ctx, values: Sequence[Any], name: str) -> Circuit:
@@ -65,7 +64,8 @@ def elementwise_product(ctx, values: Sequence[Any], name: str) -> Circuit:
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A Python number (a bool too: torch reads ``x * True`` as ``x * 1``)."""
+    return isinstance(value, (int, float))
 
 
 @translates("add")
@@ -111,6 +111,8 @@ def div(ctx, a, b, rounding_mode=None):
     """``a / b`` as ``a * (1/b)``: a Scalar ``1/b``, or the ``reciprocal`` of a tensor ``b``."""
     if rounding_mode is not None or not ctx.all_float(a, b):
         return UNTRANSLATED
+    if _number(b) and b == 0:
+        return UNTRANSLATED  # the aten op gives inf and nan as torch does
     if _number(b):
         return elementwise_product(ctx, [a, 1.0 / b], ctx.name())
     recip = GeneralFunction(ctx.node(b), spec="reciprocal", name=ctx.name("reciprocal"))
