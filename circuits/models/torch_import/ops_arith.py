@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import itertools
 import math
-import re
 from typing import Any, Sequence
 
+from circuits.errors import EinsumError
 from circuits.models.torch_import.registry import UNTRANSLATED, translates
 from circuits.models.torch_import.shaping import unsqueezed
 from circuits.nodes import Add, Circuit, Einsum, GeneralFunction
@@ -173,41 +173,17 @@ def linear(ctx, x, weight, bias=None):
     return product if bias is None else Add(product, ctx.node(bias), name=ctx.name())
 
 
-_EINSUM_PART = re.compile(r"[A-Za-z]*(?:\.\.\.)?[A-Za-z]*")
-
-
 @translates("einsum")
 def einsum(ctx, equation, operands, path=None):
-    """torch.einsum, its letters (and ``...``) renumbered; broadcast size-1 axes are not handled."""
-    equation = equation.replace(" ", "")
+    """torch.einsum as the Einsum of its equation (``...`` read as torch reads it); one torch runs by
+    broadcasting a letter's size-1 axis, or without ``->``, is kept as the aten op."""
     if "->" not in equation or not ctx.all_float(*operands):
         return UNTRANSLATED
-    inputs, output = equation.split("->")
     nodes = [ctx.node(operand) for operand in operands]
-    parts = inputs.split(",")
-    if len(parts) != len(nodes) or not all(_EINSUM_PART.fullmatch(p) for p in parts + [output]):
+    try:
+        return Einsum.from_einsum_string(equation, *nodes, name=ctx.name())
+    except EinsumError:
         return UNTRANSLATED
-    ellipsis_rank = max(
-        (n.rank - len(p.replace("...", "")) for n, p in zip(nodes, parts) if "..." in p), default=0
-    )
-    ellipsis = [f"#{i}" for i in range(ellipsis_rank)]
-
-    def labels(part: str, rank: int) -> list[str]:
-        before, _, after = part.partition("...")
-        middle = ellipsis[len(ellipsis) - (rank - len(before) - len(after)) :] if "..." in part else []
-        return list(before) + middle + list(after)
-
-    numbers: dict[str, int] = {}
-    sizes: dict[str, int] = {}
-    operand_axes = []
-    for node, part in zip(nodes, parts):
-        names = labels(part, node.rank)
-        for label, size in zip(names, node.shape):
-            if sizes.setdefault(label, size) != size:
-                return UNTRANSLATED  # broadcasting inside einsum: kept as the aten op
-        operand_axes.append(tuple(numbers.setdefault(label, len(numbers)) for label in names))
-    out = tuple(numbers[label] for label in labels(output, len(ellipsis) + len(output.replace("...", ""))))
-    return Einsum(*zip(nodes, operand_axes), out_axes=out, name=ctx.name())
 
 
 # ---------------------------------------------------------------- reductions
