@@ -1,7 +1,8 @@
 """``from_torch``: any torch module as a circuit, through ``torch.export`` (see docs/from_torch.md).
 
 One module per job: ``exporting`` runs the export and reads its inputs and
-outputs, ``walk`` turns the graph into nodes, ``naming`` names them, and
+outputs, ``walk`` turns the graph into nodes, ``naming`` names them (and
+each module's output), ``dtypes`` keeps each op in torch's dtype, and
 the op table (``registry``) is filled by ``ops_arith`` (sums, products,
 matmuls), ``ops_shape`` (views, slices, lookups) and ``ops_nn``
 (functions, norms, attention); ``shaping`` writes views as Rearranges.
@@ -35,7 +36,9 @@ def from_torch(
     Parameters become Arrays named by their module path
     (``transformer.h.0.attn.c_attn.weight``), the tensor inputs Arrays of
     the example values named by argument (``input_ids``: swap them with
-    ``update``), each op's nodes ``MODULE.OP`` (``transformer.h.0.attn.c_attn.addmm``).
+    ``update``), each op's nodes ``MODULE.OP`` (``transformer.h.0.attn.c_attn.addmm``),
+    and each module's output ``MODULE`` (``transformer.h.0.mlp``); each op evaluates to
+    torch's dtype.
     ``output`` picks what the root is when the module returns several
     tensors: None the first (a Hugging Face model's ``logits`` or
     ``last_hidden_state``), a key or index one, a list of them a list of
