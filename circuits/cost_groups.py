@@ -21,7 +21,6 @@ from typing import Callable, Iterable
 from circuits import names
 from circuits.costs import CircuitCost, Totals, cost, format_bytes
 from circuits.errors import CircuitError
-from circuits.models.torch_import.naming import module_output_name
 from circuits.nodes import Circuit
 from circuits.profiling import Profile
 from circuits.traversal import unique_nodes
@@ -62,7 +61,7 @@ def by_module(roots: Circuit | Iterable[Circuit]) -> Callable[[Circuit], str]:
     """The label of an import's nodes by the module that computed each (``models.from_torch``): the
     longest module path (a node named after a module, ``transformer.h.1.mlp``) that its name
     (``transformer.h.1.mlp.c_fc.addmm``) starts with; ``(top module)`` for a name under none."""
-    modules = {_module_of(name) for node in unique_nodes(roots) if (name := module_output_name(node))}
+    modules = {_module_of(name) for name in _module_nodes(roots)}
 
     def label(node: Circuit) -> str:
         name = node.name or ""
@@ -98,13 +97,19 @@ def _module_of(group: str) -> str:
     return group if group == TOP else _CALL.sub("", group)
 
 
+def _module_nodes(roots: Circuit | Iterable[Circuit]) -> dict[str, Circuit]:
+    """The nodes an import names after modules (``models.torch_import.naming``), by name."""
+    # imported here: ``import circuits`` does not load the models (nor torch.export) until asked
+    from circuits.models.torch_import.naming import module_output_name
+
+    return {name: node for node in unique_nodes(roots) if (name := module_output_name(node)) is not None}
+
+
 def _calls(roots: list[Circuit]) -> dict[str, set[str]]:
     """Each module's calls (``lin``, ``lin@1``), from the nodes named after them."""
     calls: dict[str, set[str]] = {}
-    for node in unique_nodes(roots):
-        name = module_output_name(node)
-        if name is not None:
-            calls.setdefault(_module_of(name), set()).add(re.sub(r"\.out\d+$", "", name))
+    for name in _module_nodes(roots):
+        calls.setdefault(_module_of(name), set()).add(re.sub(r"\.out\d+$", "", name))
     return calls
 
 

@@ -17,7 +17,6 @@ from collections import defaultdict
 import re
 
 from circuits import names
-from circuits.models.torch_import.naming import module_output_name
 from circuits.nodes import Circuit, check_node
 from circuits.shapes import format_shape
 from circuits.traversal import postorder, unique_nodes
@@ -104,6 +103,9 @@ _NUMBERED = re.compile(r"(?P<list>.+)\.(?P<index>\d+)")
 
 def _modules_overview(circuit: Circuit, nodes: list[Circuit]) -> str:
     """The overview of a circuit named by module path (an import), or one saying why it has no layers."""
+    # imported here: ``import circuits`` does not load the models (nor torch.export) until asked
+    from circuits.models.torch_import.naming import module_output_name
+
     modules = {name: node for node in nodes if (name := module_output_name(node)) is not None}
     lists: dict[str, list[int]] = defaultdict(list)
     for name in modules:

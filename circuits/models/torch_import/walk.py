@@ -180,9 +180,7 @@ class Translator:
                 result = self.fallback(ctx, fx_node, args, kwargs)
             _check_shapes(fx_node, result)
             result = self.in_torch_dtypes(ctx, result)
-        except CircuitError as error:  # a ModelError or a translation bug, said with the op it was on
-            raise ModelError(f"from_torch: translating {where} failed: {error}") from error
-        except ValueError as error:
+        except (CircuitError, ValueError) as error:  # a refusal or a translation bug, said with the op
             raise ModelError(f"from_torch: translating {where} failed: {error}") from error
         self._record_made(fx_node, result)
         return result
