@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from circuits.errors import ModelError
 from circuits.models.common import checked_options
 from circuits.models.torch_import import dtypes, exporting
 from circuits.models.torch_import.naming import Namer
-from circuits.models.torch_import.registry import Const
 from circuits.models.torch_import.walk import Translator
 from circuits.nodes import Array, Circuit
 
@@ -70,25 +71,29 @@ def from_torch(
 
 
 def _translate(program, leaves: dict, top: str) -> tuple[Translator, list]:
-    """The graph walked once, or twice when its Scalars evaluate to another dtype than the
-    parameters', buffers' and inputs' suggested (the casts that keep each op in torch's dtype
-    depend on it: models.torch_import.dtypes)."""
+    """The graph walked until the dtype its Scalars evaluate to is the one the walk assumed (the casts
+    that keep each op in torch's dtype depend on it), and the dtype its numbers were checked against
+    before becoming Scalars (``basis``) is no wider: at most three walks (models.torch_import.dtypes).
+
+    The first walk assumes both are the parameters' and inputs' promoted dtype; a parameter the
+    outputs do not use can make that too wide (a second walk checks against what they use), a
+    number kept as an Array of a wider dtype too narrow (a walk with the right casts follows)."""
     taken = {value.name for value in leaves.values() if isinstance(value, Circuit)}
-    basis = dtypes.promoted(
-        value.value.dtype if isinstance(value, Array) else value.tensor.dtype
-        for value in leaves.values()
-        if isinstance(value, (Array, Const))
+    basis = assumed = dtypes.promoted(
+        value.value.dtype for value in leaves.values() if isinstance(value, Array)
     )
-    assumed = basis
-    for _ in range(2):
+    for _ in range(3):
         translator = Translator(leaves, Namer(taken), top=top, basis=basis, scalar_dtype=assumed)
         outputs = exporting.user_outputs(program, translator.run(program.graph_module.graph))
         found = dtypes.scalar_dtype([value for value in outputs if isinstance(value, Circuit)])
-        if found == assumed:
+        if torch.promote_types(basis, found) != found:
+            basis = assumed = found  # the same numbers checked against what Scalars will be
+        elif found != assumed:
+            assumed = found  # the same Scalars and Arrays (same basis), cast for the right dtype
+        else:
             return translator, outputs
-        assumed, previous = found, assumed
-    raise ModelError(  # the same constants make the same Arrays: the second walk agrees with the first
-        f"from_torch: the import's Scalars evaluate to {found} after a walk that assumed {previous}"
+    raise ModelError(
+        f"from_torch: the import's Scalars evaluate to {found} after three walks (the last assumed {assumed})"
     )
 
 

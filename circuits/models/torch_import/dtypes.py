@@ -24,23 +24,6 @@ from circuits.functions import CAST_NAME, GEN_INDEX_NAME
 from circuits.nodes import Add, Array, Circuit, Einsum, GeneralFunction, Index, Scalar
 from circuits.traversal import unique_nodes
 
-#: dtype -> the name a cast (``circuits.functions``' ``cast_from_..._to_...``) spells it with.
-_CAST_NAMES = {
-    getattr(torch, name): name
-    for name in (
-        "float16",
-        "bfloat16",
-        "float32",
-        "float64",
-        "int8",
-        "int16",
-        "int32",
-        "int64",
-        "uint8",
-        "bool",
-    )
-}
-
 
 def promoted(dtypes) -> torch.dtype:
     """The promoted floating dtype of ``dtypes`` (their floating ones), or torch's default if none:
@@ -58,11 +41,19 @@ def scalar_dtype(roots: list[Circuit]) -> torch.dtype:
 
 def cast_spec(dtype: torch.dtype) -> str | None:
     """The library's cast to ``dtype`` (None if it has none: complex dtypes, say)."""
-    name = _CAST_NAMES.get(dtype)
-    if name is None:
-        return None
+    name = str(dtype).removeprefix("torch.")
     spec = f"cast_from_{{device:None,dtype:None}}_to_{{device:None,dtype:{name}}}"
     return spec if CAST_NAME.fullmatch(spec) else None
+
+
+def as_torch_computes(value: float, dtype: torch.dtype, scalar_dtype: torch.dtype) -> float:
+    """``value`` as torch computes an op of ``dtype`` with it (float32 for float16 and bfloat16 ops),
+    rounded to that where Scalars (``scalar_dtype``) are wider: ``0.3`` in a float32 op is
+    ``float32(0.3)``, which a float64 Scalar then holds exactly (otherwise the number as written)."""
+    computes = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    if torch.promote_types(computes, scalar_dtype) == computes:
+        return value
+    return float(torch.tensor(value, dtype=computes))
 
 
 def exact_in(value: float, dtype: torch.dtype, basis: torch.dtype) -> bool:

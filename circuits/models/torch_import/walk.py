@@ -337,15 +337,15 @@ class OpContext:
     def constant(self, value: float, part: str = "scalar", shape: tuple[int, ...] = ()) -> Circuit:
         """The number ``value`` in this op, ``MODULE.OP.PART``: a Scalar (of the dtype evaluation gives
         Scalars), or an Array of the op's dtype where a Scalar would round it otherwise than torch
-        does (``1e-8`` in a float32 op of a float16 model)."""
+        does (``1e-8`` in a float32 op of a float16 model); where Scalars are wider than the dtype
+        torch computes the op in, the number is the one torch computes with (``float32(0.3)``)."""
         dtype = self.out_dtype
-        if (
-            dtype is not None
-            and dtype.is_floating_point
-            and not dtypes.exact_in(value, dtype, self.translator.basis)
-        ):
-            return Array(torch.full(shape, float(value), dtype=dtype), name=self.name(part))
-        return Scalar(float(value), shape=shape, name=self.name(part))
+        if dtype is None or not dtype.is_floating_point:
+            return Scalar(float(value), shape=shape, name=self.name(part))
+        value = dtypes.as_torch_computes(float(value), dtype, self.translator.dtypes.scalar_dtype)
+        if not dtypes.exact_in(value, dtype, self.translator.basis):
+            return Array(torch.full(shape, value, dtype=dtype), name=self.name(part))
+        return Scalar(value, shape=shape, name=self.name(part))
 
     def node(self, value: Any) -> Circuit:
         """``value`` as a node: a Python number (a bool too, as torch reads it) is a ``constant``."""
