@@ -21,7 +21,7 @@ import torch
 from circuits.errors import ModelError
 from circuits.evaluation.kernels import default_kernel
 from circuits.functions import CAST_NAME, GEN_INDEX_NAME
-from circuits.nodes import Add, Array, Circuit, Einsum, GeneralFunction, Index, Scalar
+from circuits.nodes import Add, Array, Circuit, Concat, Einsum, GeneralFunction, Index, Rearrange, Scalar
 from circuits.traversal import unique_nodes
 
 
@@ -94,10 +94,12 @@ class Dtypes:
         if isinstance(node, (Scalar, Add, Einsum)) and not node.children:
             return self.scalar_dtype  # a Scalar, an empty sum or product: made like a Scalar
         children = [self.known[child.hash] for child in node.children]
-        if isinstance(node, Index) or (
+        if isinstance(node, (Index, Rearrange)) or (
             isinstance(node, GeneralFunction) and GEN_INDEX_NAME.fullmatch(node.spec.name)
         ):
-            return children[0]  # a lookup keeps its table's dtype (its kernel reads the index's values)
+            return children[0]  # a lookup or a view keeps its input's dtype (a lookup's kernel reads values)
+        if isinstance(node, (Add, Einsum, Concat)) and len(set(children)) == 1:
+            return children[0]  # no promotion among operands of one dtype
         metas = [torch.empty(c.shape, dtype=d, device="meta") for c, d in zip(node.children, children)]
         try:
             return default_kernel(node)(*metas).dtype
