@@ -180,3 +180,113 @@ def aten_parts(name: str) -> tuple[int, Callable, Callable]:
         return tuple(result.shape)
 
     return len(slots), shape_fn, function
+
+
+def _parsed(name: str) -> tuple[str, str, list, dict]:
+    """``(op, overload, args, kwargs)`` of the family member ``name``, tensors as ``TensorSlot`` (ValueError if none)."""
+    match = ATEN_NAME.fullmatch(name)
+    if match is None:
+        raise ValueError(f"{name!r} is not aten.OP.OVERLOAD(ARGS)")
+    call = ast.parse(f"f({match['args']})", mode="eval").body
+    args = [_literal(arg) for arg in call.args]
+    kwargs = {keyword.arg: _literal(keyword.value) for keyword in call.keywords}
+    return match["op"], match["overload"], args, kwargs
+
+
+#: FLOPs per output element of elementwise aten ops, by kind (as ``circuits.costs.FUNCTION_FLOPS``).
+ELEMENTWISE_FLOPS: dict[str, dict[str, int]] = {
+    **{op: {"add": 1} for op in ("add", "sub", "rsub")},
+    **{op: {"mul": 1} for op in ("mul", "neg", "square")},
+    **{op: {"div": 1} for op in ("div", "reciprocal", "remainder", "fmod", "floor_divide")},
+    "pow": {"pow": 1},
+    **{op: {op: 1} for op in ("exp", "log", "tanh", "sqrt", "sin", "cos", "erf")},
+    "expm1": {"exp": 1, "add": 1},
+    "exp2": {"exp": 1},
+    **{op: {"log": 1, "add": 1} for op in ("log1p",)},
+    **{op: {"log": 1, "div": 1} for op in ("log2", "log10")},
+    "rsqrt": {"sqrt": 1, "div": 1},
+    "sigmoid": {"exp": 1, "add": 1, "div": 1},
+    "silu": {"exp": 1, "add": 1, "div": 1, "mul": 1},
+    "gelu": {"erf": 1, "mul": 3, "add": 1},
+    "softplus": {"compare": 1, "exp": 1, "log": 1, "add": 2},
+    **{
+        op: {"compare": 1}
+        for op in """relu abs sign gt lt ge le eq ne maximum minimum clamp_min clamp_max __and__ __or__
+        __xor__ logical_and logical_or logical_not bitwise_and bitwise_or bitwise_not isnan isinf""".split()
+    },
+    "clamp": {"compare": 2},
+    "hardtanh": {"compare": 2},
+}
+#: aten ops that move, select or fill values and do no arithmetic: 0 FLOPs, known.
+NO_FLOPS = frozenset(
+    """alias arange as_strided cat clone contiguous copy detach embedding empty_like expand fill flip
+    full full_like gather index index_select lift_fresh_copy masked_fill narrow new_empty new_full
+    new_ones new_zeros ones_like permute repeat reshape roll select slice split split_with_sizes squeeze
+    stack t transpose tril triu unbind unsqueeze view _unsafe_view where zeros_like _to_copy to""".split()
+)
+#: Reductions: FLOPs per input element, by kind (mean's division is per output element).
+_REDUCTIONS = {
+    "sum": {"add": 1},
+    "cumsum": {"add": 1},
+    "prod": {"mul": 1},
+    "cumprod": {"mul": 1},
+    **{op: {"compare": 1} for op in ("amax", "amin", "max", "min", "argmax", "argmin")},
+}
+
+#: softmax and log_softmax, per input element (their row-wise log aside), as the library's.
+_ROW_FUNCTIONS = {
+    **{op: {"compare": 1, "add": 2, "exp": 1, "div": 1} for op in ("softmax", "_softmax")},
+    **{op: {"compare": 1, "add": 3, "exp": 1} for op in ("log_softmax", "_log_softmax")},
+}
+
+
+def _kernel_positions(op: str, args: list, kwargs: dict) -> int | None:
+    """How many input positions each output element of a pooling op reads (its kernel's size)."""
+    kernel = kwargs.get("kernel_size", args[1] if len(args) > 1 else None)
+    if isinstance(kernel, int):
+        return kernel ** (2 if op.endswith("2d") else 3 if op.endswith("3d") else 1)
+    if isinstance(kernel, list) and all(isinstance(size, int) for size in kernel):
+        return math.prod(kernel)
+    return None
+
+
+def flops(name: str, inputs: Sequence[tuple[int, ...]], output: tuple[int, ...]) -> dict[str, int] | None:
+    """FLOPs by kind of the aten call ``name`` on inputs of these shapes giving ``output``'s shape,
+    where the count is clear (elementwise ops, reductions, matrix products, convolutions, pooling,
+    moves); None where it is not (the op is then listed as unknown, never counted as 0)."""
+    op, overload, args, kwargs = _parsed(name)
+    out = math.prod(output)
+    if op in NO_FLOPS:
+        return {}
+    if op in ("max", "min") and overload == "other":
+        return {"compare": out}
+    if op == "gelu" and kwargs.get("approximate") == "tanh":
+        return {"tanh": out, "mul": 6 * out, "add": 2 * out}
+    if op in ELEMENTWISE_FLOPS:
+        return {kind: count * out for kind, count in ELEMENTWISE_FLOPS[op].items()}
+    if op in _REDUCTIONS and inputs:
+        return {kind: count * math.prod(inputs[0]) for kind, count in _REDUCTIONS[op].items()}
+    if op == "mean" and inputs:
+        return {"add": math.prod(inputs[0]), "div": out}
+    if op in _ROW_FUNCTIONS and inputs and isinstance(args[1] if len(args) > 1 else None, int):
+        result = {kind: count * math.prod(inputs[0]) for kind, count in _ROW_FUNCTIONS[op].items()}
+        if "log" in op:  # the log of each row's sum
+            result["log"] = math.prod(inputs[0]) // max(1, inputs[0][args[1]] if inputs[0] else 1)
+        return result
+    if op in ("mm", "bmm", "matmul", "addmm", "baddbmm", "linear") and len(inputs) >= 2:
+        first = inputs[1] if op in ("addmm", "baddbmm") else inputs[0]
+        result = {"matmul": 2 * out * (first[-1] if first else 1)}
+        has_bias = op in ("addmm", "baddbmm") or (op == "linear" and len(inputs) == 3)
+        return result | ({"add": out} if has_bias else {})
+    if op in ("conv1d", "conv2d", "conv3d", "convolution") and len(inputs) >= 2:
+        weight = inputs[1]  # [out_channels, in_channels / groups, *kernel]
+        result = {"matmul": 2 * out * math.prod(weight[1:])}
+        return result | ({"add": out} if len(inputs) >= 3 else {})
+    if "pool" in op and op.startswith(("max_pool", "avg_pool")):
+        positions = _kernel_positions(op, args, kwargs)
+        if positions is None:
+            return None
+        if op.startswith("max_pool"):
+            return {"compare": out * positions}
+        return {"add": out * positions, "div": out}
+    return None

@@ -11,9 +11,13 @@ leaves and shared subtrees count once):
   ``add`` for sums (an Add's operands, an einsum's single-operand
   reductions, a batched dot's sum), and per element for the library's
   functions (``exp``, ``log``, ``tanh``, ``sqrt``, ``div``, ``compare``...;
-  ``FUNCTION_FLOPS``).  A user's function is counted as 0 and listed in
-  ``unknown_functions``: never a guess.  Index, Rearrange, Concat and
-  Scatter do no arithmetic; they move bytes (a Tag is its child).
+  ``FUNCTION_FLOPS``; ``pow`` per output element) and the aten ops an
+  import keeps (``circuits.aten_functions.flops``).  A function whose cost
+  is not known (a user's, an aten op without a rule) is never a guess and
+  never 0: it is listed in ``unknown_functions``, counted in each total's
+  ``unknown_nodes``, and every table and comment shows it (``1.2 MFLOP + ?``).
+  Index, Rearrange, Concat, Scatter and casts do no arithmetic; they move
+  bytes (a Tag is its child).
 - bytes read (the children's outputs) and written (its own output), and the
   output's size.  Views (an Index by slices, a Rearrange that torch can
   express as a view, a one-child Add, an einsum that only permutes) read
@@ -45,9 +49,10 @@ import einops
 import opt_einsum
 import torch
 
+from circuits import aten_functions
 from circuits.errors import NodeTypeError, RandomVariableError, shown
 from circuits.evaluation.einsum import is_batched_dot, split_multipliers
-from circuits.functions import GEN_INDEX_NAME
+from circuits.functions import CAST_NAME, EXPLICIT_INDEX_NAME, GEN_INDEX_NAME, get_function
 from circuits.gcpause import gc_paused
 from circuits.nodes import (
     Add,
@@ -112,26 +117,40 @@ FUNCTION_FLOPS: Mapping[str, Mapping[str, int]] = MappingProxyType(
 )
 #: FLOPs per row (over the last axis) of the input, for a function's row-wise part: log_softmax's log of the sum.
 _PER_ROW_FLOPS: Mapping[str, Mapping[str, int]] = {"log_softmax": {"log": 1}}
+#: FLOPs per output element, for a function whose inputs broadcast: ``pow(x, exponent)``.
+_PER_OUTPUT_FLOPS: Mapping[str, Mapping[str, int]] = {"pow": {"pow": 1}}
 
 
 @dataclass(frozen=True, eq=False)
 class Totals:
-    """FLOPs by kind and bytes moved, summed over some nodes (each distinct node once)."""
+    """FLOPs by kind and bytes moved, summed over some nodes (each distinct node once);
+    ``unknown_nodes`` counts those among them whose FLOPs are not known (not in ``flops``)."""
 
     flops: Mapping[str, int] = field(default_factory=dict)
     read_bytes: int = 0
     written_bytes: int = 0
+    unknown_nodes: int = 0
 
     @property
     def flop_count(self) -> int:
-        """All FLOPs, every kind together."""
+        """The FLOPs of the nodes whose cost is known, every kind together (see ``unknown_nodes``)."""
         return sum(self.flops.values())
+
+    @property
+    def flops_text(self) -> str:
+        """``1.20 MFLOP``, or ``1.20 MFLOP + ?`` when some nodes' FLOPs are unknown."""
+        return format_flops(self.flop_count) + (" + ?" if self.unknown_nodes else "")
 
     def __add__(self, other: Totals) -> Totals:
         flops = dict(self.flops)
         for kind, count in other.flops.items():
             flops[kind] = flops.get(kind, 0) + count
-        return Totals(flops, self.read_bytes + other.read_bytes, self.written_bytes + other.written_bytes)
+        return Totals(
+            flops,
+            self.read_bytes + other.read_bytes,
+            self.written_bytes + other.written_bytes,
+            self.unknown_nodes + other.unknown_nodes,
+        )
 
 
 @dataclass(frozen=True, eq=False)
@@ -144,7 +163,7 @@ class NodeCost(Totals):
     allocated_bytes: int = 0  # new memory for it: 0 for a view or a Scalar; an Array's or input's own
     dtype: torch.dtype = torch.float32
     view: bool = False  # the output is a view of a child's storage: nothing allocated
-    unknown_function: bool = False  # a user's function, counted as 0 FLOPs
+    unknown_function: bool = False  # a function whose FLOPs are not known: ``unknown_nodes`` is 1
 
 
 def cost(circuit: Circuit | Iterable[Circuit]) -> CircuitCost:
@@ -191,12 +210,29 @@ def _dtype(node: Circuit, dtypes: dict[bytes, torch.dtype], float_dtype: torch.d
     first = dtypes[children[0].hash]
     if isinstance(node, (Index, Rearrange, Tag, Scatter)):
         return first
-    if isinstance(node, GeneralFunction) and GEN_INDEX_NAME.fullmatch(node.spec.name):
-        return first
+    if isinstance(node, GeneralFunction):
+        name = node.spec.name
+        if GEN_INDEX_NAME.fullmatch(name) or EXPLICIT_INDEX_NAME.fullmatch(name):
+            return first
+        cast = CAST_NAME.fullmatch(name)
+        if cast is not None:
+            target = cast.group("out_dtype")
+            return first if target == "None" else getattr(torch, target)
+        if aten_functions.ATEN_NAME.fullmatch(name):
+            return _aten_dtype(node, [dtypes[c.hash] for c in children])
     dtype = functools.reduce(torch.promote_types, (dtypes[c.hash] for c in children[1:]), first)
     if isinstance(node, GeneralFunction) and not dtype.is_floating_point:
         return float_dtype
     return dtype
+
+
+def _aten_dtype(node: GeneralFunction, child_dtypes: list[torch.dtype]) -> torch.dtype:
+    """What an aten call gives, from its function run on meta tensors (no data)."""
+    metas = [torch.empty(c.shape, dtype=d, device="meta") for c, d in zip(node.children, child_dtypes)]
+    try:
+        return get_function(node.spec.name).function(*metas).dtype
+    except Exception:  # noqa: BLE001 - an op that reads values: its inputs' promoted dtype
+        return functools.reduce(torch.promote_types, child_dtypes)
 
 
 def _node_cost(node: Circuit, dtype: torch.dtype, sizes: dict[bytes, int]) -> NodeCost:
@@ -225,6 +261,7 @@ def _node_cost(node: Circuit, dtype: torch.dtype, sizes: dict[bytes, int]) -> No
         dtype=dtype,
         view=view,
         unknown_function=unknown,
+        unknown_nodes=int(unknown),
     )
 
 
@@ -254,8 +291,14 @@ def _flops(node: Circuit, elements: int) -> tuple[dict[str, int], bool, bool]:
 
 def _function_flops(node: GeneralFunction) -> tuple[dict[str, int], bool, bool]:
     name = node.spec.name
-    if GEN_INDEX_NAME.fullmatch(name):
-        return {}, False, False  # a gather: bytes moved, no arithmetic
+    if GEN_INDEX_NAME.fullmatch(name) or EXPLICIT_INDEX_NAME.fullmatch(name) or CAST_NAME.fullmatch(name):
+        return {}, False, False  # a gather or a conversion: bytes moved, no arithmetic
+    if aten_functions.ATEN_NAME.fullmatch(name):
+        counted = aten_functions.flops(name, [c.shape for c in node.children], node.shape)
+        return ({}, False, True) if counted is None else (counted, False, False)
+    if name in _PER_OUTPUT_FLOPS:
+        outputs = math.prod(node.shape)
+        return {kind: count * outputs for kind, count in _PER_OUTPUT_FLOPS[name].items()}, False, False
     per_input = FUNCTION_FLOPS.get(name)
     if per_input is None:
         return {}, False, True
@@ -389,8 +432,9 @@ class CircuitCost:
             return format_bytes(own.allocated_bytes)
         if own.view:
             return "view"
-        text = f"{format_flops(own.flop_count)}, {format_bytes(own.out_bytes)} out"
-        return text + (" (unknown function: 0 counted)" if own.unknown_function else "")
+        if own.unknown_function:
+            return f"? FLOP (not known for {node.spec.name}), {format_bytes(own.out_bytes)} out"
+        return f"{format_flops(own.flop_count)}, {format_bytes(own.out_bytes)} out"
 
     def table(self, depth: int = 2, label: Callable[[Circuit], str | None] | None = None) -> str:
         """The totals, the peak, then per subtree (to ``depth``) or per group (``label``, see ``grouped``).
@@ -398,18 +442,20 @@ class CircuitCost:
         Groups that cost nothing (a weight's own group, say) are left out.
         """
         lines = self._header()
-        lines.append(f"{'':<44}{'FLOPs':>14}{'read':>12}{'written':>12}{'out':>12}")
+        lines.append(f"{'':<44}{'FLOPs':>16}{'read':>12}{'written':>12}{'out':>12}")
         if label is not None:
             groups = sorted(self.grouped(label).items(), key=lambda item: _natural(item[0]))
             rows = [
-                (group, totals, None) for group, totals in groups if totals.flop_count or totals.read_bytes
+                (group, totals, None)
+                for group, totals in groups
+                if totals.flop_count or totals.read_bytes or totals.unknown_nodes
             ]
         else:
             rows = self._tree_rows(depth)
         for text, totals, own in rows:
             out = format_bytes(own.out_bytes) if own is not None else ""
             lines.append(
-                f"{shown(text)[:43]:<44}{format_flops(totals.flop_count):>14}"
+                f"{shown(text)[:43]:<44}{totals.flops_text:>16}"
                 f"{format_bytes(totals.read_bytes):>12}{format_bytes(totals.written_bytes):>12}{out:>12}"
             )
         return "\n".join(lines)
@@ -418,14 +464,19 @@ class CircuitCost:
         lines = [
             f"Peak memory: {format_bytes(self.peak_bytes)} (Arrays and inputs {format_bytes(self.held_bytes)}, "
             f"values at most {format_bytes(self.peak_value_bytes)})",
-            f"Total cost: {format_flops(self.total.flop_count)}",
+            f"Total cost: {self.total.flops_text}",
             f"  read: {format_bytes(self.total.read_bytes)}",
             f"  write: {format_bytes(self.total.written_bytes)}",
         ]
         lines += [f"  {kind}: {count:.6g}" for kind, count in sorted(self.total.flops.items())]
         if self.unknown_functions:
-            names = sorted({n.spec.name for n in self.unknown_functions})
-            lines.append(f"  not counted (unknown functions, 0 FLOPs each): {', '.join(names)}")
+            counts: dict[str, int] = {}
+            for node in self.unknown_functions:
+                counts[node.spec.name] = counts.get(node.spec.name, 0) + 1
+            listed = ", ".join(
+                f"{name} x{count}" if count > 1 else name for name, count in sorted(counts.items())
+            )
+            lines.append(f"  unknown: the FLOPs of {len(self.unknown_functions)} nodes (+ ?): {listed}")
         return lines
 
     def _tree_rows(self, depth: int) -> list[tuple[str, Totals, NodeCost | None]]:
@@ -446,17 +497,19 @@ class CircuitCost:
         return rows
 
     def to_pandas(self):
-        """One row per distinct node, in schedule order (needs pandas)."""
+        """One row per distinct node, in schedule order (needs pandas); a node whose FLOPs are not
+        known has NaN in ``flops`` and each ``flops_KIND`` column, and ``flops_unknown`` set."""
         import pandas as pd
 
-        return pd.DataFrame(
+        frame = pd.DataFrame(
             [
                 {
                     "name": c.node.name,
                     "kind": c.node.kind,
                     "shape": c.node.shape,
                     "dtype": str(c.dtype),
-                    "flops": c.flop_count,
+                    "flops": math.nan if c.unknown_function else c.flop_count,
+                    "flops_unknown": c.unknown_function,
                     **{f"flops_{kind}": count for kind, count in c.flops.items()},
                     "read_bytes": c.read_bytes,
                     "written_bytes": c.written_bytes,
@@ -466,19 +519,26 @@ class CircuitCost:
                 }
                 for c in self.nodes
             ]
-        ).fillna(0)
+        )
+        kinds = [
+            column for column in frame.columns if column.startswith("flops_") and column != "flops_unknown"
+        ]
+        frame[kinds] = frame[kinds].fillna(0)
+        frame.loc[frame["flops_unknown"], kinds] = math.nan
+        return frame
 
 
 def _sum(costs: Iterable[Totals]) -> Totals:
     """The totals of ``costs``, added into one dict (not a new ``Totals`` per term)."""
     flops: dict[str, int] = {}
-    read = written = 0
+    read = written = unknown = 0
     for c in costs:
         for kind, count in c.flops.items():
             flops[kind] = flops.get(kind, 0) + count
         read += c.read_bytes
         written += c.written_bytes
-    return Totals(flops, read, written)
+        unknown += c.unknown_nodes
+    return Totals(flops, read, written, unknown)
 
 
 def _replay(nodes: list[NodeCost], roots: list[Circuit]) -> tuple[int, int]:

@@ -790,13 +790,17 @@ class Einsum(Circuit):
 
     @classmethod
     def from_einsum_string(cls, string: str, *nodes: Circuit, name: str | None = None) -> Einsum:
-        """``Einsum.from_einsum_string("qc,kc,,qk->qk", q, k, scale, mask)``."""
+        """``Einsum.from_einsum_string("qc,kc,,qk->qk", q, k, scale, mask)``; ``...`` as torch.einsum
+        reads it (``"...ij,...jk->...ik"``: broadcast batch axes, summed if the output has no ``...``)."""
         where = shape_rules.describe("Einsum", name)
         if not isinstance(string, str):
             raise EinsumError(
                 f"{where}: einsum string {shown(repr(string))} is a {type(string).__name__}, not a str "
                 "like 'ab,bc->ac'"
             )
+        if "..." in string and string.count("->") == 1:  # torch.einsum's ellipsis, in letters
+            shapes = [node.shape if isinstance(node, Circuit) else None for node in nodes]
+            string = shape_rules.expand_ellipsis(string.replace(" ", ""), shapes, where)
         try:
             operands, out = shape_rules.parse_einsum_string(string.replace(" ", ""), where)
         except EinsumError as error:

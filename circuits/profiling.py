@@ -9,8 +9,10 @@ evaluator computes it once.  Steps are sequential on the CPU; on a GPU, kernels 
 so ``profile(..., synchronize=True)`` waits for each (slower, but per-node times are then real).
 
 The result prints as the circuit itself with each node's times as ``#`` comments (the text still
-parses), as a table per node name (self time, total time, how many nodes of that name ran:
-"calls"), sorted by self time, and exports to the Chrome trace format torch's profiler writes
+parses), as a table per node name (self time, total time, their shares of the run, the time per
+call, how many nodes of that name ran: "calls"), sorted by self time, per group of a label
+function (``grouped``: ``circuits.cost_groups.module_table`` makes torch.profiler's module view of
+an import from it), and exports to the Chrome trace format torch's profiler writes
 (``chrome://tracing``, Perfetto).  docs/evaluation.md.
 """
 
@@ -20,7 +22,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -72,15 +74,56 @@ class Profile:
         ]
 
     def table(self, top: int | None = 20) -> str:
-        """The ``rows`` as text, the reference profiler's columns."""
+        """The ``rows`` as text, in torch.profiler's ``key_averages().table()`` columns: self time and
+        its share of the run's, total time and its share, total time per call, and the calls."""
         rows = self.rows(top)
+        run = sum(self.self_seconds.values()) or 1.0  # the run's self times together: 100%
         width = max([len("Node")] + [len(name) for name, *_ in rows])
-        lines = [f"{'Node':{width}s} | Self CPU total | CPU total  | Number of Calls"]
-        lines.append(f"{'-' * width}-|----------------|------------|----------------")
+        header = [
+            "Self CPU %",
+            "Self CPU total",
+            "CPU total %",
+            "CPU total",
+            "CPU time avg",
+            "Number of Calls",
+        ]
+        lines = [" | ".join([f"{'Node':{width}s}"] + header)]
+        lines.append("-|-".join(["-" * width] + ["-" * len(column) for column in header]))
         for name, self_s, total_s, calls in rows:
-            lines.append(f"{name:{width}s} | {_ms(self_s):>14s} | {_ms(total_s):>10s} | {calls}")
+            cells = [
+                f"{100 * self_s / run:.2f}%",
+                _ms(self_s),
+                f"{100 * total_s / run:.2f}%",
+                _ms(total_s),
+                _ms(total_s / calls),
+                str(calls),
+            ]
+            lines.append(
+                " | ".join([f"{name:{width}s}"] + [f"{c:>{len(h)}s}" for c, h in zip(cells, header)])
+            )
         lines.append(f"{len(self.nodes)} nodes ran in {_ms(self.seconds)}")
         return "\n".join(lines)
+
+    def grouped(
+        self, label: Callable[[Circuit], str | None], rest: str = "(rest)"
+    ) -> dict[str, tuple[float, int]]:
+        """``(self seconds, nodes)`` per group: ``label(node)`` starts a group at a node (None: the node
+        joins its parent's), as ``CircuitCost.grouped`` groups; a node reached through several groups
+        counts once, in the first the pre-order walk from the root reaches it through."""
+        groups: dict[str, tuple[float, int]] = {}
+        seen: set[bytes] = set()
+        stack = [(self.root, rest)]
+        while stack:
+            node, inherited = stack.pop()
+            if node.hash in seen:
+                continue
+            seen.add(node.hash)
+            group = label(node) or inherited
+            if node.hash in self.self_seconds:
+                seconds, count = groups.get(group, (0.0, 0))
+                groups[group] = (seconds + self.self_seconds[node.hash], count + 1)
+            stack.extend((child, group) for child in reversed(node.children))
+        return groups
 
     def tree(self, depth: int = 3) -> str:
         """The reference profiler's nested table: one row per node down to ``depth``, indented

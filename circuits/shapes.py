@@ -75,6 +75,81 @@ def _parse_einsum_string(spec: str) -> tuple[tuple[tuple[int, ...], ...], tuple[
     return operands, tuple(_LETTER_TO_AXIS[c] for c in output)
 
 
+def expand_ellipsis(spec: str, shapes: Sequence[Shape | None], where: str) -> str:
+    """``spec`` with each ``...`` written out in letters of its own, as ``torch.einsum`` reads it.
+
+    The ``...`` of each operand stands for its axes the letters leave over;
+    those broadcast against each other right-aligned (a size-1 axis gets a
+    letter of its own, summed away: the product repeats it), and ``...`` in
+    the output is their broadcast shape; an output without ``...`` sums them.
+    """
+    inputs, _, output = spec.partition("->")
+    parts = inputs.split(",")
+    if len(parts) != len(shapes):
+        raise EinsumError(
+            f"{where}: einsum string {spec!r} has {len(parts)} operands but {len(shapes)} were given"
+        )
+    for part in parts + [output]:
+        if part.count("...") > 1 or "." in part.replace("...", ""):
+            raise EinsumError(f"{where}: {part!r} in einsum string {spec!r} has a '.' that is not one '...'")
+    fresh = iter(letter for letter in EINSUM_LETTERS if letter not in spec)
+    ranks = []
+    for position, (part, shape) in enumerate(zip(parts, shapes)):
+        if shape is None:
+            raise EinsumError(f"{where}: operand {position} of {spec!r} is not a circuit")
+        rank = len(shape) - len(part.replace("...", ""))
+        if rank < 0 or (rank and "..." not in part):
+            raise EinsumError(
+                f"{where}: operand {position} has shape {list(shape)} (rank {len(shape)}) but {part!r} of "
+                f"{spec!r} gives it {len(part.replace('...', ''))} axes"
+            )
+        ranks.append(rank if "..." in part else 0)
+    broadcast = _ellipsis_sizes(parts, shapes, ranks, spec, where)
+    try:
+        shared = [next(fresh) for _ in broadcast]
+        written = [
+            part.replace("...", "".join(_ellipsis_letters(shape, rank, part, broadcast, shared, fresh)))
+            for part, shape, rank in zip(parts, shapes, ranks)
+        ]
+    except StopIteration:
+        raise EinsumError(
+            f"{where}: einsum string {spec!r} needs more letters for its '...' axes than the "
+            f"{len(EINSUM_LETTERS)} torch.einsum has"
+        ) from None
+    return ",".join(written) + "->" + output.replace("...", "".join(shared))
+
+
+def _ellipsis_sizes(parts, shapes, ranks, spec: str, where: str) -> list[int]:
+    """The broadcast shape of the operands' ``...`` axes (right-aligned; each size matches or is 1)."""
+    width = max(ranks, default=0)
+    sizes = [1] * width
+    for position, (part, shape, rank) in enumerate(zip(parts, shapes, ranks)):
+        start = part.index("...") if rank else 0
+        for k, size in enumerate(shape[start : start + rank]):
+            slot = width - rank + k
+            if sizes[slot] == 1:
+                sizes[slot] = size
+            elif size not in (1, sizes[slot]):
+                raise EinsumError(
+                    f"{where}: the '...' axes of {spec!r} do not broadcast: operand {position} (shape "
+                    f"{list(shape)}) has size {size} where another has {sizes[slot]} (axis {slot - width} of "
+                    f"the '...'); operand shapes {[list(s) for s in shapes]}"
+                )
+    return sizes
+
+
+def _ellipsis_letters(
+    shape, rank: int, part: str, broadcast: list[int], shared: list[str], fresh
+) -> list[str]:
+    """The letters one operand's ``...`` axes get: the shared one, or a fresh one for a size-1 axis that broadcasts."""
+    start = part.index("...") if "..." in part else 0
+    offset = len(broadcast) - rank
+    return [
+        shared[offset + k] if size == broadcast[offset + k] else next(fresh)
+        for k, size in enumerate(shape[start : start + rank])
+    ]
+
+
 def normalize_axes(axes: Sequence[int] | str, where: str) -> tuple[int, ...]:
     """Accept axes as a letter string or a sequence of ints in ``range(len(EINSUM_LETTERS))``."""
     if isinstance(axes, str):

@@ -9,6 +9,8 @@ forward; the peak memory is what torch's profiler records while
 
 from __future__ import annotations
 
+import importlib.util
+import math
 from pathlib import Path
 
 import pytest
@@ -90,14 +92,40 @@ def test_adds_functions_and_data_movement():
     assert result[three].read_bytes == 3 * 12 * 4 and result[three].out_bytes == 12 * 4
 
 
-def test_user_function_counts_zero_and_is_listed():
+def test_a_function_of_unknown_cost_is_listed_as_unknown_never_as_zero():
     """Not registered: a user's function is only known by its spec."""
     spec = cc.FunctionSpec("cost_test_square", 1, lambda shapes: shapes[0], lambda t: t * t)
-    node = cc.GeneralFunction(_array(3, name="x"), spec=spec, name="sq")
-    result = cc.cost(node)
-    assert result[node].unknown_function and result[node].flop_count == 0
+    x = _array(3, name="x")
+    node = cc.GeneralFunction(x, spec=spec, name="sq")
+    total = cc.Add(node, cc.Einsum.from_einsum_string("a,a->a", x, x, name="x2"), name="total")
+    result = cc.cost(total)
+    assert result[node].unknown_function and result[node].unknown_nodes == 1
     assert result.unknown_functions == [node]
-    assert "cost_test_square" in result.table()
+    assert result.total.unknown_nodes == 1 and result.total.flops == {"mul": 3, "add": 3}
+    table = result.table()
+    assert "Total cost: 6 FLOP + ?" in table
+    assert "unknown: the FLOPs of 1 nodes (+ ?): cost_test_square" in table
+    assert "? FLOP (not known for cost_test_square)" in result.comment(node)
+    assert result.subtree(node).flops_text == "0 FLOP + ?"
+    assert "+ ?" in cost_table(total, by="node")  # the group holding it says so too
+    if importlib.util.find_spec("pandas") is not None:
+        frame = result.to_pandas().set_index("name")
+        assert math.isnan(frame.loc["sq", "flops"]) and frame.loc["sq", "flops_unknown"]
+        assert frame.loc["x2", "flops"] == 3 and not frame.loc["x2", "flops_unknown"]
+
+
+def test_pow_and_casts_are_counted():
+    x = _array(4, 1, name="x")
+    exponent = _array(5, name="e")
+    power = cc.GeneralFunction.new_by_name(x, exponent, spec_name="pow", name="pow")  # broadcast to [4,5]
+    half = cc.GeneralFunction(
+        power, spec="cast_from_{device:None,dtype:None}_to_{device:None,dtype:float16}", name="half"
+    )
+    result = cc.cost(half)
+    assert dict(result[power].flops) == {"pow": 20} and not result[power].unknown_function
+    assert result[half].flop_count == 0 and not result[half].unknown_function
+    assert result[half].dtype == torch.float16 and result[half].out_bytes == 20 * 2
+    assert result.total.unknown_nodes == 0
 
 
 def test_shared_subtrees_count_once():
@@ -168,6 +196,40 @@ def test_gpt2_matmul_flops_equal_torch_flop_counter_on_hugging_face():
     ours = cc.cost(circuit).total.flops["matmul"]
     assert abs(ours - counter.get_total_flops()) <= 0.01 * counter.get_total_flops()
     assert ours == counter.get_total_flops()  # in fact exactly
+
+
+def test_an_imported_gpt2s_gelu_counts_its_pow():
+    """Hugging Face's GPT-2 GELU is ``0.5 x (1 + tanh(c (x + 0.044715 pow(x, 3))))``: imported, its pow
+    is an aten function, one ``pow`` per element of each layer's MLP input, none of unknown cost."""
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    config = transformers.GPT2Config(n_layer=2, n_head=3, n_embd=15, vocab_size=41, n_positions=19)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    circuit = cm.from_torch(model, (torch.randint(0, 41, (2, 7)),))
+    result = cc.cost(circuit)
+    assert result.total.flops["pow"] == config.n_layer * 2 * 7 * 4 * config.n_embd
+    assert result.total.unknown_nodes == 0 and not result.unknown_functions
+
+
+def test_imported_aten_convolutions_and_pooling_are_counted():
+    """A CNN's convolutions (kept as aten ops) counted as torch's flop counter counts them."""
+
+    class CNN(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = torch.nn.Conv2d(3, 5, 3, padding=1)
+            self.conv2 = torch.nn.Conv2d(5, 4, 3, groups=1, bias=False)
+
+        def forward(self, x):
+            return self.conv2(torch.nn.functional.max_pool2d(torch.relu(self.conv1(x)), 2))
+
+    model, images = CNN().eval(), torch.randn(2, 3, 10, 10)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(images)
+    result = cc.cost(cm.from_torch(model, (images,)))
+    assert result.total.flops["matmul"] == counter.get_total_flops()
+    assert result.total.unknown_nodes == 0
+    assert result.total.flops["compare"] == 2 * 5 * 10 * 10 + 2 * 5 * 5 * 5 * 4  # relu, then a 2x2 max
 
 
 def test_gpt2_flops_equal_the_flop_counter_on_our_own_evaluation():

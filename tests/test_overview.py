@@ -56,3 +56,13 @@ def test_llama_and_unnamed_nodes():
     assert "  (0)" in text and "MLP: 'b0.m'" in text
     with pytest.raises(cc.CircuitError, match="overview: the circuit is a str"):
         overview("t.loss")
+
+
+def test_a_circuit_without_layer_names_says_why_it_finds_no_layers():
+    x = cc.Array(torch.randn(2, 3), name="x")
+    text = overview(cc.Einsum.from_einsum_string("ab,ab->a", x, x, name="sq"))
+    assert text.startswith("Einsum 'sq' [2]: 0 layers: no node is named in the model naming convention")
+    assert "nor after a module (from_torch)" in text
+    # nodes named after modules, none of them numbered (a model without a list of layers)
+    named = cc.Add(cc.Add(x, name="encoder"), name="head")
+    assert "nor after a numbered module ('transformer.h.0')" in overview(named)

@@ -94,3 +94,28 @@ def test_the_nested_table_follows_the_circuit(gpt2):
     assert depth_one == [child.name for child in inner]
     assert all(len(row[0]) - len(row[0].lstrip(" │")) <= 2 for row in rows)  # nothing below depth 2
     assert lines[-1].split("|")[0].lstrip(" │").startswith("└── ")
+
+
+def test_the_table_has_torch_profilers_shares_and_averages(gpt2):
+    """Self CPU % are the rows' self times over the run's (they sum to 100% over every row), CPU total %
+    the total times over it, and CPU time avg the total time per call, as in key_averages().table()."""
+    result = profile(gpt2)
+    lines = result.table(top=None).splitlines()
+    header = [cell.strip() for cell in lines[0].split("|")]
+    assert header == [
+        "Node",
+        "Self CPU %",
+        "Self CPU total",
+        "CPU total %",
+        "CPU total",
+        "CPU time avg",
+        "Number of Calls",
+    ]
+    run = sum(result.self_seconds.values())
+    cells = [[cell.strip() for cell in line.split("|")] for line in lines[2:-1]]
+    assert len(cells) == len(result.rows())
+    assert math.isclose(sum(float(row[1].rstrip("%")) for row in cells), 100.0, abs_tol=0.01 * len(cells))
+    for (name, self_s, total_s, calls), row in zip(result.rows(), cells):
+        assert row[0] == name and row[6] == str(calls)
+        assert row[1] == f"{100 * self_s / run:.2f}%" and row[3] == f"{100 * total_s / run:.2f}%"
+        assert row[5] == f"{total_s / calls * 1e3:.3f}ms"

@@ -198,13 +198,14 @@ def test_flops_from_the_table(name):
     assert not result[node].unknown_function
 
 
-def test_pow_flops_are_listed_as_unknown_rather_than_guessed():
-    """Per-input-element counting cannot see a broadcast base, so pow has no table entry."""
+def test_pow_flops_are_counted_per_output_element():
+    """Per-input-element counting cannot see a broadcast base, so pow is counted per output element."""
     node = cc.GeneralFunction(
         cc.Array(torch.rand(3), name="x"), cc.Array(torch.rand(2, 3), name="e"), spec="pow"
     )
     assert "pow" not in FUNCTION_FLOPS
-    assert cc.cost(node).unknown_functions == [node]
+    result = cc.cost(node)
+    assert result.unknown_functions == [] and dict(result[node].flops) == {"pow": 2 * 3}
 
 
 def test_rust_functions_we_do_not_have_are_refused_by_name():
@@ -274,9 +275,11 @@ def test_cast_names_are_reserved_and_pickle_by_name():
         cc.register_function(cc.FunctionSpec(name, 1, lambda s: s[0], torch.exp))
 
 
-def test_casts_count_as_unknown_in_costs():
+def test_casts_cost_no_flops_and_take_their_dtype_in_costs():
     node = cc.GeneralFunction(cc.Array(torch.zeros(3), name="x"), spec=_cast("None/None", "None/float64"))
-    assert cc.cost(node).unknown_functions == [node]
+    result = cc.cost(node)
+    assert result.unknown_functions == [] and result[node].flop_count == 0
+    assert result[node].dtype == torch.float64 and result[node].out_bytes == 3 * 8
 
 
 # --------------------------------------------------------------- explicit_index

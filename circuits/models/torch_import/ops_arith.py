@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import itertools
 import math
-import re
 from typing import Any, Sequence
 
+from circuits.errors import EinsumError
 from circuits.models.torch_import.registry import UNTRANSLATED, translates
 from circuits.models.torch_import.shaping import unsqueezed
-from circuits.nodes import Add, Circuit, Einsum, GeneralFunction, Scalar
+from circuits.nodes import Add, Circuit, Einsum, GeneralFunction
 
 
 class Letters:
@@ -49,8 +49,7 @@ def scaled(ctx, node: Circuit, factor: float, part: str | None = None, name: str
     if factor == 1:
         return node
     axes = tuple(range(node.rank))
-    factor_node = Scalar(float(factor), name=ctx.name("scalar"))
-    return Einsum((node, axes), (factor_node, ()), out_axes=axes, name=name or ctx.name(part))
+    return Einsum((node, axes), (ctx.constant(factor), ()), out_axes=axes, name=name or ctx.name(part))
 
 
 def elementwise_product(ctx, values: Sequence[Any], name: str) -> Circuit:
@@ -65,7 +64,8 @@ def elementwise_product(ctx, values: Sequence[Any], name: str) -> Circuit:
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A Python number (a bool too: torch reads ``x * True`` as ``x * 1``)."""
+    return isinstance(value, (int, float))
 
 
 @translates("add")
@@ -111,6 +111,8 @@ def div(ctx, a, b, rounding_mode=None):
     """``a / b`` as ``a * (1/b)``: a Scalar ``1/b``, or the ``reciprocal`` of a tensor ``b``."""
     if rounding_mode is not None or not ctx.all_float(a, b):
         return UNTRANSLATED
+    if _number(b) and b == 0:
+        return UNTRANSLATED  # the aten op gives inf and nan as torch does
     if _number(b):
         return elementwise_product(ctx, [a, 1.0 / b], ctx.name())
     recip = GeneralFunction(ctx.node(b), spec="reciprocal", name=ctx.name("reciprocal"))
@@ -171,41 +173,17 @@ def linear(ctx, x, weight, bias=None):
     return product if bias is None else Add(product, ctx.node(bias), name=ctx.name())
 
 
-_EINSUM_PART = re.compile(r"[A-Za-z]*(?:\.\.\.)?[A-Za-z]*")
-
-
 @translates("einsum")
 def einsum(ctx, equation, operands, path=None):
-    """torch.einsum, its letters (and ``...``) renumbered; broadcast size-1 axes are not handled."""
-    equation = equation.replace(" ", "")
+    """torch.einsum as the Einsum of its equation (``...`` read as torch reads it); one torch runs by
+    broadcasting a letter's size-1 axis, or without ``->``, is kept as the aten op."""
     if "->" not in equation or not ctx.all_float(*operands):
         return UNTRANSLATED
-    inputs, output = equation.split("->")
     nodes = [ctx.node(operand) for operand in operands]
-    parts = inputs.split(",")
-    if len(parts) != len(nodes) or not all(_EINSUM_PART.fullmatch(p) for p in parts + [output]):
+    try:
+        return Einsum.from_einsum_string(equation, *nodes, name=ctx.name())
+    except EinsumError:
         return UNTRANSLATED
-    ellipsis_rank = max(
-        (n.rank - len(p.replace("...", "")) for n, p in zip(nodes, parts) if "..." in p), default=0
-    )
-    ellipsis = [f"#{i}" for i in range(ellipsis_rank)]
-
-    def labels(part: str, rank: int) -> list[str]:
-        before, _, after = part.partition("...")
-        middle = ellipsis[len(ellipsis) - (rank - len(before) - len(after)) :] if "..." in part else []
-        return list(before) + middle + list(after)
-
-    numbers: dict[str, int] = {}
-    sizes: dict[str, int] = {}
-    operand_axes = []
-    for node, part in zip(nodes, parts):
-        names = labels(part, node.rank)
-        for label, size in zip(names, node.shape):
-            if sizes.setdefault(label, size) != size:
-                return UNTRANSLATED  # broadcasting inside einsum: kept as the aten op
-        operand_axes.append(tuple(numbers.setdefault(label, len(numbers)) for label in names))
-    out = tuple(numbers[label] for label in labels(output, len(ellipsis) + len(output.replace("...", ""))))
-    return Einsum(*zip(nodes, operand_axes), out_axes=out, name=ctx.name())
 
 
 # ---------------------------------------------------------------- reductions

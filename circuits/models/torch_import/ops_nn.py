@@ -14,7 +14,7 @@ import torch
 
 from circuits.models.torch_import import shaping
 from circuits.models.torch_import.registry import UNTRANSLATED, Const, translates
-from circuits.nodes import Add, Array, Circuit, Einsum, GeneralFunction, Rearrange, Scalar
+from circuits.nodes import Add, Array, Circuit, Einsum, GeneralFunction, Rearrange
 
 #: aten op -> the library's GeneralFunction computing it.
 _ELEMENTWISE = {
@@ -109,13 +109,13 @@ def _normalized(ctx, x: Circuit, eps: float, center: bool) -> Circuit:
     size = _function(ctx, "last_dim_size", x, part="hidden_size")
     recip = _function(ctx, "reciprocal", size, part="recip_hidden_size")
     if center:
-        neg = Scalar(-1.0, shape=(1,), name=ctx.name("neg"))
+        neg = ctx.constant(-1.0, "neg", (1,))
         neg_mean = Einsum(
             (x, batch + (h,)), (neg, (z,)), (recip, batch), out_axes=batch + (z,), name=ctx.name("neg_mean")
         )
         x = Add(x, neg_mean, name=ctx.name("mean_subbed"))
     var = Einsum((x, batch + (h,)), (x, batch + (h,)), (recip, batch), out_axes=batch, name=ctx.name("var"))
-    var_p_eps = Add(Scalar(float(eps), name=ctx.name("eps")), var, name=ctx.name("var_p_eps"))
+    var_p_eps = Add(ctx.constant(eps, "eps"), var, name=ctx.name("var_p_eps"))
     rsqrt = _function(ctx, "rsqrt", var_p_eps, part="rsqrt")
     return Einsum((x, batch + (h,)), (rsqrt, batch), out_axes=batch + (h,), name=ctx.name("y"))
 
@@ -192,9 +192,7 @@ def attention(ctx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, s
         bias = Array(causal, name=ctx.name("causal_bias"))
     batch = tuple(range(q.rank - 2))
     query, key, e, ev = (q.rank - 2, q.rank - 1, q.rank, q.rank + 1)
-    factor = Scalar(
-        float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1]), name=ctx.name("scale")
-    )
+    factor = ctx.constant(float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1]), "scale")
     scores = Einsum(
         (q, batch + (query, e)),
         (k, batch + (key, e)),

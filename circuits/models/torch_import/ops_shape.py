@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from circuits.functions import CAST_NAME
-from circuits.models.torch_import import shaping
+from circuits.models.torch_import import dtypes, shaping
 from circuits.models.torch_import.registry import UNTRANSLATED, Const, translates
 from circuits.nodes import Circuit, Concat, GeneralFunction, Index
 
@@ -87,18 +86,12 @@ def dropout(ctx, x, p, train):
 
 @translates("_to_copy", "to", "type_as")
 def to(ctx, x, *args, **kwargs):
-    """Same dtype: the input; another floating dtype: the library's cast; else the aten op."""
+    """Same dtype: the input; another: the library's cast (``cast_from_..._to_{...dtype:float16}``)."""
     source, target = ctx.dtype_of(x), ctx.out_dtype
     if source == target:
         return ctx.node(x)
-    if source is None or target is None or not (source.is_floating_point and target.is_floating_point):
-        return UNTRANSLATED
-    spec = (
-        f"cast_from_{{device:None,dtype:None}}_to_{{device:None,dtype:{str(target).removeprefix('torch.')}}}"
-    )
-    if not CAST_NAME.fullmatch(spec):
-        return UNTRANSLATED
-    return GeneralFunction(ctx.node(x), spec=spec, name=ctx.name())
+    spec = None if source is None or target is None else dtypes.cast_spec(target)
+    return UNTRANSLATED if spec is None else GeneralFunction(ctx.node(x), spec=spec, name=ctx.name())
 
 
 # ------------------------------------------------------------------- slicing

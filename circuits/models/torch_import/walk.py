@@ -6,6 +6,9 @@ as ``Const`` values; one becomes an Array (or a Scalar, if every entry is
 the same float) only where a computed node uses it.  Everything else goes
 through the op table (``registry.OPS``) or, failing that, becomes an aten
 GeneralFunction (``circuits.aten_functions``), recorded as untranslated.
+Each result is checked against the shape torch recorded for the op and cast
+to its dtype where evaluation would give another (``dtypes``); each
+module's output gets a node named after the module (``naming``).
 """
 
 from __future__ import annotations
@@ -15,12 +18,13 @@ from typing import Any, Callable, Mapping
 
 import torch
 import torch.fx
+import torch.utils._pytree as pytree
 
 from circuits import aten_functions
 from circuits.errors import CircuitError, ModelError
-from circuits.models.torch_import import naming
+from circuits.models.torch_import import dtypes, naming
 from circuits.models.torch_import.registry import OPS, UNTRANSLATED, Const
-from circuits.nodes import Array, Circuit, GeneralFunction, Scalar
+from circuits.nodes import Add, Array, Circuit, GeneralFunction, Scalar
 
 # the translators register themselves on import
 from circuits.models.torch_import import ops_arith, ops_nn, ops_shape  # noqa: F401, E402  isort: skip
@@ -60,32 +64,76 @@ def _shape_of(value: Any) -> tuple | None:
     return tuple(int(size) for size in value.shape) if isinstance(value, torch.Tensor) else None
 
 
-class Translator:
-    """Translates one exported graph; ``missing`` lists the aten ops kept as GeneralFunctions."""
+def _check_static(fx_node: torch.fx.Node, where: str) -> None:
+    """Refuse an op whose result depends on the data in a way a circuit cannot hold: a Python number
+    read from a tensor (``.item()``), or a shape (a boolean mask's ``x[mask]``, ``nonzero``)."""
+    for item in pytree.tree_leaves(fx_node.meta.get("val")):
+        if isinstance(item, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            raise ModelError(
+                f"from_torch: {where} reads a tensor's value into a Python number (.item(), "
+                "float(t), int(t) or a comparison of one), which a circuit, computed from tensors, cannot "
+                "hold; keep it a tensor (x * t, not x * t.item())"
+            )
+        if isinstance(item, torch.Tensor) and any(isinstance(size, torch.SymInt) for size in item.shape):
+            raise ModelError(
+                f"from_torch: {where} gives a tensor of shape {[str(s) for s in item.shape]}, which depends "
+                "on the data (a boolean mask x[mask], nonzero, masked_select, unique); a circuit's shapes "
+                "are fixed: keep the shape (torch.where(mask, x, 0))"
+            )
 
-    def __init__(self, leaves: Mapping[str, Any], namer: naming.Namer):
+
+class Translator:
+    """Translates one exported graph; ``missing`` lists the aten ops kept as GeneralFunctions.
+
+    ``top`` names the top module in messages; ``basis`` is the dtype a constant is checked against
+    before it becomes a Scalar (``dtypes.exact_in``), ``scalar_dtype`` the one Scalars evaluate to.
+    """
+
+    def __init__(
+        self,
+        leaves: Mapping[str, Any],
+        namer: naming.Namer,
+        *,
+        top: str = "module",
+        basis: torch.dtype = torch.float32,
+        scalar_dtype: torch.dtype = torch.float32,
+    ):
         self.env: dict[torch.fx.Node, Any] = {}
         self.leaves = leaves
         self.namer = namer
+        self.top = top
+        self.basis = basis
+        self.dtypes = dtypes.Dtypes(scalar_dtype)
         self.wrapped: dict[int, Circuit] = {}  # id(Const) -> its node, so a constant is one node
-        self.missing: dict[str, list[str]] = {}  # "aten.op.overload" -> module paths
+        self.missing: dict[str, list[str]] = {}  # "aten.op.overload" -> modules it ran in
+        self.made_in: dict[bytes, frozenset[str]] = {}  # node hash -> the module calls that computed it
 
     def run(self, graph: torch.fx.Graph) -> list[Any]:
         outputs: list[Any] = []
+        module_outputs = naming.module_outputs(graph)
         for fx_node in graph.nodes:
             if fx_node.op == "placeholder":
                 self.env[fx_node] = self.leaves[fx_node.name]
             elif fx_node.op == "call_function":
-                self.env[fx_node] = self.call(fx_node)
+                self.env[fx_node] = self.named_after_modules(
+                    self.call(fx_node), module_outputs.get(fx_node, ())
+                )
             elif fx_node.op == "output":
                 outputs = [
                     self.env[item] if isinstance(item, torch.fx.Node) else item for item in fx_node.args[0]
                 ]
             else:
                 raise ModelError(
-                    f"exported graph node {fx_node.name!r} is a {fx_node.op!r}, which is not supported"
+                    f"from_torch: exported graph node {fx_node.name!r} is a {fx_node.op!r}, which is not supported"
                 )
         return outputs
+
+    def module(self, path: str) -> str:
+        """How messages name a module: ``module 'transformer.h.0'``, or the top module by its class."""
+        return f"module {path!r}" if path else f"the top module ({self.top})"
+
+    def where(self, fx_node: torch.fx.Node, path: str) -> str:
+        return f"{fx_node.name!r} ({fx_node.target}) in {self.module(path)}"
 
     def circuit(self, value: Any) -> Circuit:
         """``value`` (a node or a Const) as a circuit node."""
@@ -99,10 +147,13 @@ class Translator:
         raise ModelError(f"cannot make a circuit node of a {type(value).__name__} ({value!r})")
 
     def _constant_node(self, const: Const) -> Circuit:
+        """A Scalar if every entry is the same float and a Scalar holds it as torch does; else an Array."""
         tensor = const.tensor.detach()
         name = self.namer.unique(const.name)
         if tensor.is_floating_point() and tensor.numel() and bool((tensor == tensor.reshape(-1)[0]).all()):
-            return Scalar(float(tensor.reshape(-1)[0]), shape=tuple(tensor.shape), name=name)
+            value = float(tensor.reshape(-1)[0])
+            if dtypes.exact_in(value, tensor.dtype, self.basis):
+                return Scalar(value, shape=tuple(tensor.shape), name=name)
         return Array(tensor.clone(), name=name)
 
     def call(self, fx_node: torch.fx.Node) -> Any:
@@ -112,41 +163,85 @@ class Translator:
         if target is operator.getitem:
             return args[0][args[1]]
         path, op = naming.module_path(fx_node), naming.op_name(fx_node)
+        where = self.where(fx_node, path)
+        _check_static(fx_node, where)
         if not _has_node((args, kwargs)):
             try:
                 return _constants(target(*_values(args), **_values(kwargs)), naming.joined(path, op))
             except Exception as error:  # noqa: BLE001 - any torch error, reported with the node
-                raise ModelError(
-                    f"computing {fx_node.name!r} ({target}) at import time failed: {error}"
-                ) from error
+                raise ModelError(f"from_torch: computing {where} at import time failed: {error}") from error
         if not isinstance(target, torch._ops.OpOverload):
-            raise ModelError(
-                f"exported graph node {fx_node.name!r} calls {target!r} (in module {path!r}), which is not an aten op"
-            )
+            raise ModelError(f"from_torch: {where} calls {target!r}, which is not an aten op")
         ctx = OpContext(self, fx_node, path, op)
         translate: Callable | None = OPS.get(op)
         try:
             result = UNTRANSLATED if translate is None else translate(ctx, *args, **kwargs)
             if result is UNTRANSLATED:
                 result = self.fallback(ctx, fx_node, args, kwargs)
-        except ModelError:
-            raise
-        except (CircuitError, ValueError) as error:  # a translation bug, said with the op it was on
-            raise ModelError(
-                f"translating {fx_node.name!r} ({target}, in module {path or '<root>'!r}) failed: {error}"
-            ) from error
-        _check_shapes(fx_node, result)
+            _check_shapes(fx_node, result)
+            result = self.in_torch_dtypes(ctx, result)
+        except (CircuitError, ValueError) as error:  # a refusal or a translation bug, said with the op
+            raise ModelError(f"from_torch: translating {where} failed: {error}") from error
+        self._record_made(fx_node, result)
         return result
+
+    def _record_made(self, fx_node: torch.fx.Node, result: Any) -> None:
+        calls = frozenset(key for key, _ in naming.module_calls(fx_node))
+        for node in result if isinstance(result, tuple) else (result,):
+            if isinstance(node, Circuit) and node.hash not in self.made_in and node.children:
+                self.made_in[node.hash] = calls
+
+    def named_after_modules(self, value: Any, calls) -> Any:
+        """``value`` under a one-child Add named after each module call it is the output of (innermost
+        first), leaving out a call that computed nothing (an eval-mode dropout hands on its input)."""
+        if not isinstance(value, Circuit):
+            return value
+        for key, name in calls:
+            made = self.made_in.get(value.hash, frozenset())
+            if key in made:
+                value = Add(value, name=self.namer.unique(name))
+                self.made_in[value.hash] = made
+        return value
+
+    def in_torch_dtypes(self, ctx: OpContext, result: Any) -> Any:
+        """``result`` with each node that would evaluate to another dtype than torch's cast to torch's."""
+        val = ctx.fx_node.meta.get("val")
+        if isinstance(result, Circuit) and isinstance(val, torch.Tensor):
+            return self._cast(ctx, result, val.dtype)
+        if isinstance(result, tuple) and isinstance(val, (list, tuple)):
+            return tuple(
+                self._cast(ctx, node, expected.dtype)
+                if isinstance(node, Circuit) and isinstance(expected, torch.Tensor)
+                else node
+                for node, expected in zip(result, val)
+            )
+        return result
+
+    def _cast(self, ctx: OpContext, node: Circuit, dtype: torch.dtype) -> Circuit:
+        """``node`` cast to ``dtype`` if it evaluates to another; the op's own node gives its name to
+        the cast and is renamed ``MODULE.OP.DTYPE`` (``mul.float32`` under ``mul``, a float16)."""
+        got = self.dtypes.of(node)
+        if got == dtype:
+            return node
+        spec = dtypes.cast_spec(dtype)
+        if spec is None:
+            raise ModelError(f"it evaluates to {got}, torch's op gives {dtype}, and there is no cast to it")
+        if node.name is not None and node.name == ctx.own_name:
+            inner = node.rename(self.namer.unique(f"{node.name}.{str(got).removeprefix('torch.')}"))
+            self.dtypes.known[inner.hash] = got
+            cast = GeneralFunction(inner, spec=spec, name=node.name)
+        else:
+            cast = GeneralFunction(node, spec=spec, name=ctx.name("cast"))
+        self.dtypes.known[cast.hash] = dtype
+        return cast
 
     def fallback(self, ctx: OpContext, fx_node: torch.fx.Node, args: Any, kwargs: Any) -> Any:
         """The op as an aten GeneralFunction (one per tensor output), recorded as untranslated."""
         target = fx_node.target
         if target.namespace != "aten":
-            raise ModelError(
-                f"{fx_node.name!r} calls {target}, outside aten, which has no GeneralFunction form"
-            )
+            raise ModelError(f"{target} is outside aten, and has no GeneralFunction form")
         self.missing.setdefault(f"aten.{target.overloadpacket.__name__}.{target._overloadname}", []).append(
-            ctx.path or "<root>"
+            self.module(ctx.path)
         )
         children: list[Circuit] = []
 
@@ -173,9 +268,7 @@ class Translator:
             try:
                 spec = aten_functions.call_name(target, args, kwargs, out, dtype_of)
             except ValueError as error:
-                raise ModelError(
-                    f"{fx_node.name!r} ({target}) has no GeneralFunction form: {error}"
-                ) from None
+                raise ModelError(f"it has no GeneralFunction form: {error}") from None
             is_tensor = out is None or isinstance(val[out], torch.Tensor)
             results.append(GeneralFunction(*children, spec=spec, name=ctx.name()) if is_tensor else None)
         return results[0] if val is not None and outputs == [None] else tuple(results)
@@ -199,8 +292,7 @@ def _check_shapes(fx_node: torch.fx.Node, result: Any) -> None:
         shape = _shape_of(expected)
         if shape is not None and isinstance(got, Circuit) and got.shape != shape:
             raise ModelError(
-                f"translating {fx_node.name!r} ({fx_node.target}) gave {got.describe()} of shape "
-                f"{list(got.shape)}, but torch's is {list(shape)}"
+                f"the translation gave {got.describe()} of shape {list(got.shape)}, but torch's is {list(shape)}"
             )
 
 
@@ -224,6 +316,11 @@ class OpContext:
             if isinstance(value, Circuit) and isinstance(meta, torch.Tensor):
                 self._dtypes[id(value)] = meta.dtype
 
+    @property
+    def own_name(self) -> str | None:
+        """``MODULE.OP`` as made unique, once the op's own node has it."""
+        return self._base if self._base_given else None
+
     def name(self, part: str | None = None) -> str:
         """``MODULE.OP`` for the op's result, ``MODULE.OP.PART`` for a part of it; a second call of
         the same module's op is ``MODULE.OP_1`` with parts ``MODULE.OP_1.PART``."""
@@ -237,10 +334,23 @@ class OpContext:
             return self._base
         return namer.unique(self._base)
 
+    def constant(self, value: float, part: str = "scalar", shape: tuple[int, ...] = ()) -> Circuit:
+        """The number ``value`` in this op, ``MODULE.OP.PART``: a Scalar (of the dtype evaluation gives
+        Scalars), or an Array of the op's dtype where a Scalar would round it otherwise than torch
+        does (``1e-8`` in a float32 op of a float16 model); where Scalars are wider than the dtype
+        torch computes the op in, the number is the one torch computes with (``float32(0.3)``)."""
+        dtype = self.out_dtype
+        if dtype is None or not dtype.is_floating_point:
+            return Scalar(float(value), shape=shape, name=self.name(part))
+        value = dtypes.as_torch_computes(float(value), dtype, self.translator.dtypes.scalar_dtype)
+        if not dtypes.exact_in(value, dtype, self.translator.basis):
+            return Array(torch.full(shape, value, dtype=dtype), name=self.name(part))
+        return Scalar(value, shape=shape, name=self.name(part))
+
     def node(self, value: Any) -> Circuit:
-        """``value`` as a node: a Python number is a Scalar named ``MODULE.OP.scalar``."""
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return Scalar(float(value), name=self.name("scalar"))
+        """``value`` as a node: a Python number (a bool too, as torch reads it) is a ``constant``."""
+        if isinstance(value, (int, float)):
+            return self.constant(float(value))
         return self.translator.circuit(value)
 
     def dtype_of(self, value: Any) -> torch.dtype | None:
