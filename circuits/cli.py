@@ -1,7 +1,7 @@
 """The ``circuits`` command line.
 
     circuits print FILE [--depth N] [--shapes] [--serials]
-    circuits cost FILE [--depth N] [--by layer|head|node]
+    circuits cost FILE [--depth N] [--by layer|head|node|module]
     circuits profile FILE [--depth N] [--top N] [--trace PATH]
     circuits demo [--batch-size N] [--block-len N] [--seed N] [--depth N]
     circuits parity [--family gpt2|llama|all] [--size tiny|small] [--dtype float32|float64|all] [--seed N]
@@ -124,9 +124,10 @@ def _add_cost(commands) -> None:
     )
     costs.add_argument(
         "--by",
-        choices=["layer", "head", "node"],
+        choices=["layer", "head", "node", "module"],
         default=None,
-        help="a row per layer, per head or per named node (by the model naming convention) instead",
+        help="a row per layer, per head or per named node (by the model naming convention), or per module "
+        "of a models.from_torch import (torch.profiler's module view), instead",
     )
     costs.set_defaults(run=_cost_command)
 

@@ -221,6 +221,19 @@ def test_cost_by_layer_head_and_node(capsys):
         assert capsys.readouterr().out == cost_table(golden, by=by) + "\n"
 
 
+def test_cost_by_module_of_an_import(tmp_path, capsys):
+    from circuits import models
+    from circuits.cost_groups import cost_table
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    path = cc.save(models.from_torch(net, (torch.randn(3, 4),)), tmp_path / "net.circ")
+    assert main(["cost", str(path), "--by", "module", "--depth", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out == cost_table(cc.load(path), by="module", depth=3) + "\n"
+    assert "├── 0 " in out and "├── 2 " in out  # the two Linear modules, by their paths
+
+
 def test_cost_in_a_subprocess_and_its_errors(tmp_path):
     result = _run("cost", str(GOLDEN), "--by", "head")
     assert result.returncode == 0, result.stderr
