@@ -16,7 +16,7 @@ Each step runs ``--rounds`` times; the two parsers alternate on the same
 text (which goes first swaps each round), so a busy spell of this shared
 machine slows both.  Times are wall-clock medians and bests; the load
 average before and after says how busy the machine was.  The frozen parser
-builds its nodes with today's ``circuits.nodes``, so what made construction
+builds its nodes with today's ``circuits.core.nodes``, so what made construction
 cheaper helps it too: the ratio is the parser's own gain.
 
 Three reference lines, on the same circuits in the same run, say what the
@@ -44,8 +44,8 @@ import parser_before
 import torch
 
 import circuits as cc
-from circuits.gcpause import gc_paused
-from circuits.nodes import rebuilt_like
+from circuits.core.gcpause import gc_paused
+from circuits.core.nodes import rebuilt_like
 
 BRANCH_LENGTH = 50
 

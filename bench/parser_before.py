@@ -2,7 +2,7 @@
 
 bench/format_scale.py times it against the current parser on the same text in
 the same run.  Only this docstring differs from that commit's file; it still
-builds nodes with today's ``circuits.nodes``, so any speed-up of node
+builds nodes with today's ``circuits.core.nodes``, so any speed-up of node
 construction helps both parsers alike.
 
 The original docstring follows.
@@ -27,9 +27,9 @@ import attrs
 import torch
 
 from circuits.errors import CircuitError, ParseError, shown
-from circuits.gcpause import gc_paused
-from circuits.hashing import FULL_HEX_DIGITS, PRINTED_HEX_DIGITS
-from circuits.nodes import (
+from circuits.core.gcpause import gc_paused
+from circuits.core.hashing import FULL_HEX_DIGITS, PRINTED_HEX_DIGITS
+from circuits.core.nodes import (
     Add,
     Array,
     Circuit,
@@ -41,7 +41,7 @@ from circuits.nodes import (
     Scalar,
     Symbol,
 )
-from circuits.shapes import EINSUM_LETTERS
+from circuits.core.shapes import EINSUM_LETTERS
 from circuits.store import TensorStore
 
 _INDENT = re.compile(r" *")

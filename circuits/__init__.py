@@ -25,9 +25,9 @@ from circuits.errors import (
 )
 from circuits.costs import CircuitCost, NodeCost, cost
 from circuits.evaluation import evaluate, evaluate_many
-from circuits.functions import FunctionSpec, get_function, register_function, registered_names
+from circuits.core.functions import FunctionSpec, get_function, register_function, registered_names
 from circuits.profiling import Profile, profile
-from circuits.nodes import (
+from circuits.core.nodes import (
     Add,
     Array,
     Circuit,
@@ -47,7 +47,7 @@ from circuits.nodes import (
 from circuits.parsing import parse, parse_many
 from circuits.printing import repr_many
 from circuits.store import TensorStore
-from circuits.traversal import postorder, unique_nodes
+from circuits.core.traversal import postorder, unique_nodes
 
 __all__ = [
     "Add",

@@ -42,10 +42,10 @@ import re
 from typing import Any, Mapping
 
 from circuits.errors import CircuitError, ExpandError
-from circuits.functions import GEN_INDEX_NAME, gen_index_layout, get_function
-from circuits.gcpause import gc_paused
+from circuits.core.functions import GEN_INDEX_NAME, gen_index_layout, get_function
+from circuits.core.gcpause import gc_paused
 from circuits.matching import IterativeMatcher, Matcher, walk
-from circuits.nodes import (
+from circuits.core.nodes import (
     Add,
     Circuit,
     Concat,
@@ -57,7 +57,7 @@ from circuits.nodes import (
     Tag,
     check_node,
 )
-from circuits.shapes import EINSUM_LETTERS, Shape, format_shape
+from circuits.core.shapes import EINSUM_LETTERS, Shape, format_shape
 
 __all__ = ["expand"]
 

@@ -29,7 +29,7 @@ import torch
 
 from circuits.errors import CacheError
 from circuits.evaluation import KnownValue, compile_plan
-from circuits.nodes import Add, Array, Circuit, Einsum, Scalar, Symbol
+from circuits.core.nodes import Add, Array, Circuit, Einsum, Scalar, Symbol
 
 __all__ = ["CacheStats", "Evaluator"]
 

@@ -21,9 +21,9 @@ from typing import Callable, Iterable
 from circuits import names
 from circuits.costs import CircuitCost, Totals, cost, format_bytes
 from circuits.errors import CircuitError
-from circuits.nodes import Circuit
+from circuits.core.nodes import Circuit
 from circuits.profiling import Profile
-from circuits.traversal import unique_nodes
+from circuits.core.traversal import unique_nodes
 
 __all__ = ["GROUPINGS", "by_head", "by_layer", "by_module", "by_node", "cost_table", "module_table"]
 

@@ -12,7 +12,7 @@ leaves and shared subtrees count once):
   reductions, a batched dot's sum), and per element for the library's
   functions (``exp``, ``log``, ``tanh``, ``sqrt``, ``div``, ``compare``...;
   ``FUNCTION_FLOPS``; ``pow`` per output element) and the aten ops an
-  import keeps (``circuits.aten_functions.flops``).  A function whose cost
+  import keeps (``circuits.core.aten_functions.flops``).  A function whose cost
   is not known (a user's, an aten op without a rule) is never a guess and
   never 0: it is listed in ``unknown_functions``, counted in each total's
   ``unknown_nodes``, and every table and comment shows it (``1.2 MFLOP + ?``).
@@ -49,12 +49,12 @@ import einops
 import opt_einsum
 import torch
 
-from circuits import aten_functions
+from circuits.core import aten_functions
 from circuits.errors import NodeTypeError, RandomVariableError, shown
 from circuits.evaluation.einsum import is_batched_dot, split_multipliers
-from circuits.functions import CAST_NAME, EXPLICIT_INDEX_NAME, GEN_INDEX_NAME, get_function
-from circuits.gcpause import gc_paused
-from circuits.nodes import (
+from circuits.core.functions import CAST_NAME, EXPLICIT_INDEX_NAME, GEN_INDEX_NAME, get_function
+from circuits.core.gcpause import gc_paused
+from circuits.core.nodes import (
     Add,
     Array,
     Circuit,
@@ -70,8 +70,8 @@ from circuits.nodes import (
     Symbol,
     Tag,
 )
-from circuits.shapes import format_shape
-from circuits.traversal import postorder
+from circuits.core.shapes import format_shape
+from circuits.core.traversal import postorder
 
 __all__ = [
     "FUNCTION_FLOPS",

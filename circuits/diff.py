@@ -27,7 +27,7 @@ import itertools
 from typing import NamedTuple
 
 from circuits.errors import PrintError
-from circuits.nodes import Circuit
+from circuits.core.nodes import Circuit
 
 _GREEN, _RED, _CYAN, _RESET = "\x1b[32m", "\x1b[31m", "\x1b[36m", "\x1b[0m"
 _HTML_COLOURS = {"+": "#1a7f37", "-": "#cf222e", "@": "#0969da"}

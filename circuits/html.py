@@ -30,10 +30,10 @@ import io
 from collections import defaultdict
 from typing import Iterable
 
-from circuits.nodes import Circuit
+from circuits.core.nodes import Circuit
 from circuits.printing import NodeText, colour_of, comment_of, quote_name, repr_many
-from circuits.shapes import format_shape
-from circuits.traversal import unique_nodes
+from circuits.core.shapes import format_shape
+from circuits.core.traversal import unique_nodes
 
 #: Styles kept inline (notebooks drop <style> in some front ends).
 _BOX = "font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12px;line-height:1.45"

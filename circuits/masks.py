@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from circuits import names
-from circuits.nodes import Add, Array, Circuit, Einsum, Scalar
+from circuits.core.nodes import Add, Array, Circuit, Einsum, Scalar
 
 # The score bias where the mask is 0, as in the golden file.  After softmax a
 # masked score of -10000 weighs exp(-10000 - max) == 0 exactly in float16/32/64

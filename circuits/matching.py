@@ -111,10 +111,10 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from circuits import names
 from circuits.errors import MatcherError, MatchError, PassError
-from circuits.gcpause import gc_paused
-from circuits.nodes import Array, Circuit, Einsum, check_node
+from circuits.core.gcpause import gc_paused
+from circuits.core.nodes import Array, Circuit, Einsum, check_node
 from circuits.printing import set_traversal_converter
-from circuits.traversal import unique_nodes
+from circuits.core.traversal import unique_nodes
 
 __all__ = [
     "FoundRoutes",

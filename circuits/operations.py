@@ -36,7 +36,7 @@ from circuits.matching import (
     validate,
     walk,
 )
-from circuits.nodes import Circuit, check_node
+from circuits.core.nodes import Circuit, check_node
 from circuits.rewrite import update
 
 __all__ = ["BoundGetter", "BoundUpdater", "Expander", "Getter", "Updater"]

@@ -40,7 +40,7 @@ from circuits.errors import CircuitError, ModelError
 from circuits.evaluation import evaluate
 from circuits.models import from_hf
 from circuits.models.common import check_seed
-from circuits.nodes import Circuit
+from circuits.core.nodes import Circuit
 
 #: Model and input sizes: layers, d_model, query heads, key/value heads (Llama), MLP width, vocabulary,
 #: batch rows, sequence length (model positions; the tokens have one more) and the weights' init std

@@ -20,9 +20,9 @@ import attrs
 import torch
 
 from circuits.errors import CircuitError, ParseError, shown
-from circuits.gcpause import gc_paused
-from circuits.hashing import FULL_HEX_DIGITS, PRINTED_HEX_DIGITS
-from circuits.nodes import (
+from circuits.core.gcpause import gc_paused
+from circuits.core.hashing import FULL_HEX_DIGITS, PRINTED_HEX_DIGITS
+from circuits.core.nodes import (
     Add,
     Array,
     Circuit,
@@ -39,8 +39,8 @@ from circuits.nodes import (
     Symbol,
     Tag,
 )
-from circuits.nodes import keeps_derivation, rebuilt_like
-from circuits.shapes import EINSUM_LETTERS
+from circuits.core.nodes import keeps_derivation, rebuilt_like
+from circuits.core.shapes import EINSUM_LETTERS
 from circuits.store import TensorStore
 
 _INDENT = re.compile(r" *")

@@ -31,9 +31,9 @@ from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from circuits.errors import PrintError
 from circuits.costs import cost
-from circuits.gcpause import gc_paused
-from circuits.nodes import Array, Circuit, Einsum, Index, Scalar, Scatter, Symbol
-from circuits.shapes import EINSUM_LETTERS, format_shape
+from circuits.core.gcpause import gc_paused
+from circuits.core.nodes import Array, Circuit, Einsum, Index, Scalar, Scatter, Symbol
+from circuits.core.shapes import EINSUM_LETTERS, format_shape
 from circuits.store import TensorStore
 
 # Variants whose shape FORMAT.md prints by default: it does not follow from children.

@@ -28,8 +28,8 @@ import torch
 
 from circuits.errors import EvaluationError
 from circuits.evaluation import compile_plan
-from circuits.nodes import Circuit, check_node
-from circuits.traversal import unique_nodes
+from circuits.core.nodes import Circuit, check_node
+from circuits.core.traversal import unique_nodes
 
 __all__ = ["Profile", "profile"]
 

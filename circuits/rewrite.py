@@ -35,10 +35,10 @@ from typing import Any, Callable, Mapping
 import torch
 
 from circuits.errors import NoMatchError, RewriteError
-from circuits.gcpause import gc_paused
+from circuits.core.gcpause import gc_paused
 from circuits.matching import Matcher, WalkEntry, as_iterative, no_match_hint, validate, walk
-from circuits.nodes import Array, Circuit, Index, Symbol, check_node
-from circuits.traversal import unique_nodes
+from circuits.core.nodes import Array, Circuit, Index, Symbol, check_node
+from circuits.core.traversal import unique_nodes
 
 __all__ = ["cast_circuit", "rebuild", "replace", "substitute", "update"]
 

@@ -38,11 +38,11 @@ from pathlib import Path
 from typing import IO, Union
 
 from circuits.errors import MissingTensorError, StoreError, shown
-from circuits.nodes import Array, Circuit, check_node
+from circuits.core.nodes import Array, Circuit, check_node
 from circuits.parsing import parse, parse_many
 from circuits.printing import repr_many
 from circuits.store import TensorStore, remove_dead_temporaries, write_atomically
-from circuits.traversal import unique_nodes
+from circuits.core.traversal import unique_nodes
 
 STORE_SUFFIX = ".tensors"
 

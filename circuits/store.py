@@ -31,7 +31,7 @@ import safetensors.torch
 import torch
 
 from circuits.errors import StoreError, shown
-from circuits.hashing import FULL_HEX_DIGITS, tensor_bytes, tensor_content_hash
+from circuits.core.hashing import FULL_HEX_DIGITS, tensor_bytes, tensor_content_hash
 
 _SUFFIX = ".safetensors"
 _KEY = "tensor"

@@ -21,7 +21,7 @@ def test_docs_build_strict(tmp_path):
     assert "WARNING" not in result.stderr, result.stderr
     api = (tmp_path / "site" / "api" / "index.html").read_text()
     for name in (
-        "circuits.nodes.Einsum",
+        "circuits.core.nodes.Einsum",
         "circuits.passes.attention.split_heads",
         "circuits.evaluation.evaluate",
     ):

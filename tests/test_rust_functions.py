@@ -3,7 +3,7 @@
 rust_circuit's list is ``gf_gen!`` in ``circuit_base/src/generalfunction.rs``
 (redwoodresearch/rust_circuit_public) plus its ``pow`` spec; the values are
 its ``py_types.py`` ``generalfunctions`` table.  The references here are
-written out with plain torch, independently of ``circuits.functions``.
+written out with plain torch, independently of ``circuits.core.functions``.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from circuits.causal_scrubbing.hypothesis import (
 )
 from circuits.errors import IllegalCorrespondenceError
 from circuits.matching import IterativeMatcher, are_any_found, as_iterative, get
-from circuits.nodes import Circuit
+from circuits.core.nodes import Circuit
 
 __all__ = ["Correspondence"]
 

@@ -36,7 +36,7 @@ import torch
 
 from circuits.errors import CausalScrubbingError, shown
 from circuits.names import TOKENS
-from circuits.nodes import Array
+from circuits.core.nodes import Array
 
 TDataset = TypeVar("TDataset", bound="Dataset")
 

@@ -27,9 +27,9 @@ from circuits.causal_scrubbing.dataset import Dataset
 from circuits.causal_scrubbing.hypothesis import InterpNode, SampledInputs
 from circuits.errors import PrintError, shown
 from circuits.matching import get
-from circuits.nodes import Circuit
+from circuits.core.nodes import Circuit
 from circuits.printing import ANSI_COLORS, as_traversal
-from circuits.traversal import postorder
+from circuits.core.traversal import postorder
 
 __all__ = ["interp_repr", "print_options", "scrubbed_repr"]
 

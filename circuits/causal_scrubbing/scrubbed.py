@@ -21,7 +21,7 @@ from circuits.causal_scrubbing.dataset import Dataset
 from circuits.causal_scrubbing.hypothesis import SampledInputs
 from circuits.errors import CausalScrubbingError, shown
 from circuits.matching import Matcher, are_any_found
-from circuits.nodes import Circuit, DiscreteVar
+from circuits.core.nodes import Circuit, DiscreteVar
 
 __all__ = ["ExperimentEvalSettings", "ScrubbedExperiment", "run_on_all"]
 

@@ -24,7 +24,7 @@ import torch
 from circuits.evaluation.kernels import default_kernel
 from circuits.evaluation.plan import Plan
 from circuits.evaluation.schedule import KnownValue, compile_plan
-from circuits.nodes import Circuit
+from circuits.core.nodes import Circuit
 
 __all__ = ["KnownValue", "Plan", "compile_plan", "default_kernel", "evaluate", "evaluate_many"]
 

@@ -31,7 +31,7 @@ from circuits.experiments.inputs import (
     with_inputs,
 )
 from circuits.matching import no_match_hint
-from circuits.nodes import Array, Circuit, Rearrange, Scalar, check_node
+from circuits.core.nodes import Array, Circuit, Rearrange, Scalar, check_node
 from circuits.rewrite import update
 
 __all__ = ["DEFAULT_CACHE_BYTES", "mean_ablate", "resample_ablate", "zero_ablate"]

@@ -22,7 +22,7 @@ from circuits.errors import ExperimentError
 from circuits.experiments.points import point
 from circuits.experiments.stream import Norm
 from circuits.matching import IterativeMatcher, Matcher
-from circuits.nodes import Add, Array, Circuit, Einsum, Scalar
+from circuits.core.nodes import Add, Array, Circuit, Einsum, Scalar
 from circuits.rewrite import update
 
 __all__ = ["Compositions", "head_of"]

@@ -33,9 +33,9 @@ from circuits import names
 from circuits.batching import expand
 from circuits.errors import ExperimentError, shown
 from circuits.matching import IterativeMatcher
-from circuits.nodes import Array, Circuit
+from circuits.core.nodes import Array, Circuit
 from circuits.rewrite import replace
-from circuits.traversal import unique_nodes
+from circuits.core.traversal import unique_nodes
 
 __all__ = ["check_keys_found", "same_shape_inputs", "shape_changes", "with_inputs", "with_targets_of"]
 

@@ -43,8 +43,8 @@ from circuits import names
 from circuits.cache import Evaluator
 from circuits.evaluation import evaluate
 from circuits.errors import ExperimentError, shown
-from circuits.nodes import Add, Array, Circuit, Einsum, GeneralFunction, Index, Scalar, check_node
-from circuits.shapes import EINSUM_LETTERS
+from circuits.core.nodes import Add, Array, Circuit, Einsum, GeneralFunction, Index, Scalar, check_node
+from circuits.core.shapes import EINSUM_LETTERS
 
 __all__ = ["TARGETS", "Metric", "kl_div", "logit_diff", "mean_loss"]
 

@@ -17,9 +17,9 @@ from collections import defaultdict
 import re
 
 from circuits import names
-from circuits.nodes import Circuit, check_node
-from circuits.shapes import format_shape
-from circuits.traversal import postorder, unique_nodes
+from circuits.core.nodes import Circuit, check_node
+from circuits.core.shapes import format_shape
+from circuits.core.traversal import postorder, unique_nodes
 
 __all__ = ["overview"]
 

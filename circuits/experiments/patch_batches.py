@@ -30,9 +30,9 @@ from circuits.experiments import causal_suffix
 from circuits.experiments.metrics import Metric, find
 from circuits.experiments.points import point, resolve_points
 from circuits.matching import get
-from circuits.nodes import Array, Circuit
+from circuits.core.nodes import Array, Circuit
 from circuits.rewrite import replace
-from circuits.traversal import unique_nodes
+from circuits.core.traversal import unique_nodes
 
 __all__ = ["PatchRun", "measure_all"]
 

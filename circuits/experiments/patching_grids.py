@@ -40,8 +40,8 @@ from circuits.experiments.inputs import same_shape_inputs, with_targets_of
 from circuits.experiments.metrics import Metric
 from circuits.experiments.patch_batches import PatchRun, measure_all
 from circuits.experiments.workers import one_thread_if_forked
-from circuits.nodes import Circuit, check_node
-from circuits.traversal import unique_nodes
+from circuits.core.nodes import Circuit, check_node
+from circuits.core.traversal import unique_nodes
 from circuits.experiments.tables import records_frame
 
 DEFAULT_CACHE_BYTES = 2 * 2**30

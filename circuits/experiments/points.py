@@ -43,8 +43,8 @@ import torch
 from circuits import names
 from circuits.errors import ExperimentError, MissingPointError
 from circuits.matching import IterativeMatcher, Matcher, get
-from circuits.nodes import Circuit
-from circuits.traversal import unique_nodes
+from circuits.core.nodes import Circuit
+from circuits.core.traversal import unique_nodes
 
 __all__ = [
     "HEAD_KINDS",

@@ -21,7 +21,7 @@ from circuits.masks import causal_mask_array
 from circuits.models import common
 from circuits.models.text import token_ids
 from circuits.models.common import einsum
-from circuits.nodes import Add, Array, Circuit
+from circuits.core.nodes import Add, Array, Circuit
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,8 +23,8 @@ import torch
 from circuits import names
 from circuits.errors import ModelError, shown
 from circuits.masks import NEG_INF, neg_inf_bias
-from circuits.nodes import Add, Array, Circuit, Concat, Einsum, GeneralFunction, Index, Scalar
-from circuits.shapes import format_slice
+from circuits.core.nodes import Add, Array, Circuit, Concat, Einsum, GeneralFunction, Index, Scalar
+from circuits.core.shapes import format_slice
 
 #: How the token array is cut into model inputs and targets.
 #: ``"default"``: ``[S+1]`` tokens, inputs ``[:-1]``, targets ``[1:]``.

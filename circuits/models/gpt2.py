@@ -24,7 +24,7 @@ from circuits.masks import causal_mask_array
 from circuits.models import common
 from circuits.models.text import token_ids
 from circuits.models.common import ACTIVATIONS, einsum, fn
-from circuits.nodes import Add, Circuit
+from circuits.core.nodes import Add, Circuit
 
 
 @dataclasses.dataclass(frozen=True)

@@ -49,7 +49,7 @@ from circuits.models.llama import build_llama
 from circuits.models.neox import build_neox
 from circuits.models.reading import check_attach, get_field
 from circuits.models.text import token_ids
-from circuits.nodes import Circuit
+from circuits.core.nodes import Circuit
 
 SUPPORTED_HF = {
     "gpt2": "GPT2LMHeadModel",

@@ -36,7 +36,7 @@ from circuits.models import common
 from circuits.models.common import ACTIVATIONS, einsum
 from circuits.models.gpt2 import mlp
 from circuits.models.text import token_ids
-from circuits.nodes import Add, Array, Circuit
+from circuits.core.nodes import Add, Array, Circuit
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,7 +35,7 @@ from circuits.models.tl_families import (
     neox_weights_from_tl,
 )
 from circuits.models.text import token_ids
-from circuits.nodes import Circuit
+from circuits.core.nodes import Circuit
 
 #: The TransformerLens ``HookedTransformer`` state-dict keys accepted for the GPT-2 layout
 #: (``"gpt2"``, ``"opt"``, ``"attn_only"``; the rotary families': ``tl_families``), with

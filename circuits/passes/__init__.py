@@ -31,7 +31,7 @@ from circuits.passes.simplify import (
     simplify,
 )
 from circuits.matching import Matcher
-from circuits.nodes import Circuit, Index
+from circuits.core.nodes import Circuit, Index
 
 
 def push_down_index(circuit: Circuit, matcher=True) -> Circuit:

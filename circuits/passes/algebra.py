@@ -17,8 +17,8 @@ from typing import Any, Iterable, Sequence
 
 from circuits.errors import BroadcastError, PassError
 from circuits.matching import Matcher
-from circuits.nodes import Add, Circuit, Einsum, Index, Scalar
-from circuits.shapes import EINSUM_LETTERS, broadcast_shapes
+from circuits.core.nodes import Add, Circuit, Einsum, Index, Scalar
+from circuits.core.shapes import EINSUM_LETTERS, broadcast_shapes
 
 Operand = tuple[Circuit, tuple[int, ...]]
 

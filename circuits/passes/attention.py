@@ -18,9 +18,9 @@ from circuits import names
 from circuits.errors import PassError
 from circuits.masks import NEG_INF, causal_mask_array, neg_inf_bias
 from circuits.matching import Matcher, layer_of  # layer_of lives there: get_unique's messages use it
-from circuits.nodes import Add, Array, Circuit, Einsum, Index
+from circuits.core.nodes import Add, Array, Circuit, Einsum, Index
 from circuits.passes.push_down import push_index
-from circuits.traversal import unique_nodes
+from circuits.core.traversal import unique_nodes
 
 
 MaskSpec = Union[None, torch.Tensor, Callable[[int, int], torch.Tensor]]

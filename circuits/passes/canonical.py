@@ -12,9 +12,9 @@ route (``distribute`` names its terms, ``factor`` its inner sum), not the value.
 
 from __future__ import annotations
 
-from circuits.nodes import Add, Circuit, Einsum
+from circuits.core.nodes import Add, Circuit, Einsum
 from circuits.passes.algebra import flatten_add, flatten_einsum
-from circuits.traversal import postorder
+from circuits.core.traversal import postorder
 
 
 def canonicalize(circuit: Circuit, *, keep_names: bool = False) -> Circuit:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from circuits.errors import PassError
-from circuits.nodes import Circuit, Concat, Index
+from circuits.core.nodes import Circuit, Concat, Index
 
 
 def _normal_axis(node: Circuit, axis: Any, rewrite: str) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from circuits.nodes import Add, Circuit, Concat, Einsum, GeneralFunction, Index
+from circuits.core.nodes import Add, Circuit, Concat, Einsum, GeneralFunction, Index
 from circuits.passes.concat import slice_along
 
 

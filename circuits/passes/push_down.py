@@ -18,8 +18,8 @@ from typing import Callable, Sequence
 
 import attrs
 
-from circuits.functions import GEN_INDEX_NAME, gen_index_layout, gen_index_spec
-from circuits.nodes import (
+from circuits.core.functions import GEN_INDEX_NAME, gen_index_layout, gen_index_spec
+from circuits.core.nodes import (
     Add,
     Array,
     Circuit,

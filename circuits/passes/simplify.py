@@ -14,10 +14,10 @@ from typing import Callable
 
 import torch
 
-from circuits.nodes import Add, Circuit, Einsum, GeneralFunction, Index, Rearrange, Scalar
+from circuits.core.nodes import Add, Circuit, Einsum, GeneralFunction, Index, Rearrange, Scalar
 from circuits.passes.algebra import flatten_add, flatten_einsum
 from circuits.passes.push_down import pattern_groups, is_full
-from circuits.shapes import broadcast_shapes
+from circuits.core.shapes import broadcast_shapes
 
 Rule = Callable[[Circuit], Circuit]
 

@@ -5,7 +5,7 @@ prints; so a user's own function round-trips through text once registered.
 The ``gen_index_at_D[_batch_x][_no_batch_index][_c]``,
 ``explicit_index_at_D_x_non_b_N[_c]``, ``cast_from_{...}_to_{...}``,
 ``multinomial[_no_replace]_[sizes]`` and ``aten.OP.OVERLOAD(ARGS)[OUT]``
-(circuits/aten_functions.py) families are infinite sets of names,
+(circuits/core/aten_functions.py) families are infinite sets of names,
 so they are built on demand from the name instead of listed.
 """
 
@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 import attrs
 import torch
 
-from circuits.aten_functions import ATEN_NAME, aten_parts
+from circuits.core.aten_functions import ATEN_NAME, aten_parts
 from circuits.errors import FunctionSpecError
 
 Shape = tuple[int, ...]
@@ -362,7 +362,7 @@ def cast_spec(name: str) -> FunctionSpec:
 
 @functools.lru_cache(maxsize=None)
 def aten_spec(name: str) -> FunctionSpec:
-    """The call of one aten op that ``name`` spells out (``circuits.aten_functions``)."""
+    """The call of one aten op that ``name`` spells out (``circuits.core.aten_functions``)."""
     try:
         return _library(FunctionSpec(name, *aten_parts(name)))
     except ValueError as error:

@@ -20,7 +20,7 @@ import einops
 import numpy as np
 import torch
 
-from circuits import shapes as shape_rules
+from circuits.core import shapes as shape_rules
 from circuits.errors import (
     CircuitError,
     ConcatError,
@@ -36,8 +36,8 @@ from circuits.errors import (
     TagError,
     shown,
 )
-from circuits.functions import FunctionSpec, get_function
-from circuits.hashing import PRINTED_HEX_DIGITS, node_hash, tensor_content_hash
+from circuits.core.functions import FunctionSpec, get_function
+from circuits.core.hashing import PRINTED_HEX_DIGITS, node_hash, tensor_content_hash
 
 if TYPE_CHECKING:  # only annotations here
     from circuits.costs import CircuitCost

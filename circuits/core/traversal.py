@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Iterable, Union
 
 from circuits.errors import NodeTypeError, shown
-from circuits.nodes import Circuit, check_node
+from circuits.core.nodes import Circuit, check_node
 
 #: One circuit, or an iterable of them.
 Roots = Union[Circuit, Iterable[Circuit]]
