@@ -23,10 +23,10 @@ from circuits.errors import (
     StoreError,
     TagError,
 )
-from circuits.costs import CircuitCost, NodeCost, cost
+from circuits.evaluation.costs import CircuitCost, NodeCost, cost
 from circuits.evaluation import evaluate, evaluate_many
 from circuits.core.functions import FunctionSpec, get_function, register_function, registered_names
-from circuits.profiling import Profile, profile
+from circuits.evaluation.profiling import Profile, profile
 from circuits.core.nodes import (
     Add,
     Array,
@@ -220,7 +220,7 @@ __all__ += ["CircuitDiff", "canonicalize", "circuit_diff", "diff"]
 # Experiments (issue 7): the cached Evaluator, ablations, patching, sweeps;
 # metrics and the rest in ``circuits.experiments``.
 from circuits import experiments  # noqa: E402
-from circuits.cache import Evaluator  # noqa: E402
+from circuits.evaluation.cache import Evaluator  # noqa: E402
 from circuits.errors import CacheError  # noqa: E402
 from circuits.experiments import mean_ablate, patch, resample_ablate, sweep, zero_ablate  # noqa: E402
 

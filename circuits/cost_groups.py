@@ -1,6 +1,6 @@
 """Cost subtotals per layer, per head, per named node or per module, by the names models give.
 
-``circuits.costs`` and ``circuits.profiling`` are core and know no naming
+``circuits.evaluation.costs`` and ``circuits.evaluation.profiling`` are core and know no naming
 convention, so the groupings that read names live here, above ``names`` and
 the importer's ``naming``: each is a label function for
 ``CircuitCost.grouped``/``table(label=...)`` and ``Profile.grouped``.  A
@@ -19,10 +19,10 @@ import re
 from typing import Callable, Iterable
 
 from circuits import names
-from circuits.costs import CircuitCost, Totals, cost, format_bytes
+from circuits.evaluation.costs import CircuitCost, Totals, cost, format_bytes
 from circuits.errors import CircuitError
 from circuits.core.nodes import Circuit
-from circuits.profiling import Profile
+from circuits.evaluation.profiling import Profile
 from circuits.core.traversal import unique_nodes
 
 __all__ = ["GROUPINGS", "by_head", "by_layer", "by_module", "by_node", "cost_table", "module_table"]

@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from circuits.errors import PrintError
-from circuits.costs import cost
+from circuits.evaluation.costs import cost
 from circuits.core.gcpause import gc_paused
 from circuits.core.nodes import Array, Circuit, Einsum, Index, Scalar, Scatter, Symbol
 from circuits.core.shapes import EINSUM_LETTERS, format_shape

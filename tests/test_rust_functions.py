@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import circuits as cc
-from circuits.costs import FUNCTION_FLOPS
+from circuits.evaluation.costs import FUNCTION_FLOPS
 
 # gf_gen! in generalfunction.rs: name -> (num_non_batchable_output_dims, removed_from_end).
 RUST_SIMPLE_SPECS = {

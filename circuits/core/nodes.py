@@ -40,7 +40,7 @@ from circuits.core.functions import FunctionSpec, get_function
 from circuits.core.hashing import PRINTED_HEX_DIGITS, node_hash, tensor_content_hash
 
 if TYPE_CHECKING:  # only annotations here
-    from circuits.costs import CircuitCost
+    from circuits.evaluation.costs import CircuitCost
     from circuits.store import TensorStore
 
 Shape = shape_rules.Shape
@@ -311,8 +311,8 @@ class Circuit:
         print(text)
 
     def cost(self) -> CircuitCost:
-        """The static cost of evaluating this circuit: FLOPs, bytes, peak memory (``circuits.costs.cost``)."""
-        from circuits.costs import cost
+        """The static cost of evaluating this circuit: FLOPs, bytes, peak memory (``circuits.evaluation.costs.cost``)."""
+        from circuits.evaluation.costs import cost
 
         return cost(self)
 

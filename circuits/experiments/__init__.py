@@ -42,14 +42,14 @@ and every ``act_patch_*`` (``patch_grid``)    function of its ``patching`` modul
 Inputs are mappings ``{matcher form: tensor or node}``, usually
 ``{"toks_int_var": tokens}`` for the model builders' circuits (see
 ``circuits.experiments.inputs``).  Every function returns a new circuit and
-evaluates nothing it does not need; ``circuits.Evaluator`` (``circuits.cache``)
+evaluates nothing it does not need; ``circuits.Evaluator`` (``circuits.evaluation.cache``)
 makes evaluating many rewrites of one circuit cost only what changed.
 """
 
-from circuits.cache import Evaluator
+from circuits.evaluation.cache import DEFAULT_CACHE_BYTES, Evaluator
 from circuits.experiments.activations import ActivationCache, run_with_cache
 from circuits.experiments.attribution import ATTRIBUTION_KINDS, AttributionResult, attribution_patching
-from circuits.experiments.ablation import DEFAULT_CACHE_BYTES, mean_ablate, resample_ablate, zero_ablate
+from circuits.experiments.ablation import mean_ablate, resample_ablate, zero_ablate
 from circuits.errors import ExperimentError, MissingPointError
 from circuits.experiments.gradients import Gradients, gradients
 from circuits.experiments.inputs import with_inputs

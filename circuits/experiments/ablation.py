@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from circuits.cache import Evaluator
+from circuits.evaluation.cache import DEFAULT_CACHE_BYTES, Evaluator
 from circuits.experiments.inputs import (
     EXPANDED,
     REBATCHED,
@@ -34,10 +34,7 @@ from circuits.matching import no_match_hint
 from circuits.core.nodes import Array, Circuit, Rearrange, Scalar, check_node
 from circuits.rewrite import update
 
-__all__ = ["DEFAULT_CACHE_BYTES", "mean_ablate", "resample_ablate", "zero_ablate"]
-
-#: The cache an experiment makes for itself when not given an ``evaluator``: 2 GiB.
-DEFAULT_CACHE_BYTES = 2 * 2**30
+__all__ = ["mean_ablate", "resample_ablate", "zero_ablate"]
 
 
 def rewrite_found(circuit: Circuit, matcher: Any, fn: Callable[[Circuit], Circuit], what: str) -> Circuit:

@@ -40,7 +40,7 @@ from typing import Any, Callable
 import torch
 
 from circuits import names
-from circuits.cache import Evaluator
+from circuits.evaluation.cache import Evaluator
 from circuits.evaluation import evaluate
 from circuits.errors import ExperimentError, shown
 from circuits.core.nodes import Add, Array, Circuit, Einsum, GeneralFunction, Index, Scalar, check_node

@@ -24,7 +24,7 @@ import torch
 
 from circuits import names
 from circuits.batching import expand
-from circuits.cache import Evaluator
+from circuits.evaluation.cache import Evaluator
 from circuits.errors import ExperimentError
 from circuits.experiments import causal_suffix
 from circuits.experiments.metrics import Metric, find

@@ -34,7 +34,7 @@ import attrs
 import torch
 
 from circuits import names
-from circuits.cache import Evaluator, check_cache_bytes
+from circuits.evaluation.cache import DEFAULT_CACHE_BYTES, Evaluator, check_cache_bytes
 from circuits.errors import ExperimentError
 from circuits.experiments.inputs import same_shape_inputs, with_targets_of
 from circuits.experiments.metrics import Metric
@@ -44,7 +44,6 @@ from circuits.core.nodes import Circuit, check_node
 from circuits.core.traversal import unique_nodes
 from circuits.experiments.tables import records_frame
 
-DEFAULT_CACHE_BYTES = 2 * 2**30
 PATCHES_PER_RUN = 32  #: patches evaluated as one batch
 POSITIONS_PER_RUN = 8  #: positions one batch spans (bench/patching_grid.py: 8 beat 2, 4 and 24)
 

@@ -31,7 +31,10 @@ from circuits.errors import CacheError
 from circuits.evaluation import KnownValue, compile_plan
 from circuits.core.nodes import Add, Array, Circuit, Einsum, Scalar, Symbol
 
-__all__ = ["CacheStats", "Evaluator"]
+__all__ = ["DEFAULT_CACHE_BYTES", "CacheStats", "Evaluator"]
+
+#: The cache an experiment makes for itself when not given an ``evaluator``: 2 GiB.
+DEFAULT_CACHE_BYTES = 2 * 2**30
 
 
 def _version(tensor: torch.Tensor) -> int | None:
