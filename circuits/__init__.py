@@ -103,9 +103,9 @@ __all__ = [
 ]
 
 # Finding and rewriting (issue 4): matchers, update/replace/substitute, batching.
-from circuits.batching import expand  # noqa: E402
+from circuits.rewriting.batching import expand  # noqa: E402
 from circuits.errors import ExpandError, MatcherError, MatchError, NoMatchError, RewriteError  # noqa: E402
-from circuits.matching import (  # noqa: E402
+from circuits.rewriting.matching import (  # noqa: E402
     FoundRoutes,
     IterativeMatcher,
     Matcher,
@@ -118,8 +118,8 @@ from circuits.matching import (  # noqa: E402
     restrict,
     restrict_sl,
 )
-from circuits.operations import BoundGetter, BoundUpdater, Expander, Getter, Updater  # noqa: E402
-from circuits.rewrite import cast_circuit, replace, substitute, update  # noqa: E402
+from circuits.rewriting.operations import BoundGetter, BoundUpdater, Expander, Getter, Updater  # noqa: E402
+from circuits.rewriting.rewrite import cast_circuit, replace, substitute, update  # noqa: E402
 
 __all__ += [
     "BoundGetter",

@@ -16,7 +16,7 @@ The layout options of rust_circuit (``only_child_below``, ``arrows``,
 over the lines, run between the two passes only when asked for.
 
 The traversal seam.  Printing is core and must not import
-``circuits.matching``, yet ``traversal=`` takes the matcher forms.  The
+``circuits.rewriting.matching``, yet ``traversal=`` takes the matcher forms.  The
 printer asks only the small ``Traversal`` protocol below (a start state and
 the state for each child of a node; a falsy state means "stop"), which
 ``IterativeMatcher`` implements.  Any other form (a name, a ``Matcher``) is
@@ -87,7 +87,7 @@ _converter: Callable[[Any], Traversal] | None = None
 def set_traversal_converter(converter: Callable[[Any], Traversal]) -> None:
     """Make ``traversal=`` take forms other than a ``Traversal`` (see the module docstring).
 
-    ``circuits.matching`` installs ``as_iterative`` here, so a name or a
+    ``circuits.rewriting.matching`` installs ``as_iterative`` here, so a name or a
     ``Matcher`` works as it does everywhere else.
     """
     global _converter
@@ -99,7 +99,9 @@ def as_traversal(form: Any) -> Traversal:
     if hasattr(form, "child_states") and hasattr(form, "start"):
         return form
     if _converter is None:
-        raise PrintError(f"traversal={form!r}: expected an IterativeMatcher (import circuits.matching)")
+        raise PrintError(
+            f"traversal={form!r}: expected an IterativeMatcher (import circuits.rewriting.matching)"
+        )
     return _converter(form)
 
 

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 import circuits as cc
-from circuits import matching, printing, rewrite
+from circuits import printing
+from circuits.rewriting import matching, rewrite
 
 x = cc.Symbol((3, 4), name="x")
 y = cc.Symbol((3, 4), name="y")

@@ -79,7 +79,7 @@ class FunctionSpec:
     # which inputs may carry the extra leading (batch) axes, all sharing them
     # (None: all may).  ``circuits.expand`` repeats an unbatched batchable
     # input over the batch and refuses a batched non-batchable one; the
-    # gen_index family batches by its own rules (circuits/batching.py).
+    # gen_index family batches by its own rules (circuits/rewriting/batching.py).
     input_batchability: tuple[bool, ...] | None = None
 
     def __reduce__(self):

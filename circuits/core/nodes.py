@@ -344,19 +344,19 @@ class Circuit:
         return evaluate(self, inputs=inputs, device=device, dtype=dtype)
 
     def get(self, matcher: Any, *, fancy_validate: bool = False) -> set[Circuit]:
-        """Every distinct node matching ``matcher`` (see ``circuits.matching``)."""
-        from circuits.matching import get
+        """Every distinct node matching ``matcher`` (see ``circuits.rewriting.matching``)."""
+        from circuits.rewriting.matching import get
 
         return get(self, matcher, fancy_validate=fancy_validate)
 
     def get_unique(self, matcher: Any, *, fancy_validate: bool = False) -> Circuit:
         """The one node matching ``matcher``; zero or several is an error."""
-        from circuits.matching import get_unique
+        from circuits.rewriting.matching import get_unique
 
         return get_unique(self, matcher, fancy_validate=fancy_validate)
 
     def are_any_found(self, matcher: Any) -> bool:
-        from circuits.matching import are_any_found
+        from circuits.rewriting.matching import are_any_found
 
         return are_any_found(self, matcher)
 
@@ -368,16 +368,16 @@ class Circuit:
         assert_any_found: bool = True,
         fancy_validate: bool = False,
     ) -> Circuit:
-        """Every matching node replaced by ``fn(node)`` (see ``circuits.rewrite.update``); a
+        """Every matching node replaced by ``fn(node)`` (see ``circuits.rewriting.rewrite.update``); a
         matcher that finds nothing is an error unless ``assert_any_found=False``."""
-        from circuits.rewrite import update
+        from circuits.rewriting.rewrite import update
 
         return update(self, matcher, fn, assert_any_found=assert_any_found, fancy_validate=fancy_validate)
 
     def replace(self, mapping: Any, *, assert_all_found: bool = True) -> Circuit:
-        """Nodes replaced by ``mapping[node]`` (see ``circuits.rewrite.replace``); a key that
+        """Nodes replaced by ``mapping[node]`` (see ``circuits.rewriting.rewrite.replace``); a key that
         replaces nothing is an error unless ``assert_all_found=False``."""
-        from circuits.rewrite import replace
+        from circuits.rewriting.rewrite import replace
 
         return replace(self, mapping, assert_all_found=assert_all_found)
 

@@ -1,6 +1,6 @@
 """Ablations: replace what a matcher finds by zero, its dataset mean, or its value on other inputs.
 
-Each function takes a circuit and a matcher (any form ``circuits.matching``
+Each function takes a circuit and a matcher (any form ``circuits.rewriting.matching``
 accepts: a name such as ``'b1.a.head3'``, a regex Matcher, a set, an
 IterativeMatcher for a path-restricted ablation) and returns the rewritten
 circuit; nothing is evaluated except where the replacement needs a value
@@ -30,9 +30,9 @@ from circuits.experiments.inputs import (
     shape_changes,
     with_inputs,
 )
-from circuits.matching import no_match_hint
+from circuits.rewriting.matching import no_match_hint
 from circuits.core.nodes import Array, Circuit, Rearrange, Scalar, check_node
-from circuits.rewrite import update
+from circuits.rewriting.rewrite import update
 
 __all__ = ["mean_ablate", "resample_ablate", "zero_ablate"]
 

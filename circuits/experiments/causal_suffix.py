@@ -18,7 +18,7 @@ import torch
 from circuits import names
 from circuits.core.nodes import Add, Array, Circuit, Concat, Index
 from circuits.passes import push_index
-from circuits.rewrite import update
+from circuits.rewriting.rewrite import update
 from circuits.core.traversal import unique_nodes
 
 __all__ = ["from_position", "is_causal"]

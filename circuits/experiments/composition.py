@@ -21,9 +21,9 @@ from circuits import names
 from circuits.errors import ExperimentError
 from circuits.experiments.points import point
 from circuits.experiments.stream import Norm
-from circuits.matching import IterativeMatcher, Matcher
+from circuits.rewriting.matching import IterativeMatcher, Matcher
 from circuits.core.nodes import Add, Array, Circuit, Einsum, Scalar
-from circuits.rewrite import update
+from circuits.rewriting.rewrite import update
 
 __all__ = ["Compositions", "head_of"]
 

@@ -42,7 +42,7 @@ import torch
 
 from circuits import names
 from circuits.errors import ExperimentError, MissingPointError
-from circuits.matching import IterativeMatcher, Matcher, get
+from circuits.rewriting.matching import IterativeMatcher, Matcher, get
 from circuits.core.nodes import Circuit
 from circuits.core.traversal import unique_nodes
 

@@ -30,7 +30,7 @@ from circuits.passes.simplify import (
     remove_single_operand,
     simplify,
 )
-from circuits.matching import Matcher
+from circuits.rewriting.matching import Matcher
 from circuits.core.nodes import Circuit, Index
 
 

@@ -16,7 +16,7 @@ from collections import Counter
 from typing import Any, Iterable, Sequence
 
 from circuits.errors import BroadcastError, PassError
-from circuits.matching import Matcher
+from circuits.rewriting.matching import Matcher
 from circuits.core.nodes import Add, Circuit, Einsum, Index, Scalar
 from circuits.core.shapes import EINSUM_LETTERS, broadcast_shapes
 

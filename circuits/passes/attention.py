@@ -17,7 +17,10 @@ import torch
 from circuits import names
 from circuits.errors import PassError
 from circuits.masks import NEG_INF, causal_mask_array, neg_inf_bias
-from circuits.matching import Matcher, layer_of  # layer_of lives there: get_unique's messages use it
+from circuits.rewriting.matching import (
+    Matcher,
+    layer_of,
+)  # layer_of lives there: get_unique's messages use it
 from circuits.core.nodes import Add, Array, Circuit, Einsum, Index
 from circuits.passes.push_down import push_index
 from circuits.core.traversal import unique_nodes

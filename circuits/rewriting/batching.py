@@ -44,7 +44,7 @@ from typing import Any, Mapping
 from circuits.errors import CircuitError, ExpandError
 from circuits.core.functions import GEN_INDEX_NAME, gen_index_layout, get_function
 from circuits.core.gcpause import gc_paused
-from circuits.matching import IterativeMatcher, Matcher, walk
+from circuits.rewriting.matching import IterativeMatcher, Matcher, walk
 from circuits.core.nodes import (
     Add,
     Circuit,
@@ -66,7 +66,7 @@ def expand(circuit: Circuit, replacements: Mapping[Any, Any]) -> Circuit:
     """``circuit`` with matched nodes replaced by batched versions, ancestors rebuilt.
 
     ``replacements`` maps a matcher form (a name, a node, a class, ...; see
-    ``circuits.matching``) to the new node, or to a function of the old node
+    ``circuits.rewriting.matching``) to the new node, or to a function of the old node
     returning it.  If several keys match one node, the first wins.  Path
     restrictions (IterativeMatcher) are not supported here: expand a
     circuit, or un-share first with ``update``.

@@ -3,8 +3,8 @@
 Each holds settings (and, for an Updater or Expander, what to do with a
 found node) and is called on a circuit and a matcher; ``bind(matcher)``
 gives a ``BoundGetter`` or ``BoundUpdater`` called on a circuit alone.
-They are thin: the work is ``circuits.matching.get``,
-``circuits.rewrite.update`` and ``circuits.batching.expand``.
+They are thin: the work is ``circuits.rewriting.matching.get``,
+``circuits.rewriting.rewrite.update`` and ``circuits.rewriting.batching.expand``.
 
 Differences from rust_circuit (see docs/rewrites.md):
 
@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from circuits.batching import expand
+from circuits.rewriting.batching import expand
 from circuits.errors import ExpandError, MatchError, NoMatchError, RewriteError
-from circuits.matching import (
+from circuits.rewriting.matching import (
     FoundRoutes,
     Matcher,
     as_iterative,
@@ -37,7 +37,7 @@ from circuits.matching import (
     walk,
 )
 from circuits.core.nodes import Circuit, check_node
-from circuits.rewrite import update
+from circuits.rewriting.rewrite import update
 
 __all__ = ["BoundGetter", "BoundUpdater", "Expander", "Getter", "Updater"]
 
@@ -54,7 +54,7 @@ def _or_default(value: bool | None, default: bool, what: str, error: type = Matc
 
 class Getter:
     """rust_circuit's ``Getter``: ``getter(circuit, matcher)`` is ``get(circuit, matcher)``, with
-    fancy validation when asked (``circuits.matching.validate_found``)."""
+    fancy validation when asked (``circuits.rewriting.matching.validate_found``)."""
 
     def __init__(self, default_fancy_validate: bool = False):
         self.default_fancy_validate = _flag(default_fancy_validate, "Getter: default_fancy_validate")
@@ -119,7 +119,7 @@ class BoundGetter:
 
 class Updater:
     """rust_circuit's ``Updater``: ``updater(circuit, matcher)`` is
-    ``update(circuit, matcher, transform)`` (``circuits.rewrite.update``)."""
+    ``update(circuit, matcher, transform)`` (``circuits.rewriting.rewrite.update``)."""
 
     def __init__(
         self,
@@ -186,7 +186,7 @@ class BoundUpdater:
 class Expander:
     """rust_circuit's ``Expander``: several replacements at once, each ``(matcher, transform)``,
     with every ancestor rebuilt to carry the batch axes a replacement adds
-    (``circuits.batching.expand``; the first pair whose matcher matches a node wins, and
+    (``circuits.rewriting.batching.expand``; the first pair whose matcher matches a node wins, and
     nothing below a replaced node is searched).
 
     ``ban_multiple_matches_on_node=True``: a node two matchers match is an ``ExpandError``.

@@ -21,7 +21,7 @@ Semantics of ``update`` (the same as rust_circuit's ``update``):
 - ``fn`` is called once per distinct node it is given, however many
   parents or paths share it.
 
-With an ``IterativeMatcher`` (see ``circuits.matching``) a node is
+With an ``IterativeMatcher`` (see ``circuits.rewriting.matching``) a node is
 rewritten only where it is reached along a path that finds it.  A node
 shared by several paths is then un-shared: its ancestors along the finding
 paths are rebuilt over the rewritten copy, while along every other path it
@@ -36,7 +36,7 @@ import torch
 
 from circuits.errors import NoMatchError, RewriteError
 from circuits.core.gcpause import gc_paused
-from circuits.matching import Matcher, WalkEntry, as_iterative, no_match_hint, validate, walk
+from circuits.rewriting.matching import Matcher, WalkEntry, as_iterative, no_match_hint, validate, walk
 from circuits.core.nodes import Array, Circuit, Index, Symbol, check_node
 from circuits.core.traversal import unique_nodes
 
@@ -59,7 +59,7 @@ def update(
     look like "no effect"); ``assert_any_found=False`` says that finding nothing
     is fine (rust_circuit's keyword, whose default there is False).  With
     ``fancy_validate=True``, every part of the matcher must find something
-    (``circuits.matching.validate_found``).
+    (``circuits.rewriting.matching.validate_found``).
     """
     _check_root(circuit, "update")
     if not callable(fn):
@@ -253,7 +253,7 @@ def _check_root(circuit: Any, what: str) -> None:
 
 
 def rebuild(entries: list[WalkEntry], on_found: Callable[[Circuit], Circuit], root: Circuit) -> Circuit:
-    """The rewritten root of a walk (``circuits.matching.walk``).
+    """The rewritten root of a walk (``circuits.rewriting.matching.walk``).
 
     For each entry in post-order: the node rebuilt over its children's
     results (itself when none changed), then ``on_found`` applied if it was

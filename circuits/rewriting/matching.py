@@ -62,7 +62,7 @@ given positions of a matched node" is ``.children(...)``.
 What is found depends on the path, not only on the node: with shared
 subtrees one node may be found along one path and not along another.
 ``get`` returns the nodes found along at least one path; rewrites
-(``circuits.rewrite.update``) rewrite a node only where it is reached
+(``circuits.rewriting.rewrite.update``) rewrite a node only where it is reached
 along a path that finds it, un-sharing it from the paths that do not.
 A walk keeps, per node, the set of (stage, depth) pairs still active, so
 it visits each node at most once per distinct set (once, for a plain
@@ -177,8 +177,8 @@ class _Finding:
         validate(circuit, self)
 
     def getter(self, default_fancy_validate: bool = False):
-        """A ``BoundGetter`` of this matcher (``circuits.operations``)."""
-        from circuits.operations import Getter
+        """A ``BoundGetter`` of this matcher (``circuits.rewriting.operations``)."""
+        from circuits.rewriting.operations import Getter
 
         return Getter(default_fancy_validate).bind(self)
 
@@ -191,9 +191,9 @@ class _Finding:
         fancy_validate: bool = False,
         assert_any_found: bool = True,
     ) -> Circuit:
-        """``circuits.rewrite.update(circuit, self, transform, ...)``, rust_circuit's signature
+        """``circuits.rewriting.rewrite.update(circuit, self, transform, ...)``, rust_circuit's signature
         (``assert_any_found`` defaults to True here, as ``update`` does)."""
-        from circuits.operations import Updater
+        from circuits.rewriting.operations import Updater
 
         updater = Updater(transform, cache_transform, cache_update)
         return updater.update(circuit, self, fancy_validate, assert_any_found)
@@ -206,8 +206,8 @@ class _Finding:
         default_fancy_validate: bool = False,
         default_assert_any_found: bool = True,
     ):
-        """A ``BoundUpdater`` of this matcher (``circuits.operations``)."""
-        from circuits.operations import Updater
+        """A ``BoundUpdater`` of this matcher (``circuits.rewriting.operations``)."""
+        from circuits.rewriting.operations import Updater
 
         settings = (cache_transform, cache_update, default_fancy_validate, default_assert_any_found)
         return Updater(transform, *settings).bind(self)
