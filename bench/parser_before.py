@@ -1,4 +1,4 @@
-"""A frozen copy of circuits/parsing.py as it was before issue 20's speed-up (commit a169e80).
+"""A frozen copy of circuits/text/parsing.py as it was before issue 20's speed-up (commit a169e80).
 
 bench/format_scale.py times it against the current parser on the same text in
 the same run.  Only this docstring differs from that commit's file; it still
@@ -42,7 +42,7 @@ from circuits.core.nodes import (
     Symbol,
 )
 from circuits.core.shapes import EINSUM_LETTERS
-from circuits.store import TensorStore
+from circuits.text.store import TensorStore
 
 _INDENT = re.compile(r" *")
 _SERIAL = re.compile(r"\d+")

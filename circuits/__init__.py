@@ -44,9 +44,9 @@ from circuits.core.nodes import (
     Symbol,
     Tag,
 )
-from circuits.parsing import parse, parse_many
-from circuits.printing import repr_many
-from circuits.store import TensorStore
+from circuits.text.parsing import parse, parse_many
+from circuits.text.printing import repr_many
+from circuits.text.store import TensorStore
 from circuits.core.traversal import postorder, unique_nodes
 
 __all__ = [
@@ -212,7 +212,7 @@ __all__ += [
 ]
 
 # Canonical form and diff (issue 16): compare two rewrite routes, show what a rewrite changed.
-from circuits.diff import CircuitDiff, circuit_diff, diff  # noqa: E402
+from circuits.text.diff import CircuitDiff, circuit_diff, diff  # noqa: E402
 from circuits.passes import canonicalize  # noqa: E402
 
 __all__ += ["CircuitDiff", "canonicalize", "circuit_diff", "diff"]
@@ -235,7 +235,7 @@ __all__ += [
     "zero_ablate",
 ]
 
-# Saving (issue 8): the text plus a tensor store beside it; see circuits/saving.py.
-from circuits.saving import load, load_many, save  # noqa: E402
+# Saving (issue 8): the text plus a tensor store beside it; see circuits/text/saving.py.
+from circuits.text.saving import load, load_many, save  # noqa: E402
 
 __all__ += ["load", "load_many", "save"]

@@ -184,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _print_command(args: argparse.Namespace) -> int:
-    from circuits.printing import repr_many
+    from circuits.text.printing import repr_many
 
     return _on_file(
         args.file, lambda roots: repr_many(roots, depth=args.depth, shapes=args.shapes, serials=args.serials)
@@ -219,8 +219,8 @@ def _profile_command(args: argparse.Namespace) -> int:
 
 def _on_file(file: str, show: Callable[[list], str]) -> int:
     """Read the circuits of ``file`` (- for stdin) and print ``show(roots)``; a mistake is one message."""
-    from circuits.parsing import parse_many
-    from circuits.saving import load_many, read_text
+    from circuits.text.parsing import parse_many
+    from circuits.text.saving import load_many, read_text
 
     source = "<stdin>" if file == "-" else shown(file)
     try:

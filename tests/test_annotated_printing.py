@@ -10,8 +10,8 @@ import pytest
 
 import circuits as cc
 from circuits.errors import PrintError
-from circuits.html import to_html
-from circuits.printing import repr_many
+from circuits.text.html import to_html
+from circuits.text.printing import repr_many
 
 RED, GREEN, RESET = "\x1b[31m", "\x1b[32m", "\x1b[0m"
 

@@ -148,7 +148,7 @@ def test_dev_zero_is_refused_at_its_first_line():
     assert result.returncode == 1 and result.stdout == b""
     assert result.stderr.decode() == (
         "/dev/zero:1: the line is longer than 1048576 characters: not a circuit file? "
-        "(the limit is circuits.saving.MAX_LINE_CHARACTERS)\n"
+        "(the limit is circuits.text.saving.MAX_LINE_CHARACTERS)\n"
     )
     piped = _run("print", "-", stdin=bytes(3 << 20))
     assert piped.returncode == 1 and piped.stderr.decode().startswith("<stdin>:1: the line is longer")

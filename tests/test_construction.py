@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import circuits as cc
-from circuits import printing
+from circuits.text import printing
 from circuits.rewriting import matching, rewrite
 
 x = cc.Symbol((3, 4), name="x")

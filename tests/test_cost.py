@@ -317,7 +317,7 @@ def test_costs_and_comment_together_are_refused():
 
 
 def test_costs_in_the_html_view():
-    from circuits.html import to_html
+    from circuits.text.html import to_html
 
     golden = cc.parse(GOLDEN.read_text())
     assert "GFLOP" in to_html(golden, comment=golden.cost().comment)

@@ -16,7 +16,7 @@ import torch
 
 import circuits as cc
 from circuits.rewriting.batching import expand
-from circuits.saving import load, save
+from circuits.text.saving import load, save
 
 UUID = "1a280c74-fa9f-4dd9-94f4-5cca4a0cf243"
 

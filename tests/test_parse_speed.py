@@ -26,7 +26,7 @@ from strategies import names, random_circuits, shapes
 import circuits as cc
 from circuits.core.hashing import node_hash
 from circuits.core.nodes import keeps_derivation, rebuilt_like
-from circuits.parsing import _LINE
+from circuits.text.parsing import _LINE
 
 
 class Child:

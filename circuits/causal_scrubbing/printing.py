@@ -28,7 +28,7 @@ from circuits.causal_scrubbing.hypothesis import InterpNode, SampledInputs
 from circuits.errors import PrintError, shown
 from circuits.rewriting.matching import get
 from circuits.core.nodes import Circuit
-from circuits.printing import ANSI_COLORS, as_traversal
+from circuits.text.printing import ANSI_COLORS, as_traversal
 from circuits.core.traversal import postorder
 
 __all__ = ["interp_repr", "print_options", "scrubbed_repr"]

@@ -41,7 +41,7 @@ from circuits.core.hashing import PRINTED_HEX_DIGITS, node_hash, tensor_content_
 
 if TYPE_CHECKING:  # only annotations here
     from circuits.evaluation.costs import CircuitCost
-    from circuits.store import TensorStore
+    from circuits.text.store import TensorStore
 
 Shape = shape_rules.Shape
 _HASH_HEX = re.compile(r"[0-9a-f]{%d,}" % PRINTED_HEX_DIGITS)
@@ -250,7 +250,7 @@ class Circuit:
         arrows: bool = False,
         comment_arg_names: bool = False,
     ) -> str:
-        """This circuit in the FORMAT.md text (see ``circuits.printing.repr_many``).
+        """This circuit in the FORMAT.md text (see ``circuits.text.printing.repr_many``).
 
         ``traversal`` (an IterativeMatcher or matcher form) limits the printout to what it
         reaches; ``comment(node)`` adds ``  # text`` to a node's line; ``color(node)`` names
@@ -259,7 +259,7 @@ class Circuit:
         text laid out with ``minimal_shapes``, ``only_child_below``, ``arrows`` or
         ``comment_arg_names`` (rust_circuit's).
         """
-        from circuits.printing import repr_many
+        from circuits.text.printing import repr_many
 
         return repr_many(
             [self],
@@ -317,14 +317,14 @@ class Circuit:
         return cost(self)
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        """IPython: the FORMAT.md text (see ``circuits.html.pretty_text`` for the depth rule)."""
-        from circuits.html import pretty_text
+        """IPython: the FORMAT.md text (see ``circuits.text.html.pretty_text`` for the depth rule)."""
+        from circuits.text.html import pretty_text
 
         printer.text(pretty_text(self))
 
     def _repr_html_(self) -> str:
-        """Jupyter: collapsible HTML (see ``circuits.html.to_html``)."""
-        from circuits.html import to_html
+        """Jupyter: collapsible HTML (see ``circuits.text.html.to_html``)."""
+        from circuits.text.html import to_html
 
         return to_html(self)
 

@@ -113,7 +113,7 @@ from circuits import names
 from circuits.errors import MatcherError, MatchError, PassError
 from circuits.core.gcpause import gc_paused
 from circuits.core.nodes import Array, Circuit, Einsum, check_node
-from circuits.printing import set_traversal_converter
+from circuits.text.printing import set_traversal_converter
 from circuits.core.traversal import unique_nodes
 
 __all__ = [
@@ -731,7 +731,7 @@ class IterativeMatcher(_Finding):
 
     def child_states(self, node: Circuit, state: State) -> list[State]:
         """The state for each child of ``node`` reached in ``state`` (falsy where nothing more can be
-        found below): what the printer's ``traversal=`` asks (``circuits.printing.Traversal``)."""
+        found below): what the printer's ``traversal=`` asks (``circuits.text.printing.Traversal``)."""
         hits = tuple([bool(predicate(node)) for predicate in self._predicates])
         return self.step_from(state, hits, len(node.children))[1]
 
@@ -1027,7 +1027,7 @@ def as_iterative(form: Any) -> IterativeMatcher:
 
 
 # The printer (core) takes matcher forms for ``traversal=`` through this converter; see
-# the docstring of circuits.printing.
+# the docstring of circuits.text.printing.
 set_traversal_converter(as_iterative)
 
 

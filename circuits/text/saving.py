@@ -39,9 +39,9 @@ from typing import IO, Union
 
 from circuits.errors import MissingTensorError, StoreError, shown
 from circuits.core.nodes import Array, Circuit, check_node
-from circuits.parsing import parse, parse_many
-from circuits.printing import repr_many
-from circuits.store import TensorStore, remove_dead_temporaries, write_atomically
+from circuits.text.parsing import parse, parse_many
+from circuits.text.printing import repr_many
+from circuits.text.store import TensorStore, remove_dead_temporaries, write_atomically
 from circuits.core.traversal import unique_nodes
 
 STORE_SUFFIX = ".tensors"
@@ -202,7 +202,7 @@ def _read_lines(stream: IO[str], name: str) -> str:
         if len(line) > MAX_LINE_CHARACTERS and not line.endswith("\n"):
             raise StoreError(
                 f"{name}:{number}: the line is longer than {MAX_LINE_CHARACTERS} characters: not a circuit "
-                "file? (the limit is circuits.saving.MAX_LINE_CHARACTERS)"
+                "file? (the limit is circuits.text.saving.MAX_LINE_CHARACTERS)"
             )
         bad = _SURROGATE.search(line)
         if bad is not None:

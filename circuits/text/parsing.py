@@ -41,7 +41,7 @@ from circuits.core.nodes import (
 )
 from circuits.core.nodes import keeps_derivation, rebuilt_like
 from circuits.core.shapes import EINSUM_LETTERS
-from circuits.store import TensorStore
+from circuits.text.store import TensorStore
 
 _INDENT = re.compile(r" *")
 # Every line of the text in one scan (MULTILINE): its indent (group 1), then its body (group 2),

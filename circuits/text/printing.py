@@ -34,7 +34,7 @@ from circuits.evaluation.costs import cost
 from circuits.core.gcpause import gc_paused
 from circuits.core.nodes import Array, Circuit, Einsum, Index, Scalar, Scatter, Symbol
 from circuits.core.shapes import EINSUM_LETTERS, format_shape
-from circuits.store import TensorStore
+from circuits.text.store import TensorStore
 
 # Variants whose shape FORMAT.md prints by default: it does not follow from children.
 SHAPED_KINDS = (Array, Scalar, Symbol, Index, Scatter)  # as rust_circuit prints them

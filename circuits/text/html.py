@@ -31,7 +31,7 @@ from collections import defaultdict
 from typing import Iterable
 
 from circuits.core.nodes import Circuit
-from circuits.printing import NodeText, colour_of, comment_of, quote_name, repr_many
+from circuits.text.printing import NodeText, colour_of, comment_of, quote_name, repr_many
 from circuits.core.shapes import format_shape
 from circuits.core.traversal import unique_nodes
 
@@ -81,7 +81,7 @@ def to_html(
 ) -> str:
     """A ``<div>`` showing ``circuits`` as nested ``<details>``; see the module docstring.
 
-    ``comment`` and ``color`` are the text printer's (``circuits.printing.repr_many``): a
+    ``comment`` and ``color`` are the text printer's (``circuits.text.printing.repr_many``): a
     node's comment follows its line written in full, grey, after ``#``; its colour tints
     that line and the links that repeat it.
     """
