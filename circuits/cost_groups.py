@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Callable, Iterable
 
-from circuits import names
+from circuits.transformer import names
 from circuits.evaluation.costs import CircuitCost, Totals, cost, format_bytes
 from circuits.errors import CircuitError
 from circuits.core.nodes import Circuit

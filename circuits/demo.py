@@ -31,7 +31,7 @@ from typing import Callable
 import torch
 
 import circuits as cc
-from circuits import names
+from circuits.transformer import names
 from circuits.errors import ModelError
 from circuits.models.demo_model import demo_config, demo_info, load_demo_model, repeated_tokens
 from circuits.parity import seed_argument

@@ -19,7 +19,7 @@ from circuits.passes import (
     push_down_concat,
     split_to_concat,
 )
-from circuits.passes.concat_pull import push_down_concat_once
+from circuits.rewriting.passes.concat_pull import push_down_concat_once
 
 from tests import experiments_reference as ref
 

@@ -22,7 +22,7 @@ def test_docs_build_strict(tmp_path):
     api = (tmp_path / "site" / "api" / "index.html").read_text()
     for name in (
         "circuits.core.nodes.Einsum",
-        "circuits.passes.attention.split_heads",
+        "circuits.transformer.attention.split_heads",
         "circuits.evaluation.evaluate",
     ):
         assert name in api, f"{name} missing from the API reference"

@@ -35,7 +35,7 @@ import attrs
 import torch
 
 from circuits.errors import CausalScrubbingError, shown
-from circuits.names import TOKENS
+from circuits.transformer.names import TOKENS
 from circuits.core.nodes import Array
 
 TDataset = TypeVar("TDataset", bound="Dataset")

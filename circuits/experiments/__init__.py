@@ -11,7 +11,7 @@
                                               ``Evaluator``; a table of results
 ``point(kind, layer, head)``                  a matcher for one layer's (head's) activation:
                                               ``'resid_pre'``, ``'attn_probs'``, ``'z'``, ...
-                                              (``circuits.experiments.points``)
+                                              (``circuits.transformer.points``)
 ``head_names(c)``                             every ``'b{L}.a.head{h}'``, of split layers
                                               and unsplit ones (``sweep`` splits those
                                               one layer at a time)
@@ -87,7 +87,7 @@ from circuits.experiments.patching_grids import (
     patch_grid,
 )
 from circuits.experiments.plots import plot_attention, plot_grid
-from circuits.experiments.points import HEAD_KINDS, POINT_KINDS, TRANSFORMER_LENS_HOOKS, point
+from circuits.transformer.points import HEAD_KINDS, POINT_KINDS, TRANSFORMER_LENS_HOOKS, point
 from circuits.experiments.sweep import SweepPlan, SweepResult, head_names, sweep
 
 __all__ = [

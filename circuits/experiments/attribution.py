@@ -29,7 +29,7 @@ from circuits.errors import ExperimentError
 from circuits.experiments.gradients import tracked_run
 from circuits.experiments.inputs import same_shape_inputs, with_targets_of
 from circuits.experiments.metrics import Metric
-from circuits.experiments.points import HEAD_KINDS, point, resolve_points
+from circuits.transformer.points import HEAD_KINDS, point, resolve_points
 from circuits.rewriting.matching import get
 from circuits.core.nodes import Circuit, check_node
 from circuits.experiments.tables import records_frame

@@ -15,7 +15,7 @@ from typing import Mapping
 
 import torch
 
-from circuits import names
+from circuits.transformer import names
 from circuits.core.nodes import Add, Array, Circuit, Concat, Index
 from circuits.passes import push_index
 from circuits.rewriting.rewrite import update

@@ -17,9 +17,9 @@ from typing import Callable
 
 import torch
 
-from circuits import names
+from circuits.transformer import names
 from circuits.errors import ExperimentError
-from circuits.experiments.points import point
+from circuits.transformer.points import point
 from circuits.experiments.stream import Norm
 from circuits.rewriting.matching import IterativeMatcher, Matcher
 from circuits.core.nodes import Add, Array, Circuit, Einsum, Scalar

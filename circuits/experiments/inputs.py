@@ -29,7 +29,7 @@ from typing import Any, Mapping
 
 import torch
 
-from circuits import names
+from circuits.transformer import names
 from circuits.rewriting.batching import expand
 from circuits.errors import ExperimentError, shown
 from circuits.rewriting.matching import IterativeMatcher

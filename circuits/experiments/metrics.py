@@ -39,7 +39,7 @@ from typing import Any, Callable
 
 import torch
 
-from circuits import names
+from circuits.transformer import names
 from circuits.evaluation.cache import Evaluator
 from circuits.evaluation import evaluate
 from circuits.errors import ExperimentError, shown

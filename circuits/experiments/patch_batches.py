@@ -22,13 +22,13 @@ from typing import Any, Sequence
 
 import torch
 
-from circuits import names
+from circuits.transformer import names
 from circuits.rewriting.batching import expand
 from circuits.evaluation.cache import Evaluator
 from circuits.errors import ExperimentError
 from circuits.experiments import causal_suffix
 from circuits.experiments.metrics import Metric, find
-from circuits.experiments.points import point, resolve_points
+from circuits.transformer.points import point, resolve_points
 from circuits.rewriting.matching import get
 from circuits.core.nodes import Array, Circuit
 from circuits.rewriting.rewrite import replace

@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping
 import attrs
 import torch
 
-from circuits import names
+from circuits.transformer import names
 from circuits.evaluation.cache import DEFAULT_CACHE_BYTES, Evaluator, check_cache_bytes
 from circuits.errors import ExperimentError
 from circuits.experiments.inputs import same_shape_inputs, with_targets_of

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from circuits import names
+from circuits.transformer import names
 from circuits.errors import ExperimentError
 from circuits.experiments.stream import Readout, Writes, read_readout, read_writes
 from circuits.core.nodes import Array, Circuit

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
-from circuits import names
+from circuits.transformer import names
 from circuits.evaluation.cache import DEFAULT_CACHE_BYTES, Evaluator, check_cache_bytes
 from circuits.evaluation.costs import cost
 from circuits.errors import ExperimentError, shown
@@ -36,7 +36,7 @@ from circuits.experiments.ablation import zero_ablate
 from circuits.experiments.metrics import Metric, mean_loss
 from circuits.experiments.workers import one_thread_if_forked
 from circuits.core.nodes import Circuit, check_node
-from circuits.passes.attention import split_heads, unsplit_head_counts
+from circuits.transformer.attention import split_heads, unsplit_head_counts
 from circuits.core.traversal import unique_nodes
 from circuits.experiments.tables import records_frame
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from circuits import names
-from circuits.masks import causal_mask_array
+from circuits.transformer import names
+from circuits.transformer.masks import causal_mask_array
 from circuits.models import common
 from circuits.models.text import token_ids
 from circuits.models.common import einsum

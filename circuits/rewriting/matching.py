@@ -109,12 +109,11 @@ import types
 import typing
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from circuits import names
-from circuits.errors import MatcherError, MatchError, PassError
+from circuits.errors import MatcherError, MatchError
 from circuits.core.gcpause import gc_paused
-from circuits.core.nodes import Array, Circuit, Einsum, check_node
-from circuits.text.printing import set_traversal_converter
+from circuits.core.nodes import Circuit, check_node
 from circuits.core.traversal import unique_nodes
+from circuits.rewriting.hints import no_match_hints, placement
 
 __all__ = [
     "FoundRoutes",
@@ -131,7 +130,6 @@ __all__ = [
     "get_paths",
     "get_unique",
     "get_unique_op",
-    "layer_of",
     "layer_text",
     "new_traversal",
     "no_match_hint",
@@ -1026,11 +1024,6 @@ def as_iterative(form: Any) -> IterativeMatcher:
     return IterativeMatcher(Matcher(form))
 
 
-# The printer (core) takes matcher forms for ``traversal=`` through this converter; see
-# the docstring of circuits.text.printing.
-set_traversal_converter(as_iterative)
-
-
 # -------------------------------------------------------------------- walks
 
 
@@ -1282,7 +1275,7 @@ _PLACED = 64  # several nodes found: up to this many are ordered by layer (the n
 
 def _order(node: Circuit, path: list[Circuit], placed: bool) -> tuple:
     """Sort key: by name, kind, layer and head (when ``placed``), then path: deterministic."""
-    at = _placement(node, path) if placed else None
+    at = placement(node, path) if placed else None
     layer = (0, -1, ()) if at is None else (1, at[0], at[1] or ())
     return (node.name is None, node.name or "", node.kind, layer, [p.name or "" for p in path], node.hash)
 
@@ -1298,7 +1291,7 @@ def no_match_hint(circuit: Circuit, form: Any) -> str:
     which nodes of its name the circuit has instead.
     """
     if isinstance(form, str):
-        hints = [_split_hint(circuit, form)]
+        hints = no_match_hints(circuit, form)
         close = _close_names(circuit, form)
         hints.append(f"names that come close: {', '.join(repr(n) for n in close)}" if close else "")
         return "".join(f"; {hint}" for hint in hints if hint)
@@ -1306,7 +1299,7 @@ def no_match_hint(circuit: Circuit, form: Any) -> str:
     hints = []
     for name in _names_of(form):
         if name not in present:
-            hints.append(_split_hint(circuit, name))
+            hints += no_match_hints(circuit, name)
             hints.append(f"no node is named {name!r}{_close_text(circuit, name)}")
     if isinstance(form, Circuit) and form.name in present:
         same = sorted((n for n in unique_nodes([circuit]) if n.name == form.name), key=lambda n: n.hash)
@@ -1328,23 +1321,6 @@ def _names_of(form: Any) -> list[str]:
             return []
     found = (name for m in matchers for check in m._checks if check[0] == _NAMES for name in check[1])
     return sorted(set(found))
-
-
-def _split_hint(circuit: Circuit, form: Any) -> str:
-    group = names.parse_head_group(form) if isinstance(form, str) else None
-    if group is None:
-        return ""
-    layer, first, last = group
-    attention = names.attn_out(layer)
-    if not any(isinstance(n, Einsum) and n.name == attention for n in unique_nodes(circuit)):
-        return ""  # no such layer, or split already (an Add of head branches)
-    text = (
-        f"layer {layer} is not split into heads ({attention!r} is one Einsum over them): heads are "
-        f"nodes only after cc.split_heads(c), or cc.split_heads(c, layers=[{layer}])"
-    )
-    if first != last:
-        text += f" with heads= listing every head in contiguous groups, one of them {list(range(first, last + 1))}"
-    return text
 
 
 # -------------------------------------------------------------------- routes
@@ -1459,15 +1435,6 @@ def _route_of(link: tuple | None) -> Route:
 # ------------------------------------------------------------ where a node sits
 
 _PATH_HEAD, _PATH_TAIL = 4, 8  # as evaluation's error_at cuts a long path
-_COMPONENTS = ("attn_out", "head", "mlp_out", "attn_norm", "mlp_norm")
-# Attention nodes named alike in every layer, below which the layer's own weights are the
-# shallowest attention weights (``layer_of`` tells their layer); not the query input, whose
-# shallowest weights are the previous layer's.
-_ATTENTION_INSIDE = frozenset(
-    [names.Q, names.K, names.V, names.Q_NOBIAS, names.K_NOBIAS, names.V_NOBIAS, names.Q_UNROTATED]
-    + [names.K_UNROTATED, names.K_KV, names.V_KV, names.SCORES, names.RAW_SCORES, names.PROBS]
-    + [names.COMB_V]
-)
 
 
 def shortest_paths(root: Circuit, targets: Iterable[Circuit]) -> dict[bytes, list[Circuit]]:
@@ -1510,65 +1477,21 @@ def describe_where(node: Circuit, path: Sequence[Circuit]) -> str:
     return (f"{layer}, " if layer else "") + f"path {' > '.join(shown)}"
 
 
-def layer_of(node: Circuit) -> int:
-    """The layer of an attention node: from the shallowest ``a{L}.w.*`` array below it
-    (a head's slice ``a{L}.w.q.head{h}`` counts too); ``PassError`` if there is none.
-
-    (Also ``circuits.passes.layer_of``: it lives here, below the passes, for ``get_unique``'s
-    messages.)
-    """
-    frontier, seen = [node], set()
-    while frontier:
-        following = []
-        for current in frontier:
-            weight = names.parse_attn_weight(current.name)
-            if weight is not None and isinstance(current, Array):
-                return weight[0]
-            for child in current.children:
-                if child.hash not in seen:
-                    seen.add(child.hash)
-                    following.append(child)
-        frontier = following
-    raise PassError(f"cannot tell the layer of {node.describe()}: no 'a{{L}}.w.*' array below it")
-
-
 def layer_text(node: Circuit, path: Sequence[Circuit] = ()) -> str:
-    """``'layer 1'`` or ``'layer 1, head 2'`` (``'heads 0-3'``) where the naming convention tells
-    which layer ``node`` belongs to, else ``''``.
+    """``'layer 1'`` or ``'layer 1, head 2'`` (``'heads 0-3'``) where a registered naming
+    convention tells which layer ``node`` belongs to, else ``''``.
 
-    From, in turn: its own name (``'b1.a'``, ``'a1.w.q.head2'``); the nearest named node of the
-    convention above it on ``path`` (the node's path from the root, the node last), if that is a
-    layer's attention, head, MLP or norm (not a residual sum such as ``'b0'``, which every later
-    layer reads); for a node inside attention named alike in every layer (``'a.attn_probs'``),
-    ``circuits.passes.layer_of``.
+    ``path`` is the node's path from the root, the node last; the placers of
+    ``circuits.rewriting.hints`` read it (the transformer convention's rules:
+    ``circuits.transformer.layer_hints.placement``).
     """
-    placed = _placement(node, path)
+    placed = placement(node, path)
     if placed is None:
         return ""
     layer, heads = placed
     if heads is None:
         return f"layer {layer}"
     return f"layer {layer}, " + (f"head {heads[0]}" if heads[0] == heads[1] else "heads %d-%d" % heads)
-
-
-def _placement(node: Circuit, path: Sequence[Circuit]) -> tuple[int, tuple[int, int] | None] | None:
-    """(layer, heads or None) as ``layer_text`` tells them, or None."""
-    parsed = names.parse(node.name)
-    if parsed is None or parsed.layer is None:
-        parsed = None
-        for above in reversed(path[:-1]):
-            candidate = names.parse(above.name)
-            if candidate is not None and candidate.layer is not None:
-                parsed = candidate if candidate.kind in _COMPONENTS else None
-                break
-    if parsed is not None:
-        return parsed.layer, parsed.heads
-    if node.name in _ATTENTION_INSIDE:
-        try:
-            return layer_of(node), None
-        except PassError:
-            return None
-    return None
 
 
 def _close_names(circuit: Circuit, form: Any) -> list[str]:

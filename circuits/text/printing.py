@@ -15,14 +15,11 @@ The layout options of rust_circuit (``only_child_below``, ``arrows``,
 ``comment_arg_names``) are small passes over pass 1's result, each a loop
 over the lines, run between the two passes only when asked for.
 
-The traversal seam.  Printing is core and must not import
-``circuits.rewriting.matching``, yet ``traversal=`` takes the matcher forms.  The
-printer asks only the small ``Traversal`` protocol below (a start state and
-the state for each child of a node; a falsy state means "stop"), which
-``IterativeMatcher`` implements.  Any other form (a name, a ``Matcher``) is
-converted by the function the matching layer installs with
-``set_traversal_converter`` when it is imported (``import circuits`` always
-imports it), so the dependency points upwards only at run time.
+The traversal seam.  The printer asks only the small ``Traversal``
+protocol below (a start state and the state for each child of a node; a
+falsy state means "stop"), which ``IterativeMatcher`` implements; any other
+matcher form (a name, a ``Matcher``) becomes an ``IterativeMatcher`` first
+(``as_traversal``): the text layer sits above the rewriting layer.
 """
 
 from __future__ import annotations
@@ -35,6 +32,7 @@ from circuits.core.gcpause import gc_paused
 from circuits.core.nodes import Array, Circuit, Einsum, Index, Scalar, Scatter, Symbol
 from circuits.core.shapes import EINSUM_LETTERS, format_shape
 from circuits.text.store import TensorStore
+from circuits.rewriting.matching import as_iterative
 
 # Variants whose shape FORMAT.md prints by default: it does not follow from children.
 SHAPED_KINDS = (Array, Scalar, Symbol, Index, Scatter)  # as rust_circuit prints them
@@ -81,28 +79,11 @@ class Traversal(Protocol):
     def child_states(self, node: Circuit, state: Any) -> Sequence[Any]: ...
 
 
-_converter: Callable[[Any], Traversal] | None = None
-
-
-def set_traversal_converter(converter: Callable[[Any], Traversal]) -> None:
-    """Make ``traversal=`` take forms other than a ``Traversal`` (see the module docstring).
-
-    ``circuits.rewriting.matching`` installs ``as_iterative`` here, so a name or a
-    ``Matcher`` works as it does everywhere else.
-    """
-    global _converter
-    _converter = converter
-
-
 def as_traversal(form: Any) -> Traversal:
-    """``form`` if it is a ``Traversal``, else converted by the installed converter."""
+    """``form`` if it is a ``Traversal``, else the ``IterativeMatcher`` of a matcher form."""
     if hasattr(form, "child_states") and hasattr(form, "start"):
         return form
-    if _converter is None:
-        raise PrintError(
-            f"traversal={form!r}: expected an IterativeMatcher (import circuits.rewriting.matching)"
-        )
-    return _converter(form)
+    return as_iterative(form)
 
 
 def quote_name(name: str) -> str:

@@ -1,7 +1,7 @@
 """Activation points: ``point(kind, layer, head)``, a matcher that finds one layer's (one head's) activation.
 
 Attention and MLP internals have the same name in every layer (``'a.attn_probs'``, ``'m.act'``;
-see ``circuits.names``), and a later layer's attention contains the earlier layers below its input
+see ``circuits.transformer.names``), and a later layer's attention contains the earlier layers below its input
 norm, so neither a name nor "below ``'b1.a'``" picks one layer's node.  A point searches from the
 layer's own named node (``'b{L}.a'``, ``'b{L}.a.head{h}'``, ``'b{L}.m'``, a norm) down to the kind's
 name and never below the layer's input: the walk stops at the residual stream and the norms
@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Union
 
 import torch
 
-from circuits import names
+from circuits.transformer import names
 from circuits.errors import ExperimentError, MissingPointError
 from circuits.rewriting.matching import IterativeMatcher, Matcher, get
 from circuits.core.nodes import Circuit

@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 import attrs
 
 from circuits.core.functions import GEN_INDEX_NAME, gen_index_layout, gen_index_spec
+from circuits.rewriting.matching import Matcher
 from circuits.core.nodes import (
     Add,
     Array,
@@ -73,6 +74,11 @@ def push_index(node: Index, leaf_name: LeafNamer | None = None) -> Circuit:
         stack.pop()
         memo[key] = plan.build([memo[p.hash] for p in plan.pending])
     return memo[node.hash]
+
+
+def push_down_index(circuit: Circuit, matcher=True) -> Circuit:
+    """Every Index that ``matcher`` finds moved down as far as it goes (same value)."""
+    return circuit.update(Matcher.types(Index) & Matcher(matcher), push_index, assert_any_found=False)
 
 
 # ----------------------------------------------------------------- planning

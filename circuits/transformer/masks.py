@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from circuits import names
+from circuits.transformer import names
 from circuits.core.nodes import Add, Array, Circuit, Einsum, Scalar
 
 # The score bias where the mask is 0, as in the golden file.  After softmax a

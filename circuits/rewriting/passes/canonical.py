@@ -13,7 +13,7 @@ route (``distribute`` names its terms, ``factor`` its inner sum), not the value.
 from __future__ import annotations
 
 from circuits.core.nodes import Add, Circuit, Einsum
-from circuits.passes.algebra import flatten_add, flatten_einsum
+from circuits.rewriting.passes.algebra import flatten_add, flatten_einsum
 from circuits.core.traversal import postorder
 
 

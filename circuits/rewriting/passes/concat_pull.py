@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from circuits.core.nodes import Add, Circuit, Concat, Einsum, GeneralFunction, Index
-from circuits.passes.concat import slice_along
+from circuits.rewriting.passes.concat import slice_along
 
 
 def _batch_axis(function: GeneralFunction, axis: int, input_shape: tuple) -> bool:

@@ -1,11 +1,11 @@
 """Attention passes: causal (or any) masking, and splitting heads into branches.
 
 Both work on the attention the model builders write, with the names of
-../shared/golden/attn_only_2l.circ (``circuits.names``): score nodes
+../shared/golden/attn_only_2l.circ (``circuits.transformer.names``): score nodes
 ``'a.attn_scores'`` (an Einsum over query, key and scale whose output ends in
 head, query, key axes), and per layer ``'b{L}.a'``, an Einsum that sums the
 heads' outputs (its operands carry a head axis that is not in its output).
-The mask nodes themselves are written by ``circuits.masks``.
+The mask nodes themselves are written by ``circuits.transformer.masks``.
 """
 
 from __future__ import annotations
@@ -14,16 +14,14 @@ from typing import Any, Callable, Iterable, Sequence, Union
 
 import torch
 
-from circuits import names
+from circuits.transformer import names
 from circuits.errors import PassError
-from circuits.masks import NEG_INF, causal_mask_array, neg_inf_bias
-from circuits.rewriting.matching import (
-    Matcher,
-    layer_of,
-)  # layer_of lives there: get_unique's messages use it
+from circuits.transformer.masks import NEG_INF, causal_mask_array, neg_inf_bias
+from circuits.rewriting.matching import Matcher
 from circuits.core.nodes import Add, Array, Circuit, Einsum, Index
-from circuits.passes.push_down import push_index
+from circuits.rewriting.passes.push_down import push_index
 from circuits.core.traversal import unique_nodes
+from circuits.transformer.layer_hints import layer_of
 
 
 MaskSpec = Union[None, torch.Tensor, Callable[[int, int], torch.Tensor]]

@@ -2,7 +2,7 @@
 
 Each rule is a local rewrite of one node whose children are already
 simplified; each is available alone (``fold_scalars(c)``; the flattening
-rules are those of ``circuits.passes.algebra``) and ``simplify`` applies
+rules are those of ``circuits.rewriting.passes.algebra``) and ``simplify`` applies
 them all, bottom-up, until none applies.  Nodes a rule removes take their
 names with them; the node a rule rewrites keeps its name.
 """
@@ -15,8 +15,8 @@ from typing import Callable
 import torch
 
 from circuits.core.nodes import Add, Circuit, Einsum, GeneralFunction, Index, Rearrange, Scalar
-from circuits.passes.algebra import flatten_add, flatten_einsum
-from circuits.passes.push_down import pattern_groups, is_full
+from circuits.rewriting.passes.algebra import flatten_add, flatten_einsum
+from circuits.rewriting.passes.push_down import pattern_groups, is_full
 from circuits.core.shapes import broadcast_shapes
 
 Rule = Callable[[Circuit], Circuit]
