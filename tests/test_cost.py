@@ -20,7 +20,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import circuits as cc
 import circuits.models as cm
-from circuits.cost_groups import by_head, by_layer, cost_table
+from circuits.experiments.cost_groups import by_head, by_layer, cost_table
 from circuits.evaluation.costs import format_bytes
 from circuits.evaluation import compile_plan
 

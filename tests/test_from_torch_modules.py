@@ -11,7 +11,7 @@ import torch
 
 import circuits as cc
 from circuits import models
-from circuits.cost_groups import by_module, cost_table, module_table
+from circuits.experiments.cost_groups import by_module, cost_table, module_table
 from circuits.experiments.overview import overview
 
 transformers = pytest.importorskip("transformers")

@@ -33,7 +33,7 @@ leaves and shared subtrees count once):
 Dtypes: an Array's is its tensor's; Scalars, Symbols and Arrays without a
 tensor take the promoted floating dtype of the circuit's Arrays (the
 default dtype if none), as Scalars do in ``evaluate``.  Grouping by layer
-or head needs the naming convention, a higher layer: ``circuits.cost_groups``.
+or head needs the naming convention, a higher layer: ``circuits.experiments.cost_groups``.
 """
 
 from __future__ import annotations

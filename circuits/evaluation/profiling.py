@@ -11,7 +11,7 @@ so ``profile(..., synchronize=True)`` waits for each (slower, but per-node times
 The result prints as the circuit itself with each node's times as ``#`` comments (the text still
 parses), as a table per node name (self time, total time, their shares of the run, the time per
 call, how many nodes of that name ran: "calls"), sorted by self time, per group of a label
-function (``grouped``: ``circuits.cost_groups.module_table`` makes torch.profiler's module view of
+function (``grouped``: ``circuits.experiments.cost_groups.module_table`` makes torch.profiler's module view of
 an import from it), and exports to the Chrome trace format torch's profiler writes
 (``chrome://tracing``, Perfetto).  docs/evaluation.md.
 """

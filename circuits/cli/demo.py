@@ -34,7 +34,7 @@ import circuits as cc
 from circuits.transformer import names
 from circuits.errors import ModelError
 from circuits.models.demo_model import demo_config, demo_info, load_demo_model, repeated_tokens
-from circuits.parity import seed_argument
+from circuits.cli.parity import seed_argument
 from circuits.passes import causal_mask, layer_of, split_heads
 
 
@@ -210,7 +210,7 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m circuits.demo ARGS``: the same as ``circuits demo ARGS``."""
+    """``python -m circuits.cli.demo ARGS``: the same as ``circuits demo ARGS``."""
     from circuits.cli import main as cli_main
 
     return cli_main(["demo", *(sys.argv[1:] if argv is None else argv)])

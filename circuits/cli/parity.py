@@ -334,7 +334,7 @@ def _print_report(report: ParityReport, out: Callable[[str], None]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m circuits.parity [--family ...] [--size ...] [--dtype ...] [--seed N]``."""
+    """``python -m circuits.cli.parity [--family ...] [--size ...] [--dtype ...] [--seed N]``."""
     parser = argparse.ArgumentParser(prog="circuits parity", description=__doc__.split("\n\n")[0])
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cost(commands)
     _add_profile(commands)
 
-    from circuits import demo
+    from circuits.cli import demo
 
     run_demo = commands.add_parser(
         "demo",
@@ -156,7 +156,7 @@ def _add_profile(commands) -> None:
 
 
 def _parity_module():
-    from circuits import parity
+    from circuits.cli import parity
 
     return parity
 
@@ -192,7 +192,7 @@ def _print_command(args: argparse.Namespace) -> int:
 
 
 def _cost_command(args: argparse.Namespace) -> int:
-    from circuits.cost_groups import cost_table
+    from circuits.experiments.cost_groups import cost_table
 
     return _on_file(args.file, lambda roots: cost_table(roots, depth=args.depth, by=args.by))
 
@@ -244,7 +244,7 @@ def _on_file(file: str, show: Callable[[list], str]) -> int:
 
 
 def _demo_command(args: argparse.Namespace) -> int:
-    from circuits import demo
+    from circuits.cli import demo
 
     try:
         demo.run(args.batch_size, args.block_len, args.seed, args.depth)
