@@ -1,4 +1,5 @@
-"""circuits.transformer.names: every name it builds parses back, and every name a built circuit holds is one of them."""
+"""circuits.transformer.names: every name it builds parses back, and every name a built circuit holds is
+one of them."""
 
 from __future__ import annotations
 

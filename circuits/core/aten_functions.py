@@ -193,7 +193,8 @@ def _parsed(name: str) -> tuple[str, str, list, dict]:
     return match["op"], match["overload"], args, kwargs
 
 
-#: FLOPs per output element of elementwise aten ops, by kind (as ``circuits.evaluation.costs.FUNCTION_FLOPS``).
+#: FLOPs per output element of elementwise aten ops, by kind
+#: (as ``circuits.evaluation.costs.FUNCTION_FLOPS``).
 ELEMENTWISE_FLOPS: dict[str, dict[str, int]] = {
     **{op: {"add": 1} for op in ("add", "sub", "rsub")},
     **{op: {"mul": 1} for op in ("mul", "neg", "square")},

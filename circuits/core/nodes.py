@@ -311,7 +311,8 @@ class Circuit:
         print(text)
 
     def cost(self) -> CircuitCost:
-        """The static cost of evaluating this circuit: FLOPs, bytes, peak memory (``circuits.evaluation.costs.cost``)."""
+        """The static cost of evaluating this circuit: FLOPs, bytes, peak memory
+        (``circuits.evaluation.costs.cost``)."""
         from circuits.evaluation.costs import cost
 
         return cost(self)

@@ -1,8 +1,9 @@
 """Cost subtotals per layer, per head, per named node or per module, by the names models give.
 
-``circuits.evaluation.costs`` and ``circuits.evaluation.profiling`` are core and know no naming
-convention, so the groupings that read names live here, above ``names`` and
-the importer's ``naming``: each is a label function for
+``circuits.evaluation.costs`` and ``circuits.evaluation.profiling`` know no
+naming convention, so the groupings that read names live here, above
+``circuits.transformer.names`` and the importer's naming
+(``circuits.models.torch_import.naming``): each is a label function for
 ``CircuitCost.grouped``/``table(label=...)`` and ``Profile.grouped``.  A
 node named in the convention with a layer starts that layer's group (a head
 branch, its head's); every other node joins the group of the first parent the

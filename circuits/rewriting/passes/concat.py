@@ -5,7 +5,8 @@ gives each position (or span) a name of its own, so an experiment can ablate
 or patch one position of the residual stream by name (issue 16, after
 rust_circuit's ``concat_rewrite.rs``).  ``concat_elim_split`` undoes such a
 split once it is no longer needed, ``concat_fuse`` flattens nested Concats
-and ``concat_drop_size_zero`` drops empty pieces; ``circuits.rewriting.passes.concat_pull`` moves the nodes above a Concat
+and ``concat_drop_size_zero`` drops empty pieces;
+``circuits.rewriting.passes.concat_pull`` moves the nodes above a Concat
 inside its pieces and back.
 
 Like ``flatten_adds``, the whole-circuit passes rewrite every node they can

@@ -8,8 +8,9 @@
 
 ``print`` reads a circuit file (FORMAT.md text, with the tensor store that
 ``cc.save`` writes beside it, if there is one) and prints it back in the
-canonical form; ``cost`` prints what evaluating it costs (``circuits.evaluation.costs``); ``profile``
-evaluates it timing every node (``circuits.evaluation.profiling``).  A mistake in the file is one message on stderr,
+canonical form; ``cost`` prints what evaluating it costs
+(``circuits.evaluation.costs``); ``profile`` evaluates it timing every node
+(``circuits.evaluation.profiling``).  A mistake in the file is one message on stderr,
 ``FILE:LINE: what is wrong`` followed by the line itself (``FILE: what is
 wrong`` when no line is at fault: a missing file, say), and exit status 1;
 any other failure of a command (a ``CircuitError``, a file it cannot write, a
@@ -137,9 +138,9 @@ def _add_profile(commands) -> None:
         "profile",
         help="evaluate a circuit file timing every node: a table per node name, and the circuit with times",
         description="Read a circuit file with its tensors (as 'print' does), evaluate it once timing every "
-        "node (circuits.evaluation.profiling), and print a table per node name (self time, total time, how many nodes "
-        "of that name ran), sorted by self time, then the nested table: the circuit down to --depth, a row per "
-        "node with its self and total time.",
+        "node (circuits.evaluation.profiling), and print a table per node name (self time, total time, "
+        "how many nodes of that name ran), sorted by self time, then the nested table: the circuit down "
+        "to --depth, a row per node with its self and total time.",
     )
     profiler.add_argument("file", metavar="FILE", help="a circuit text file (.circ), or - for standard input")
     profiler.add_argument(
