@@ -121,6 +121,10 @@ from circuits.rewriting.matching import (  # noqa: E402
 from circuits.rewriting.operations import BoundGetter, BoundUpdater, Expander, Getter, Updater  # noqa: E402
 from circuits.rewriting.rewrite import cast_circuit, replace, substitute, update  # noqa: E402
 
+# Importing the transformer layer registers its naming convention's hints with the matcher
+# (circuits.rewriting.hints): which layer and head a found node belongs to, "split_heads first".
+from circuits import transformer  # noqa: E402, F401
+
 __all__ += [
     "BoundGetter",
     "BoundUpdater",
