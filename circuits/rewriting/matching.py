@@ -1243,7 +1243,8 @@ def get_unique(circuit: Circuit, matcher: Any, *, fancy_validate: bool = False) 
 
     With none, the message lists names that come close and, for a head's name on a layer whose
     heads are not split, says to ``split_heads``.  With several, it says where each sits: its
-    path from the root and, where the naming convention tells, its layer (and head).
+    path from the root and, where a registered naming convention tells (``circuits.rewriting.hints``),
+    its layer (and head).
     """
     found = get(circuit, matcher, fancy_validate=fancy_validate)
     if len(found) == 1:
@@ -1281,9 +1282,10 @@ def _order(node: Circuit, path: list[Circuit], placed: bool) -> tuple:
 
 
 def no_match_hint(circuit: Circuit, form: Any) -> str:
-    """What a message about ``form`` finding nothing in ``circuit`` adds: names that come close,
-    and for a head's name (``'b1.a.head2'``, ``'b1.a.head0-3'``) on a layer that is not split
-    into heads, that ``split_heads`` makes them.  Empty, or ``'; ...'``.
+    """What a message about ``form`` finding nothing in ``circuit`` adds: the registered hints
+    (``circuits.rewriting.hints``; the transformer convention's says, for a head's name such as
+    ``'b1.a.head2'`` on a layer that is not split into heads, that ``split_heads`` makes them),
+    then names that come close.  Empty, or ``'; ...'``.
 
     The one suggestion function of the rewriting layer (``update``, ``replace``, ``get_unique``
     and the experiments use it).  Beyond a name, it reads the names a Matcher, a set or an
