@@ -27,7 +27,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    from circuits.profiling import profile
+    from circuits.evaluation.profiling import profile
 
     circuit = native_gpt2_circuit(args)
     plain_times, profiled_times = [], []

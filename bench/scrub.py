@@ -54,7 +54,7 @@ def hypothesis():
 def tree_size(circuit) -> int:
     """How many nodes the circuit has written out as a tree (every occurrence of a shared node
     counted): what evaluating it with no sharing at all would compute."""
-    from circuits.traversal import postorder
+    from circuits.core.traversal import postorder
 
     sizes: dict[bytes, int] = {}
     for node in postorder([circuit]):

@@ -23,11 +23,11 @@ from circuits.errors import (
     StoreError,
     TagError,
 )
-from circuits.costs import CircuitCost, NodeCost, cost
+from circuits.evaluation.costs import CircuitCost, NodeCost, cost
 from circuits.evaluation import evaluate, evaluate_many
-from circuits.functions import FunctionSpec, get_function, register_function, registered_names
-from circuits.profiling import Profile, profile
-from circuits.nodes import (
+from circuits.core.functions import FunctionSpec, get_function, register_function, registered_names
+from circuits.evaluation.profiling import Profile, profile
+from circuits.core.nodes import (
     Add,
     Array,
     Circuit,
@@ -44,10 +44,10 @@ from circuits.nodes import (
     Symbol,
     Tag,
 )
-from circuits.parsing import parse, parse_many
-from circuits.printing import repr_many
-from circuits.store import TensorStore
-from circuits.traversal import postorder, unique_nodes
+from circuits.text.parsing import parse, parse_many
+from circuits.text.printing import repr_many
+from circuits.text.store import TensorStore
+from circuits.core.traversal import postorder, unique_nodes
 
 __all__ = [
     "Add",
@@ -103,9 +103,9 @@ __all__ = [
 ]
 
 # Finding and rewriting (issue 4): matchers, update/replace/substitute, batching.
-from circuits.batching import expand  # noqa: E402
+from circuits.rewriting.batching import expand  # noqa: E402
 from circuits.errors import ExpandError, MatcherError, MatchError, NoMatchError, RewriteError  # noqa: E402
-from circuits.matching import (  # noqa: E402
+from circuits.rewriting.matching import (  # noqa: E402
     FoundRoutes,
     IterativeMatcher,
     Matcher,
@@ -118,8 +118,12 @@ from circuits.matching import (  # noqa: E402
     restrict,
     restrict_sl,
 )
-from circuits.operations import BoundGetter, BoundUpdater, Expander, Getter, Updater  # noqa: E402
-from circuits.rewrite import cast_circuit, replace, substitute, update  # noqa: E402
+from circuits.rewriting.operations import BoundGetter, BoundUpdater, Expander, Getter, Updater  # noqa: E402
+from circuits.rewriting.rewrite import cast_circuit, replace, substitute, update  # noqa: E402
+
+# Importing the transformer layer registers its naming convention's hints with the matcher
+# (circuits.rewriting.hints): which layer and head a found node belongs to, "split_heads first".
+from circuits import transformer  # noqa: E402, F401
 
 __all__ += [
     "BoundGetter",
@@ -212,7 +216,7 @@ __all__ += [
 ]
 
 # Canonical form and diff (issue 16): compare two rewrite routes, show what a rewrite changed.
-from circuits.diff import CircuitDiff, circuit_diff, diff  # noqa: E402
+from circuits.text.diff import CircuitDiff, circuit_diff, diff  # noqa: E402
 from circuits.passes import canonicalize  # noqa: E402
 
 __all__ += ["CircuitDiff", "canonicalize", "circuit_diff", "diff"]
@@ -220,7 +224,7 @@ __all__ += ["CircuitDiff", "canonicalize", "circuit_diff", "diff"]
 # Experiments (issue 7): the cached Evaluator, ablations, patching, sweeps;
 # metrics and the rest in ``circuits.experiments``.
 from circuits import experiments  # noqa: E402
-from circuits.cache import Evaluator  # noqa: E402
+from circuits.evaluation.cache import Evaluator  # noqa: E402
 from circuits.errors import CacheError  # noqa: E402
 from circuits.experiments import mean_ablate, patch, resample_ablate, sweep, zero_ablate  # noqa: E402
 
@@ -235,7 +239,7 @@ __all__ += [
     "zero_ablate",
 ]
 
-# Saving (issue 8): the text plus a tensor store beside it; see circuits/saving.py.
-from circuits.saving import load, load_many, save  # noqa: E402
+# Saving (issue 8): the text plus a tensor store beside it; see circuits/text/saving.py.
+from circuits.text.saving import load, load_many, save  # noqa: E402
 
 __all__ += ["load", "load_many", "save"]

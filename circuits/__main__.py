@@ -1,4 +1,4 @@
-"""``python -m circuits``: the ``circuits`` command line (see ``circuits.cli``)."""
+"""``python -m circuits``: the ``circuits`` command line (see ``circuits.cli.commands``)."""
 
 import sys
 

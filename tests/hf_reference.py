@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from circuits import names
+from circuits.transformer import names
 
 
 def random_tokens(vocab: int, batched: bool, length: int = 13, seed: int = 1) -> torch.Tensor:

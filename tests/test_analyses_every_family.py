@@ -28,10 +28,10 @@ import circuits as cc
 import circuits.models as cm
 import experiments_reference as attn_only_reference
 from circuits import experiments as ex
-from circuits import names
+from circuits.transformer import names
 from circuits.errors import ExperimentError
 from circuits.experiments import residual
-from circuits.nodes import Add, Array, Einsum, Scalar
+from circuits.core.nodes import Add, Array, Einsum, Scalar
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()

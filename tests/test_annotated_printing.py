@@ -10,8 +10,8 @@ import pytest
 
 import circuits as cc
 from circuits.errors import PrintError
-from circuits.html import to_html
-from circuits.printing import repr_many
+from circuits.text.html import to_html
+from circuits.text.printing import repr_many
 
 RED, GREEN, RESET = "\x1b[31m", "\x1b[32m", "\x1b[0m"
 
@@ -196,7 +196,7 @@ def test_traversal_and_depth_together_stop_at_whichever_comes_first():
 
 def test_any_object_with_start_and_child_states_is_a_traversal():
     class OnlyLastChild:
-        """The printer's protocol without circuits.matching: descend into the last child only."""
+        """The printer's protocol without circuits.rewriting.matching: descend into the last child only."""
 
         start = True
 

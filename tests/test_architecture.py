@@ -1,8 +1,9 @@
 """Habits that keep the layout: the layer contract and the function-length limit run with the tests.
 
-The layer contract is import-linter's, configured in pyproject.toml ``[tool.importlinter]``: core <
-names < rewriting and passes < models < experiments < cli and demo, and models never import passes.
-Imports inside functions count: a lazy import is still a dependency.
+The layer contract is import-linter's, configured in pyproject.toml ``[tool.importlinter]``: errors <
+core < evaluation < rewriting < text < transformer < models | passes < experiments | causal_scrubbing <
+cli, and models never import passes (docs/architecture.md). Imports inside functions count: a lazy
+import is still a dependency.
 """
 
 from __future__ import annotations

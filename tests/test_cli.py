@@ -148,7 +148,7 @@ def test_dev_zero_is_refused_at_its_first_line():
     assert result.returncode == 1 and result.stdout == b""
     assert result.stderr.decode() == (
         "/dev/zero:1: the line is longer than 1048576 characters: not a circuit file? "
-        "(the limit is circuits.saving.MAX_LINE_CHARACTERS)\n"
+        "(the limit is circuits.text.saving.MAX_LINE_CHARACTERS)\n"
     )
     piped = _run("print", "-", stdin=bytes(3 << 20))
     assert piped.returncode == 1 and piped.stderr.decode().startswith("<stdin>:1: the line is longer")
@@ -213,7 +213,7 @@ def test_cost_of_the_golden_file_without_its_tensors(capsys):
 
 
 def test_cost_by_layer_head_and_node(capsys):
-    from circuits.cost_groups import cost_table
+    from circuits.experiments.cost_groups import cost_table
 
     golden = cc.parse(GOLDEN.read_text())
     for by in ("layer", "head", "node"):
@@ -223,7 +223,7 @@ def test_cost_by_layer_head_and_node(capsys):
 
 def test_cost_by_module_of_an_import(tmp_path, capsys):
     from circuits import models
-    from circuits.cost_groups import cost_table
+    from circuits.experiments.cost_groups import cost_table
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
@@ -353,7 +353,7 @@ def test_the_seeds_torch_takes_are_taken():
     refusal is a ValueError about 'long long'), from the functions under the commands too."""
     from circuits.models.common import check_seed
     from circuits.models.demo_model import repeated_tokens
-    from circuits.parity import hf_model, parity_tokens
+    from circuits.cli.parity import hf_model, parity_tokens
 
     for seed in (-(2**63), 0, 2**64 - 1):
         assert check_seed(seed) == seed

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import circuits as cc
 from circuits.errors import CircuitError, PassError
 from circuits.experiments import zero_ablate
-from circuits.nodes import Add, Array, Concat, GeneralFunction, Index
+from circuits.core.nodes import Add, Array, Concat, GeneralFunction, Index
 from circuits.passes import (
     concat_drop_size_zero,
     concat_elim_split,
@@ -19,7 +19,7 @@ from circuits.passes import (
     push_down_concat,
     split_to_concat,
 )
-from circuits.passes.concat_pull import push_down_concat_once
+from circuits.rewriting.passes.concat_pull import push_down_concat_once
 
 from tests import experiments_reference as ref
 

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 import circuits as cc
-from circuits import matching, printing, rewrite
+from circuits.text import printing
+from circuits.rewriting import matching, rewrite
 
 x = cc.Symbol((3, 4), name="x")
 y = cc.Symbol((3, 4), name="y")
@@ -180,7 +181,7 @@ def test_the_spelled_out_options_reach_the_function():
 
 
 def test_check_node_names_what_was_expected_and_what_was_got():
-    from circuits.nodes import check_node
+    from circuits.core.nodes import check_node
 
     assert check_node(x, "here") is x
     with pytest.raises(cc.NodeTypeError, match=r"^here is a int, not a circuit node$"):

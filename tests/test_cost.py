@@ -1,6 +1,6 @@
 """``cc.cost``: FLOPs against hand counts and torch's flop counter, peak memory against the profiler.
 
-The references are independent of ``circuits.costs``: FLOPs of single
+The references are independent of ``circuits.evaluation.costs``: FLOPs of single
 einsums are counted by hand here; the GPT-2 circuit's matmul FLOPs are
 ``torch.utils.flop_counter.FlopCounterMode`` on the Hugging Face model's own
 forward; the peak memory is what torch's profiler records while
@@ -20,8 +20,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import circuits as cc
 import circuits.models as cm
-from circuits.cost_groups import by_head, by_layer, cost_table
-from circuits.costs import format_bytes
+from circuits.experiments.cost_groups import by_head, by_layer, cost_table
+from circuits.evaluation.costs import format_bytes
 from circuits.evaluation import compile_plan
 
 GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "golden" / "attn_only_2l.circ"
@@ -317,7 +317,7 @@ def test_costs_and_comment_together_are_refused():
 
 
 def test_costs_in_the_html_view():
-    from circuits.html import to_html
+    from circuits.text.html import to_html
 
     golden = cc.parse(GOLDEN.read_text())
     assert "GFLOP" in to_html(golden, comment=golden.cost().comment)

@@ -176,7 +176,7 @@ def test_attribute_access_names_the_arrays_when_missing():
 def test_from_tokens_makes_the_tokens_the_only_input_by_default():
     tokens = torch.randint(0, 7, (5, 4), generator=torch.Generator().manual_seed(0))
     ds = Dataset.from_tokens(tokens, labels=torch.arange(5))
-    assert ds.input_names == {cc.names.TOKENS} == {"toks_int_var"}
+    assert ds.input_names == {cc.transformer.names.TOKENS} == {"toks_int_var"}
     assert torch.equal(ds.toks_int_var.value, tokens) and ds.toks_int_var.value is not tokens
     assert ds.labels.value.tolist() == [0, 1, 2, 3, 4]
     both = Dataset.from_tokens(tokens, name="t", input_names={"t", "labels"}, labels=torch.arange(5))

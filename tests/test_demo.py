@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import circuits as cc
-from circuits import demo
+from circuits.cli import demo
 from circuits.cli import main
 from circuits.models import load_demo_model
 from circuits.models.demo_model import demo_config, load_demo_weights, repeated_tokens

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 import circuits as cc
-from circuits.diff import Row, SideBySideDiff, side_by_side_rows
+from circuits.text.diff import Row, SideBySideDiff, side_by_side_rows
 
 RED, GREEN, CYAN, RESET = "\x1b[31m", "\x1b[32m", "\x1b[36m", "\x1b[0m"
 

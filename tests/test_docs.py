@@ -21,8 +21,8 @@ def test_docs_build_strict(tmp_path):
     assert "WARNING" not in result.stderr, result.stderr
     api = (tmp_path / "site" / "api" / "index.html").read_text()
     for name in (
-        "circuits.nodes.Einsum",
-        "circuits.passes.attention.split_heads",
+        "circuits.core.nodes.Einsum",
+        "circuits.transformer.attention.split_heads",
         "circuits.evaluation.evaluate",
     ):
         assert name in api, f"{name} missing from the API reference"

@@ -276,7 +276,7 @@ def test_every_function_the_library_registers_has_a_reference_here():
     library = {
         name
         for name in cc.registered_names()
-        if cc.get_function(name).shape_fn.__module__ == "circuits.functions"
+        if cc.get_function(name).shape_fn.__module__ == "circuits.core.functions"
         and cc.get_function(name).num_inputs == 1  # pow: tests/test_rust_functions.py
     }
     assert library == set(REFERENCES)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import circuits as cc
-from circuits.functions import FunctionSpec, register_function
+from circuits.core.functions import FunctionSpec, register_function
 
 
 def per_element(circuit: cc.Circuit, key, batch: torch.Tensor, batch_rank: int = 1, **tolerance):
@@ -197,7 +197,7 @@ def test_gen_index_family(name, x_shape, index_shape, batched):
 
 
 def _looked_up_axis(node: cc.GeneralFunction) -> int:
-    from circuits.functions import GEN_INDEX_NAME, gen_index_layout
+    from circuits.core.functions import GEN_INDEX_NAME, gen_index_layout
 
     match = GEN_INDEX_NAME.fullmatch(node.spec.name)
     x, index = node.children

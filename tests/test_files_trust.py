@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import circuits as cc
-from circuits import store as store_module
-from circuits.store import temporary_path
+from circuits.text import store as store_module
+from circuits.text.store import temporary_path
 
 
 @pytest.fixture

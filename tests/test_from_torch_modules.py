@@ -11,7 +11,7 @@ import torch
 
 import circuits as cc
 from circuits import models
-from circuits.cost_groups import by_module, cost_table, module_table
+from circuits.experiments.cost_groups import by_module, cost_table, module_table
 from circuits.experiments.overview import overview
 
 transformers = pytest.importorskip("transformers")
@@ -119,7 +119,7 @@ def test_cost_by_module_counts_each_node_once_in_the_module_that_computed_it(gpt
     assert table[0].split("|")[0].strip() == "Module"
     assert any(line.startswith("││││├── c_fc ") for line in table)
     whole = next(line for line in table if line.startswith("├── transformer "))
-    assert whole.split("|")[2].strip() == cc.costs.format_flops(
+    assert whole.split("|")[2].strip() == cc.evaluation.costs.format_flops(
         sum(t.flop_count for g, t in groups.items() if g.startswith("transformer"))
     )
     assert cost_table(circuit, by="module", depth=2).splitlines()[-1].startswith("│├── ")

@@ -9,7 +9,7 @@ import torch
 
 import circuits as cc
 import circuits.models as cm
-from circuits.html import PRETTY_DEPTH, PRETTY_MAX_NODES, pretty_text, to_html
+from circuits.text.html import PRETTY_DEPTH, PRETTY_MAX_NODES, pretty_text, to_html
 
 SMALL = cm.AttnOnlyConfig(n_layers=2, n_heads=2, d_model=8, d_head=4, vocab_size=11, n_ctx=8)
 

@@ -1,7 +1,7 @@
 """``attach=True``: weight arrays are views of the model's parameters, and gradients reach them.
 
 The full per-parameter comparison against Hugging Face's backward is
-``circuits.parity`` (tests/test_parity.py); here: no copies, tied
+``circuits.cli.parity`` (tests/test_parity.py); here: no copies, tied
 embeddings, the TransformerLens loader and the builders, and the caveat that
 an optimizer step makes an attached circuit stale.
 """

@@ -20,7 +20,7 @@ from hf_reference import hf_logits, logits_of, random_tokens, check_heads_and_po
 
 import circuits as cc
 import circuits.models as cm
-from circuits import names
+from circuits.transformer import names
 from circuits.errors import ModelError
 
 transformers = pytest.importorskip("transformers")

@@ -19,7 +19,7 @@ import torch
 from hf_reference import hf_logits, logits_of, random_tokens
 
 import circuits.models as cm
-from circuits import names
+from circuits.transformer import names
 from circuits.errors import ModelError
 from circuits.models.hf import config_for
 

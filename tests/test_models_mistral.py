@@ -18,9 +18,9 @@ from hf_reference import hf_logits, logits_of, random_tokens, check_heads_and_po
 
 import circuits as cc
 import circuits.models as cm
-from circuits import names
+from circuits.transformer import names
 from circuits.errors import ModelError
-from circuits.masks import causal_mask_array
+from circuits.transformer.masks import causal_mask_array
 from circuits.models.llama import sliding_window_mask_array
 
 transformers = pytest.importorskip("transformers")

@@ -32,7 +32,7 @@ from test_models_qwen2 import qwen2
 import circuits as cc
 import circuits.models as cm
 from circuits import experiments as ex
-from circuits import names
+from circuits.transformer import names
 from circuits.errors import ModelError
 
 lens = pytest.importorskip("transformer_lens")

@@ -1,4 +1,5 @@
-"""circuits.names: every name it builds parses back, and every name a built circuit holds is one of them."""
+"""circuits.transformer.names: every name it builds parses back, and every name a built circuit holds is
+one of them."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 
 import circuits as cc
 import circuits.models as cm
-from circuits import names
+from circuits.transformer import names
 from circuits.passes import layer_of
 
 numbers = st.integers(0, 10**6)

@@ -1,4 +1,4 @@
-"""The gradient parity report (circuits.parity): every parameter listed and within target, and a
+"""The gradient parity report (circuits.cli.parity): every parameter listed and within target, and a
 wrong circuit reported as a miss (run ``pytest -s`` to see the measured figures)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import circuits as cc
-from circuits import parity
+from circuits.cli import parity
 from circuits.errors import ModelError
 from circuits.passes import split_heads
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import circuits as cc
-from circuits.batching import expand
-from circuits.saving import load, save
+from circuits.rewriting.batching import expand
+from circuits.text.saving import load, save
 
 UUID = "1a280c74-fa9f-4dd9-94f4-5cca4a0cf243"
 

@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 from strategies import names, random_circuits, shapes
 
 import circuits as cc
-from circuits.hashing import node_hash
-from circuits.nodes import keeps_derivation, rebuilt_like
-from circuits.parsing import _LINE
+from circuits.core.hashing import node_hash
+from circuits.core.nodes import keeps_derivation, rebuilt_like
+from circuits.text.parsing import _LINE
 
 
 class Child:
@@ -35,7 +35,7 @@ class Child:
 
 
 def reference_node_hash(kind, name, shape, extra, children, identity=""):
-    """The byte layout every stored hash was made with (circuits/hashing.py before issue 20)."""
+    """The byte layout every stored hash was made with (circuits/core/hashing.py before issue 20)."""
     named = "\x00" if name is None else "\x01" + name
     fields = [kind, str(len(named)), named, str(shape), str(len(extra)), extra, str(len(children))]
     header = "\x1f".join(fields) + (f"\x1f{identity}" if identity else "")
@@ -65,7 +65,7 @@ def test_node_hash_hashes_the_documented_bytes(kind, name, shape, extra, childre
 
 
 def test_node_hash_digests_stay_what_they_were():
-    # computed by circuits/hashing.py at commit a169e80, before the header cache
+    # computed by circuits/core/hashing.py at commit a169e80, before the header cache
     assert node_hash("Add", "x", (3, 4), "", ()).hex() == "2b6e5ffcd0ca470d37a715d09accba88"
     one = Child(b"\x01" * 16)
     assert node_hash("Einsum", None, (2,), "ab->a", (one,)).hex() == "50c19e4329ff22242b86f68ff371d7f6"

@@ -12,7 +12,7 @@ import torch
 import circuits as cc
 import circuits.models as cm
 from circuits import experiments as ex
-from circuits import names
+from circuits.transformer import names, points
 from experiments_reference import attn_only_transformer_lens_state
 
 TOL = 1e-4
@@ -421,7 +421,7 @@ def test_resolve_points_finds_what_the_matchers_find(family, masked):
         for key in keys:
             expected = _get_or_error(c, key)
             try:
-                (node,) = ex.points.resolve_points(c, [key]).values()
+                (node,) = points.resolve_points(c, [key]).values()
                 assert expected == {node}, (variant, key)
             except ex.ExperimentError as error:
                 if isinstance(expected, str):
@@ -429,7 +429,7 @@ def test_resolve_points_finds_what_the_matchers_find(family, masked):
                 else:
                     assert len(expected) != 1, (variant, key, expected)
                     assert ("finds no node" if not expected else f"finds {len(expected)} nodes") in str(error)
-        default = ex.points.resolve_points(c)
+        default = points.resolve_points(c)
         assert default and all(_get_or_error(c, key) == {node} for key, node in default.items())
 
 
@@ -440,8 +440,8 @@ def test_patching_a_point_patches_every_use_of_its_node(family):
     circuit, n_heads = _small(family, True, n_layers=2)
     other = {"toks_int_var": torch.randint(0, 7, (2, 6), generator=torch.Generator().manual_seed(5))}
     for c in _variants(circuit, family, True).values():
-        for key in ex.points.resolve_points(c):
-            node = ex.points.resolve_points(c, [key])[key]
+        for key in points.resolve_points(c):
+            node = points.resolve_points(c, [key])[key]
             by_point = ex.patch(c, ex.point(*key), other).evaluate()
             by_node = ex.patch(c, node, other).evaluate()
             assert torch.equal(by_point, by_node), key

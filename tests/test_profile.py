@@ -14,7 +14,7 @@ import torch
 import circuits as cc
 from circuits.errors import EvaluationError
 from circuits.models.gpt2 import GPT2Config, build_gpt2, gpt2_random_weights
-from circuits.profiling import profile
+from circuits.evaluation.profiling import profile
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 rust_circuit's list is ``gf_gen!`` in ``circuit_base/src/generalfunction.rs``
 (redwoodresearch/rust_circuit_public) plus its ``pow`` spec; the values are
 its ``py_types.py`` ``generalfunctions`` table.  The references here are
-written out with plain torch, independently of ``circuits.functions``.
+written out with plain torch, independently of ``circuits.core.functions``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import circuits as cc
-from circuits.costs import FUNCTION_FLOPS
+from circuits.evaluation.costs import FUNCTION_FLOPS
 
 # gf_gen! in generalfunction.rs: name -> (num_non_batchable_output_dims, removed_from_end).
 RUST_SIMPLE_SPECS = {

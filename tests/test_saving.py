@@ -13,8 +13,8 @@ import torch
 
 import circuits as cc
 import circuits.models as cm
-from circuits import saving
-from circuits.saving import read_text, store_path
+from circuits.text import saving
+from circuits.text.saving import read_text, store_path
 
 SMALL = cm.AttnOnlyConfig(n_layers=2, n_heads=3, d_model=12, d_head=4, vocab_size=23, n_ctx=16)
 

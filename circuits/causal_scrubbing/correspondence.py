@@ -24,8 +24,8 @@ from circuits.causal_scrubbing.hypothesis import (
     to_inputs,
 )
 from circuits.errors import IllegalCorrespondenceError
-from circuits.matching import IterativeMatcher, are_any_found, as_iterative, get
-from circuits.nodes import Circuit
+from circuits.rewriting.matching import IterativeMatcher, are_any_found, as_iterative, get
+from circuits.core.nodes import Circuit
 
 __all__ = ["Correspondence"]
 

@@ -35,8 +35,8 @@ import attrs
 import torch
 
 from circuits.errors import CausalScrubbingError, shown
-from circuits.names import TOKENS
-from circuits.nodes import Array
+from circuits.transformer.names import TOKENS
+from circuits.core.nodes import Array
 
 TDataset = TypeVar("TDataset", bound="Dataset")
 

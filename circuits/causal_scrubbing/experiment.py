@@ -34,10 +34,10 @@ from circuits.causal_scrubbing.dataset import Dataset
 from circuits.causal_scrubbing.hypothesis import InterpNode, SampledInputs, to_inputs
 from circuits.causal_scrubbing.scrubbed import ExperimentEvalSettings, ScrubbedExperiment
 from circuits.errors import CausalScrubbingError, IllegalCorrespondenceError, shown
-from circuits.matching import Matcher, are_any_found, get
-from circuits.nodes import Add, Circuit, DiscreteVar, check_node
-from circuits.rewrite import update
-from circuits.traversal import unique_nodes
+from circuits.rewriting.matching import Matcher, are_any_found, get
+from circuits.core.nodes import Add, Circuit, DiscreteVar, check_node
+from circuits.rewriting.rewrite import update
+from circuits.core.traversal import unique_nodes
 
 __all__ = ["Experiment", "ExperimentEvalSettings", "ScrubbedExperiment", "checked_seed"]
 

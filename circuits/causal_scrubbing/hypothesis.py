@@ -24,7 +24,7 @@ import torch
 from circuits.causal_scrubbing.dataset import Dataset
 from circuits.causal_scrubbing.samplers import CondSampler, PoolsPerSampler, UncondSampler
 from circuits.errors import IllegalCorrespondenceError
-from circuits.matching import IterativeMatcher, Matcher, as_iterative
+from circuits.rewriting.matching import IterativeMatcher, Matcher, as_iterative
 
 __all__ = [
     "IllegalCorrespondenceError",

@@ -26,10 +26,10 @@ from typing import Any, Callable, Mapping
 from circuits.causal_scrubbing.dataset import Dataset
 from circuits.causal_scrubbing.hypothesis import InterpNode, SampledInputs
 from circuits.errors import PrintError, shown
-from circuits.matching import get
-from circuits.nodes import Circuit
-from circuits.printing import ANSI_COLORS, as_traversal
-from circuits.traversal import postorder
+from circuits.rewriting.matching import get
+from circuits.core.nodes import Circuit
+from circuits.text.printing import ANSI_COLORS, as_traversal
+from circuits.core.traversal import postorder
 
 __all__ = ["interp_repr", "print_options", "scrubbed_repr"]
 

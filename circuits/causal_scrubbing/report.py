@@ -28,7 +28,7 @@ from circuits.causal_scrubbing.experiment import Experiment, checked_seed
 from circuits.causal_scrubbing.hypothesis import InterpNode, corr_root_matcher
 from circuits.causal_scrubbing.samplers import ExactSampler
 from circuits.errors import CausalScrubbingError, shown
-from circuits.nodes import Circuit
+from circuits.core.nodes import Circuit
 
 __all__ = ["ScrubReport", "scrub_losses"]
 

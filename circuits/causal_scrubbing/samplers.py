@@ -46,7 +46,7 @@ import torch
 
 from circuits.causal_scrubbing.dataset import Dataset
 from circuits.errors import CausalScrubbingError, shown
-from circuits.hashing import tensor_content_hash
+from circuits.core.hashing import tensor_content_hash
 
 
 class TooFewSamplesWarning(UserWarning):

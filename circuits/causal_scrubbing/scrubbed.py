@@ -3,7 +3,7 @@
 rust_circuit's names and arguments.  A scrubbed circuit built on one example (rust_circuit's way)
 holds its inputs as ``DiscreteVar``s of the experiment's group, the reference examples as their
 values; ``evaluate`` runs it on all of them, as rust_circuit's ``run_on_all=True``: every variable
-of the group becomes its values, a batch axis in front (``circuits.batching.expand``), so row ``i``
+of the group becomes its values, a batch axis in front (``circuits.rewriting.batching.expand``), so row ``i``
 is the circuit run on reference example ``i``'s draws.  A batched circuit has the reference rows
 as its batch axis already and no variables.  Either way the group's probabilities play no part.
 """
@@ -15,13 +15,13 @@ from typing import Any, Mapping
 import attrs
 import torch
 
-from circuits.batching import expand
+from circuits.rewriting.batching import expand
 from circuits.causal_scrubbing.correspondence import Correspondence
 from circuits.causal_scrubbing.dataset import Dataset
 from circuits.causal_scrubbing.hypothesis import SampledInputs
 from circuits.errors import CausalScrubbingError, shown
-from circuits.matching import Matcher, are_any_found
-from circuits.nodes import Circuit, DiscreteVar
+from circuits.rewriting.matching import Matcher, are_any_found
+from circuits.core.nodes import Circuit, DiscreteVar
 
 __all__ = ["ExperimentEvalSettings", "ScrubbedExperiment", "run_on_all"]
 

@@ -5,7 +5,7 @@
 - ``compile_plan`` and ``Plan.run`` are the seams analyses build on: values
   known before the run (``known=``, torch.fx's ``initial_env``), a callback
   per computed value (``run(on_value=...)``), and a per-node kernel override
-  (``kernel=``).  ``circuits.cache.Evaluator`` is built on these alone.
+  (``kernel=``).  ``circuits.evaluation.cache.Evaluator`` is built on these alone.
 
 Errors raised while planning or running (an unbound or mis-shaped Symbol,
 an Array without its tensor, a device mismatch, any exception from a torch
@@ -24,7 +24,7 @@ import torch
 from circuits.evaluation.kernels import default_kernel
 from circuits.evaluation.plan import Plan
 from circuits.evaluation.schedule import KnownValue, compile_plan
-from circuits.nodes import Circuit
+from circuits.core.nodes import Circuit
 
 __all__ = ["KnownValue", "Plan", "compile_plan", "default_kernel", "evaluate", "evaluate_many"]
 

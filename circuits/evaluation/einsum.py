@@ -101,7 +101,7 @@ def _diagonal_embedding(inputs: str, out: str) -> Callable:
 def split_multipliers(operands: list[str], out: str) -> tuple[list[int], list[int]]:
     """``(core, multipliers)``: the operand positions ``einsum_kernel`` contracts, and those it multiplies in after.
 
-    Public so that ``circuits.costs`` counts the operations this kernel
+    Public so that ``circuits.evaluation.costs`` counts the operations this kernel
     actually runs (for three or more operands, without repeated letters).
     """
     out_letters = set(out)

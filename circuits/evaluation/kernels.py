@@ -15,9 +15,9 @@ import torch
 
 from circuits.errors import StaleTensorError
 from circuits.evaluation.einsum import einsum_kernel
-from circuits.functions import FunctionSpec, is_library_function
+from circuits.core.functions import FunctionSpec, is_library_function
 from circuits.errors import RandomVariableEvaluationError
-from circuits.nodes import (
+from circuits.core.nodes import (
     Add,
     Circuit,
     Concat,
@@ -31,7 +31,7 @@ from circuits.nodes import (
     StoredCumulantVar,
     Tag,
 )
-from circuits.shapes import format_shape, shape_or_type
+from circuits.core.shapes import format_shape, shape_or_type
 
 __all__ = ["KERNEL_MAKERS", "default_kernel", "kernel_maker"]
 

@@ -26,8 +26,8 @@ from circuits.errors import (
 )
 from circuits.evaluation.kernels import KERNEL_MAKERS, kernel_maker
 from circuits.evaluation.plan import Steps, error_at
-from circuits.nodes import Add, Array, Circuit, Einsum, Scalar, Symbol
-from circuits.shapes import format_shape
+from circuits.core.nodes import Add, Array, Circuit, Einsum, Scalar, Symbol
+from circuits.core.shapes import format_shape
 
 __all__ = ["Call", "check_options", "constant_value", "finish_leaves", "leaf_handler", "same_device"]
 

@@ -7,8 +7,8 @@ from typing import Callable, Iterator
 import torch
 
 from circuits.errors import EvaluationError
-from circuits.nodes import Add, Circuit, Einsum, GeneralFunction, Scalar
-from circuits.shapes import format_shape
+from circuits.core.nodes import Add, Circuit, Einsum, GeneralFunction, Scalar
+from circuits.core.shapes import format_shape
 
 __all__ = ["Plan", "Steps", "error_at"]
 

@@ -23,8 +23,8 @@ from circuits.errors import (
 from circuits.evaluation.kernels import KERNEL_MAKERS, kernel_maker
 from circuits.evaluation.leaves import Call, check_options, finish_leaves, leaf_handler
 from circuits.evaluation.plan import Plan, Steps
-from circuits.nodes import Circuit, check_node
-from circuits.shapes import format_shape, shape_or_type
+from circuits.core.nodes import Circuit, check_node
+from circuits.core.shapes import format_shape, shape_or_type
 
 __all__ = ["KnownValue", "compile_plan"]
 

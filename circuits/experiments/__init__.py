@@ -11,7 +11,7 @@
                                               ``Evaluator``; a table of results
 ``point(kind, layer, head)``                  a matcher for one layer's (head's) activation:
                                               ``'resid_pre'``, ``'attn_probs'``, ``'z'``, ...
-                                              (``circuits.experiments.points``)
+                                              (``circuits.transformer.points``)
 ``head_names(c)``                             every ``'b{L}.a.head{h}'``, of split layers
                                               and unsplit ones (``sweep`` splits those
                                               one layer at a time)
@@ -42,14 +42,14 @@ and every ``act_patch_*`` (``patch_grid``)    function of its ``patching`` modul
 Inputs are mappings ``{matcher form: tensor or node}``, usually
 ``{"toks_int_var": tokens}`` for the model builders' circuits (see
 ``circuits.experiments.inputs``).  Every function returns a new circuit and
-evaluates nothing it does not need; ``circuits.Evaluator`` (``circuits.cache``)
+evaluates nothing it does not need; ``circuits.Evaluator`` (``circuits.evaluation.cache``)
 makes evaluating many rewrites of one circuit cost only what changed.
 """
 
-from circuits.cache import Evaluator
+from circuits.evaluation.cache import DEFAULT_CACHE_BYTES, Evaluator
 from circuits.experiments.activations import ActivationCache, run_with_cache
 from circuits.experiments.attribution import ATTRIBUTION_KINDS, AttributionResult, attribution_patching
-from circuits.experiments.ablation import DEFAULT_CACHE_BYTES, mean_ablate, resample_ablate, zero_ablate
+from circuits.experiments.ablation import mean_ablate, resample_ablate, zero_ablate
 from circuits.errors import ExperimentError, MissingPointError
 from circuits.experiments.gradients import Gradients, gradients
 from circuits.experiments.inputs import with_inputs
@@ -87,7 +87,7 @@ from circuits.experiments.patching_grids import (
     patch_grid,
 )
 from circuits.experiments.plots import plot_attention, plot_grid
-from circuits.experiments.points import HEAD_KINDS, POINT_KINDS, TRANSFORMER_LENS_HOOKS, point
+from circuits.transformer.points import HEAD_KINDS, POINT_KINDS, TRANSFORMER_LENS_HOOKS, point
 from circuits.experiments.sweep import SweepPlan, SweepResult, head_names, sweep
 
 __all__ = [

@@ -1,6 +1,6 @@
 """Ablations: replace what a matcher finds by zero, its dataset mean, or its value on other inputs.
 
-Each function takes a circuit and a matcher (any form ``circuits.matching``
+Each function takes a circuit and a matcher (any form ``circuits.rewriting.matching``
 accepts: a name such as ``'b1.a.head3'``, a regex Matcher, a set, an
 IterativeMatcher for a path-restricted ablation) and returns the rewritten
 circuit; nothing is evaluated except where the replacement needs a value
@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from circuits.cache import Evaluator
+from circuits.evaluation.cache import DEFAULT_CACHE_BYTES, Evaluator
 from circuits.experiments.inputs import (
     EXPANDED,
     REBATCHED,
@@ -30,14 +30,11 @@ from circuits.experiments.inputs import (
     shape_changes,
     with_inputs,
 )
-from circuits.matching import no_match_hint
-from circuits.nodes import Array, Circuit, Rearrange, Scalar, check_node
-from circuits.rewrite import update
+from circuits.rewriting.matching import no_match_hint
+from circuits.core.nodes import Array, Circuit, Rearrange, Scalar, check_node
+from circuits.rewriting.rewrite import update
 
-__all__ = ["DEFAULT_CACHE_BYTES", "mean_ablate", "resample_ablate", "zero_ablate"]
-
-#: The cache an experiment makes for itself when not given an ``evaluator``: 2 GiB.
-DEFAULT_CACHE_BYTES = 2 * 2**30
+__all__ = ["mean_ablate", "resample_ablate", "zero_ablate"]
 
 
 def rewrite_found(circuit: Circuit, matcher: Any, fn: Callable[[Circuit], Circuit], what: str) -> Circuit:

@@ -22,8 +22,8 @@ import torch
 from circuits.errors import ExperimentError
 from circuits.evaluation import compile_plan
 from circuits.experiments import residual
-from circuits.experiments.points import ByPoint, PointCollector, as_key, resolve_points
-from circuits.nodes import Circuit, check_node
+from circuits.transformer.points import ByPoint, PointCollector, as_key, resolve_points
+from circuits.core.nodes import Circuit, check_node
 
 __all__ = ["ActivationCache", "run_with_cache"]
 

@@ -29,9 +29,9 @@ from circuits.errors import ExperimentError
 from circuits.experiments.gradients import tracked_run
 from circuits.experiments.inputs import same_shape_inputs, with_targets_of
 from circuits.experiments.metrics import Metric
-from circuits.experiments.points import HEAD_KINDS, point, resolve_points
-from circuits.matching import get
-from circuits.nodes import Circuit, check_node
+from circuits.transformer.points import HEAD_KINDS, point, resolve_points
+from circuits.rewriting.matching import get
+from circuits.core.nodes import Circuit, check_node
 from circuits.experiments.tables import records_frame
 
 __all__ = ["ATTRIBUTION_KINDS", "AttributionResult", "attribution_patching"]

@@ -15,11 +15,11 @@ from typing import Mapping
 
 import torch
 
-from circuits import names
-from circuits.nodes import Add, Array, Circuit, Concat, Index
+from circuits.transformer import names
+from circuits.core.nodes import Add, Array, Circuit, Concat, Index
 from circuits.passes import push_index
-from circuits.rewrite import update
-from circuits.traversal import unique_nodes
+from circuits.rewriting.rewrite import update
+from circuits.core.traversal import unique_nodes
 
 __all__ = ["from_position", "is_causal"]
 

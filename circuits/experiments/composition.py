@@ -17,13 +17,13 @@ from typing import Callable
 
 import torch
 
-from circuits import names
+from circuits.transformer import names
 from circuits.errors import ExperimentError
-from circuits.experiments.points import point
+from circuits.transformer.points import point
 from circuits.experiments.stream import Norm
-from circuits.matching import IterativeMatcher, Matcher
-from circuits.nodes import Add, Array, Circuit, Einsum, Scalar
-from circuits.rewrite import update
+from circuits.rewriting.matching import IterativeMatcher, Matcher
+from circuits.core.nodes import Add, Array, Circuit, Einsum, Scalar
+from circuits.rewriting.rewrite import update
 
 __all__ = ["Compositions", "head_of"]
 

@@ -24,11 +24,11 @@ import torch
 
 from circuits.errors import ExperimentError
 from circuits.evaluation import compile_plan
-from circuits import names
+from circuits.transformer import names
 from circuits.experiments.metrics import Metric, find
-from circuits.experiments.points import ByPoint, PointCollector, as_key, resolve_points, show_key
-from circuits.nodes import Circuit, check_node
-from circuits.traversal import unique_nodes
+from circuits.transformer.points import ByPoint, PointCollector, as_key, resolve_points, show_key
+from circuits.core.nodes import Circuit, check_node
+from circuits.core.traversal import unique_nodes
 
 __all__ = ["Gradients", "TrackedRun", "gradients", "tracked_run"]
 

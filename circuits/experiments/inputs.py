@@ -29,13 +29,13 @@ from typing import Any, Mapping
 
 import torch
 
-from circuits import names
-from circuits.batching import expand
+from circuits.transformer import names
+from circuits.rewriting.batching import expand
 from circuits.errors import ExperimentError, shown
-from circuits.matching import IterativeMatcher
-from circuits.nodes import Array, Circuit
-from circuits.rewrite import replace
-from circuits.traversal import unique_nodes
+from circuits.rewriting.matching import IterativeMatcher
+from circuits.core.nodes import Array, Circuit
+from circuits.rewriting.rewrite import replace
+from circuits.core.traversal import unique_nodes
 
 __all__ = ["check_keys_found", "same_shape_inputs", "shape_changes", "with_inputs", "with_targets_of"]
 

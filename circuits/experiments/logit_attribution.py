@@ -22,7 +22,7 @@ import torch
 from circuits.errors import ExperimentError
 from circuits.experiments import residual
 from circuits.experiments.activations import ActivationCache, run_with_cache
-from circuits.nodes import Circuit, check_node
+from circuits.core.nodes import Circuit, check_node
 from circuits.experiments.tables import records_frame
 
 __all__ = ["LogitAttribution", "LogitLens", "direct_logit_attribution", "logit_lens"]

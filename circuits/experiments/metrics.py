@@ -39,12 +39,12 @@ from typing import Any, Callable
 
 import torch
 
-from circuits import names
-from circuits.cache import Evaluator
+from circuits.transformer import names
+from circuits.evaluation.cache import Evaluator
 from circuits.evaluation import evaluate
 from circuits.errors import ExperimentError, shown
-from circuits.nodes import Add, Array, Circuit, Einsum, GeneralFunction, Index, Scalar, check_node
-from circuits.shapes import EINSUM_LETTERS
+from circuits.core.nodes import Add, Array, Circuit, Einsum, GeneralFunction, Index, Scalar, check_node
+from circuits.core.shapes import EINSUM_LETTERS
 
 __all__ = ["TARGETS", "Metric", "kl_div", "logit_diff", "mean_loss"]
 

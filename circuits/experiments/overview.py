@@ -1,6 +1,6 @@
 """``overview(c)``: a model circuit at a glance, one line per component, as torch's ``print(model)``.
 
-Read off the names of ``circuits.names``: the tokens, the embeddings, then
+Read off the names of ``circuits.transformer.names``: the tokens, the embeddings, then
 per layer its block, attention (heads split or not, with the weights'
 shapes), MLP and norms, then the final norm, logits and loss.  Nodes
 outside the convention are counted, not listed.  A circuit with no name of
@@ -16,10 +16,10 @@ from collections import defaultdict
 
 import re
 
-from circuits import names
-from circuits.nodes import Circuit, check_node
-from circuits.shapes import format_shape
-from circuits.traversal import postorder, unique_nodes
+from circuits.transformer import names
+from circuits.core.nodes import Circuit, check_node
+from circuits.core.shapes import format_shape
+from circuits.core.traversal import postorder, unique_nodes
 
 __all__ = ["overview"]
 

@@ -22,17 +22,17 @@ from typing import Any, Sequence
 
 import torch
 
-from circuits import names
-from circuits.batching import expand
-from circuits.cache import Evaluator
+from circuits.transformer import names
+from circuits.rewriting.batching import expand
+from circuits.evaluation.cache import Evaluator
 from circuits.errors import ExperimentError
 from circuits.experiments import causal_suffix
 from circuits.experiments.metrics import Metric, find
-from circuits.experiments.points import point, resolve_points
-from circuits.matching import get
-from circuits.nodes import Array, Circuit
-from circuits.rewrite import replace
-from circuits.traversal import unique_nodes
+from circuits.transformer.points import point, resolve_points
+from circuits.rewriting.matching import get
+from circuits.core.nodes import Array, Circuit
+from circuits.rewriting.rewrite import replace
+from circuits.core.traversal import unique_nodes
 
 __all__ = ["PatchRun", "measure_all"]
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from circuits.experiments.ablation import rewrite_on_inputs
-from circuits.nodes import Circuit
+from circuits.core.nodes import Circuit
 
 __all__ = ["patch"]
 

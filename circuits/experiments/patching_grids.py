@@ -33,18 +33,17 @@ from typing import Any, Callable, Mapping
 import attrs
 import torch
 
-from circuits import names
-from circuits.cache import Evaluator, check_cache_bytes
+from circuits.transformer import names
+from circuits.evaluation.cache import DEFAULT_CACHE_BYTES, Evaluator, check_cache_bytes
 from circuits.errors import ExperimentError
 from circuits.experiments.inputs import same_shape_inputs, with_targets_of
 from circuits.experiments.metrics import Metric
 from circuits.experiments.patch_batches import PatchRun, measure_all
 from circuits.experiments.workers import one_thread_if_forked
-from circuits.nodes import Circuit, check_node
-from circuits.traversal import unique_nodes
+from circuits.core.nodes import Circuit, check_node
+from circuits.core.traversal import unique_nodes
 from circuits.experiments.tables import records_frame
 
-DEFAULT_CACHE_BYTES = 2 * 2**30
 PATCHES_PER_RUN = 32  #: patches evaluated as one batch
 POSITIONS_PER_RUN = 8  #: positions one batch spans (bench/patching_grid.py: 8 beat 2, 4 and 24)
 

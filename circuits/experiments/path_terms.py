@@ -25,9 +25,9 @@ from circuits.errors import ExperimentError
 from circuits.evaluation import evaluate_many
 from circuits.experiments import residual
 from circuits.experiments.composition import Compositions, head_of
-from circuits.experiments.points import as_key, resolve_points
+from circuits.transformer.points import as_key, resolve_points
 from circuits.experiments.stream import read_norm
-from circuits.nodes import Add, Array, Circuit, Einsum, Index, Scalar, check_node
+from circuits.core.nodes import Add, Array, Circuit, Einsum, Index, Scalar, check_node
 from circuits.passes import split_heads
 
 __all__ = ["PathTerms", "path_terms"]

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from circuits import names
+from circuits.transformer import names
 from circuits.errors import ExperimentError
 from circuits.experiments.stream import Readout, Writes, read_readout, read_writes
-from circuits.nodes import Array, Circuit
-from circuits.traversal import unique_nodes
+from circuits.core.nodes import Array, Circuit
+from circuits.core.traversal import unique_nodes
 
 if TYPE_CHECKING:
     from circuits.experiments.activations import ActivationCache

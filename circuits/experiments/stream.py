@@ -14,10 +14,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from circuits import names
+from circuits.transformer import names
 from circuits.errors import ExperimentError
-from circuits.experiments.points import POST_NORM, resolve_points
-from circuits.nodes import Add, Circuit, Einsum, GeneralFunction, Scalar
+from circuits.transformer.points import POST_NORM, resolve_points
+from circuits.core.nodes import Add, Circuit, Einsum, GeneralFunction, Scalar
 
 __all__ = ["Norm", "Readout", "Writes", "read_norm", "read_readout", "read_writes"]
 

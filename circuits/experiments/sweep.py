@@ -28,16 +28,16 @@ from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
-from circuits import names
-from circuits.cache import Evaluator, check_cache_bytes
-from circuits.costs import cost
+from circuits.transformer import names
+from circuits.evaluation.cache import DEFAULT_CACHE_BYTES, Evaluator, check_cache_bytes
+from circuits.evaluation.costs import cost
 from circuits.errors import ExperimentError, shown
-from circuits.experiments.ablation import DEFAULT_CACHE_BYTES, zero_ablate
+from circuits.experiments.ablation import zero_ablate
 from circuits.experiments.metrics import Metric, mean_loss
 from circuits.experiments.workers import one_thread_if_forked
-from circuits.nodes import Circuit, check_node
-from circuits.passes.attention import split_heads, unsplit_head_counts
-from circuits.traversal import unique_nodes
+from circuits.core.nodes import Circuit, check_node
+from circuits.transformer.attention import split_heads, unsplit_head_counts
+from circuits.core.traversal import unique_nodes
 from circuits.experiments.tables import records_frame
 
 __all__ = ["SweepPlan", "SweepResult", "head_names", "sweep"]

@@ -4,7 +4,7 @@ Builders (``attn_only``, ``gpt2``, ``llama``, ``neox``, sharing ``common``) take
 config, a dict of weight tensors named as in the circuit, and the tokens, and
 return a circuit whose root is the per-token loss ``'t.loss'``; the logits are
 ``'t.call'``, the token input ``'toks_int_var'`` (every name is built by
-``circuits.names``).  With ``convention="prompt"`` the tokens are a prompt
+``circuits.transformer.names``).  With ``convention="prompt"`` the tokens are a prompt
 alone (no next token to predict) and the root is the logits.  Loaders, one module per source: ``hf`` (in-memory
 Hugging Face models and state dicts, converted by ``hf_gpt2``,
 ``hf_llama``, ``hf_neox`` and ``hf_opt``), ``checkpoint`` (a local checkpoint directory) and
@@ -17,7 +17,7 @@ module path, each op's nodes by the module that ran it.
 
 from circuits.errors import ModelError
 from circuits.models.attn_only import AttnOnlyConfig, attn_only_random_weights, build_attn_only
-from circuits.masks import NEG_INF
+from circuits.transformer.masks import NEG_INF
 from circuits.models.common import CONVENTIONS
 from circuits.models.demo_model import load_demo_model
 from circuits.models.gpt2 import GPT2Config, build_gpt2, gpt2_random_weights

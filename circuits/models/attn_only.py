@@ -16,12 +16,12 @@ from typing import Any
 
 import torch
 
-from circuits import names
-from circuits.masks import causal_mask_array
+from circuits.transformer import names
+from circuits.transformer.masks import causal_mask_array
 from circuits.models import common
 from circuits.models.text import token_ids
 from circuits.models.common import einsum
-from circuits.nodes import Add, Array, Circuit
+from circuits.core.nodes import Add, Array, Circuit
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,11 +19,11 @@ from typing import Any
 import torch
 
 from circuits.errors import ModelError, shown
-from circuits.masks import NEG_INF
+from circuits.transformer.masks import NEG_INF
 from circuits.models.common import checked_options
 from circuits.models.hf import config_for, from_hf_state_dict
 from circuits.models.text import token_ids
-from circuits.nodes import Circuit
+from circuits.core.nodes import Circuit
 
 
 def _read_json(path: Path) -> Any:

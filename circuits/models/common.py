@@ -1,7 +1,7 @@
 """Pieces every model builder shares: tokens, norms, attention, the loss head.
 
 Each piece writes its computation out of the ordinary node types, with the
-names of ../shared/golden/attn_only_2l.circ (``circuits.names``).  Einsum specs are written for
+names of ../shared/golden/attn_only_2l.circ (``circuits.transformer.names``).  Einsum specs are written for
 the unbatched model; ``einsum`` adds a batch letter to every operand that
 carries one more (leading) axis than its letters, so one builder serves both
 the ``[S+1]`` and the ``[B,S+1]`` token layouts.
@@ -20,11 +20,11 @@ from typing import Any, TypeVar
 
 import torch
 
-from circuits import names
+from circuits.transformer import names
 from circuits.errors import ModelError, shown
-from circuits.masks import NEG_INF, neg_inf_bias
-from circuits.nodes import Add, Array, Circuit, Concat, Einsum, GeneralFunction, Index, Scalar
-from circuits.shapes import format_slice
+from circuits.transformer.masks import NEG_INF, neg_inf_bias
+from circuits.core.nodes import Add, Array, Circuit, Concat, Einsum, GeneralFunction, Index, Scalar
+from circuits.core.shapes import format_slice
 
 #: How the token array is cut into model inputs and targets.
 #: ``"default"``: ``[S+1]`` tokens, inputs ``[:-1]``, targets ``[1:]``.

@@ -21,11 +21,11 @@ import safetensors.torch
 import torch
 
 from circuits.errors import ModelError
-from circuits.masks import NEG_INF
+from circuits.transformer.masks import NEG_INF
 from circuits.models.attn_only import AttnOnlyConfig, build_attn_only
 from circuits.models.common import check_seed, checked_options
 from circuits.models.text import token_ids
-from circuits.nodes import Circuit
+from circuits.core.nodes import Circuit
 
 #: The beginning-of-sequence token that starts every row of the task.
 BOS = 0

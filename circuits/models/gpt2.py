@@ -1,6 +1,6 @@
 """GPT-2: learned positions added to the residual stream, biases, a gelu_new MLP.
 
-Named in the golden file's scheme (``circuits.names``): per layer ``L``,
+Named in the golden file's scheme (``circuits.transformer.names``): per layer ``L``,
 ``'b{L}'`` is ``Add('b{L}.m', 'b{L}.resid_mid')``, the MLP output ``'b{L}.m'``
 carries its bias, and ``'b{L}.resid_mid'`` adds the bare head-summing Einsum
 ``'b{L}.a'``, the output bias ``'a{L}.w.o_bias'`` and the previous residual
@@ -18,13 +18,13 @@ from typing import Any
 
 import torch
 
-from circuits import names
+from circuits.transformer import names
 from circuits.errors import ModelError
-from circuits.masks import causal_mask_array
+from circuits.transformer.masks import causal_mask_array
 from circuits.models import common
 from circuits.models.text import token_ids
 from circuits.models.common import ACTIVATIONS, einsum, fn
-from circuits.nodes import Add, Circuit
+from circuits.core.nodes import Add, Circuit
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from circuits.errors import ModelError, shown
-from circuits.masks import NEG_INF
+from circuits.transformer.masks import NEG_INF
 from circuits.models.common import CONVENTIONS, checked_options
 from circuits.models.gpt2 import build_gpt2
 from circuits.models.hf_gpt2 import gpt2_config_from_hf, gpt2_weights_from_hf
@@ -49,7 +49,7 @@ from circuits.models.llama import build_llama
 from circuits.models.neox import build_neox
 from circuits.models.reading import check_attach, get_field
 from circuits.models.text import token_ids
-from circuits.nodes import Circuit
+from circuits.core.nodes import Circuit
 
 SUPPORTED_HF = {
     "gpt2": "GPT2LMHeadModel",

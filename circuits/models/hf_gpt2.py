@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from circuits import names
+from circuits.transformer import names
 from circuits.errors import ModelError
 from circuits.models.gpt2 import GPT2Config
 from circuits.models.reading import (

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from circuits import names
+from circuits.transformer import names
 from circuits.errors import ModelError, shown
 from circuits.models.llama import LlamaConfig, post_norm_weight
 from circuits.models.reading import (

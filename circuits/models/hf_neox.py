@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from circuits import names
+from circuits.transformer import names
 from circuits.errors import ModelError, shown
 from circuits.models.neox import NeoXConfig
 from circuits.models.reading import (

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from circuits import names
+from circuits.transformer import names
 from circuits.errors import ModelError, shown
 from circuits.models.common import ACTIVATIONS
 from circuits.models.gpt2 import GPT2Config

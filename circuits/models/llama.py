@@ -1,6 +1,6 @@
 """Llama-style decoders: RMSNorm, rotary positions, SwiGLU MLP, grouped-query attention.
 
-Named in the golden file's scheme (``circuits.names``): per layer ``L``,
+Named in the golden file's scheme (``circuits.transformer.names``): per layer ``L``,
 ``'b{L}'`` is ``Add('b{L}.m', 'b{L}.resid_mid')``, with the SwiGLU output
 ``'b{L}.m'`` and ``'b{L}.resid_mid' = Add('b{L}.a', previous residual)``.
 Norms are RMSNorms (``'rms.*'`` names).  Queries and keys are rotated
@@ -33,13 +33,13 @@ from typing import Any
 
 import torch
 
-from circuits import names
+from circuits.transformer import names
 from circuits.errors import ModelError, shown
-from circuits.masks import causal_mask_array
+from circuits.transformer.masks import causal_mask_array
 from circuits.models import common
 from circuits.models.text import token_ids
 from circuits.models.common import ACTIVATIONS, einsum, fn
-from circuits.nodes import Add, Array, Circuit, Index, Scalar
+from circuits.core.nodes import Add, Array, Circuit, Index, Scalar
 
 
 @dataclasses.dataclass(frozen=True)

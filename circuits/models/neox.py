@@ -1,6 +1,6 @@
 """GPT-NeoX (Pythia): layer norms with biases, partial rotary positions, a GELU MLP, parallel residual.
 
-Named in the golden file's scheme (``circuits.names``), as GPT-2 for the
+Named in the golden file's scheme (``circuits.transformer.names``), as GPT-2 for the
 norms, projections, biases and MLP and as Llama for the rotation: per layer
 ``L``, ``'b{L}'`` is ``Add('b{L}.m', 'b{L}.resid_mid')`` and
 ``'b{L}.resid_mid'`` adds the head-summing Einsum ``'b{L}.a'``, the output
@@ -29,14 +29,14 @@ from typing import Any
 
 import torch
 
-from circuits import names
+from circuits.transformer import names
 from circuits.errors import ModelError, shown
-from circuits.masks import causal_mask_array
+from circuits.transformer.masks import causal_mask_array
 from circuits.models import common
 from circuits.models.common import ACTIVATIONS, einsum
 from circuits.models.gpt2 import mlp
 from circuits.models.text import token_ids
-from circuits.nodes import Add, Array, Circuit
+from circuits.core.nodes import Add, Array, Circuit
 
 
 @dataclasses.dataclass(frozen=True)

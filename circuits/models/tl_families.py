@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from circuits import names
+from circuits.transformer import names
 from circuits.errors import ModelError
 from circuits.models.llama import LlamaConfig, post_norm_weight
 from circuits.models.neox import NeoXConfig

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from circuits import names
+from circuits.transformer import names
 from circuits.errors import ModelError, shown
-from circuits.masks import NEG_INF
+from circuits.transformer.masks import NEG_INF
 from circuits.models.attn_only import AttnOnlyConfig, build_attn_only
 from circuits.models.common import CONVENTIONS, checked_options
 from circuits.models.gpt2 import GPT2Config, build_gpt2
@@ -35,7 +35,7 @@ from circuits.models.tl_families import (
     neox_weights_from_tl,
 )
 from circuits.models.text import token_ids
-from circuits.nodes import Circuit
+from circuits.core.nodes import Circuit
 
 #: The TransformerLens ``HookedTransformer`` state-dict keys accepted for the GPT-2 layout
 #: (``"gpt2"``, ``"opt"``, ``"attn_only"``; the rotary families': ``tl_families``), with

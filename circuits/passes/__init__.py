@@ -1,43 +1,42 @@
-"""Rewrite passes: plain functions from circuit to circuit.
+"""Rewrite passes: plain functions from circuit to circuit, all in one place.
 
-``causal_mask`` and ``split_heads`` rewrite attention; ``push_down_index``
-moves Index nodes toward the leaves so that only the selected work is done;
-``distribute``, ``factor`` and the other algebraic rewrites regroup sums and
-products into named path terms.
+The public home of the passes.  The generic ones live in the rewriting
+layer (``circuits.rewriting.passes``: ``push_down_index``, the algebraic and
+concat rewrites, ``simplify``, ``canonicalize``); the attention passes,
+which read the transformer naming convention, in the transformer layer
+(``circuits.transformer.attention``: ``causal_mask`` and ``split_heads``
+rewrite attention, ``layer_of`` tells an attention node's layer).  This
+package only gathers them, one layer above both, so that neither layer
+imports the other's passes and a user finds every pass here.
 """
 
-from circuits.errors import PassError
-from circuits.passes.algebra import (
+from circuits.rewriting.passes import (
+    PassError,
+    canonicalize,
+    concat_drop_size_zero,
+    concat_elim_split,
+    concat_fuse,
     distribute,
     distribute_all,
     extract_add,
     factor,
     flatten_adds,
     flatten_einsums,
+    fold_scalars,
     nest_adds,
     nest_einsums,
-    residual_rewrite,
-)
-from circuits.passes.canonical import canonicalize
-from circuits.passes.attention import causal_mask, layer_of, split_heads, unsplit_head_counts
-from circuits.passes.concat import concat_drop_size_zero, concat_elim_split, concat_fuse, split_to_concat
-from circuits.passes.concat_pull import pull_concat, push_down_concat
-from circuits.passes.push_down import push_index
-from circuits.passes.simplify import (
-    fold_scalars,
+    pull_concat,
+    push_down_concat,
+    push_down_index,
+    push_index,
     remove_identity_index,
     remove_identity_rearrange,
     remove_single_operand,
+    residual_rewrite,
     simplify,
+    split_to_concat,
 )
-from circuits.matching import Matcher
-from circuits.nodes import Circuit, Index
-
-
-def push_down_index(circuit: Circuit, matcher=True) -> Circuit:
-    """Every Index that ``matcher`` finds moved down as far as it goes (same value)."""
-    return circuit.update(Matcher.types(Index) & Matcher(matcher), push_index, assert_any_found=False)
-
+from circuits.transformer.attention import causal_mask, layer_of, split_heads, unsplit_head_counts
 
 __all__ = [
     "PassError",

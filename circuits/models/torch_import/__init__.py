@@ -19,7 +19,7 @@ from circuits.models.common import checked_options
 from circuits.models.torch_import import dtypes, exporting
 from circuits.models.torch_import.naming import Namer
 from circuits.models.torch_import.walk import Translator
-from circuits.nodes import Array, Circuit
+from circuits.core.nodes import Array, Circuit
 
 
 @checked_options()

@@ -20,9 +20,9 @@ import torch
 
 from circuits.errors import ModelError
 from circuits.evaluation.kernels import default_kernel
-from circuits.functions import CAST_NAME, GEN_INDEX_NAME
-from circuits.nodes import Add, Array, Circuit, Concat, Einsum, GeneralFunction, Index, Rearrange, Scalar
-from circuits.traversal import unique_nodes
+from circuits.core.functions import CAST_NAME, GEN_INDEX_NAME
+from circuits.core.nodes import Add, Array, Circuit, Concat, Einsum, GeneralFunction, Index, Rearrange, Scalar
+from circuits.core.traversal import unique_nodes
 
 
 def promoted(dtypes) -> torch.dtype:

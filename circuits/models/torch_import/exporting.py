@@ -13,7 +13,7 @@ from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind
 
 from circuits.errors import ModelError, shown
 from circuits.models.torch_import.registry import Const
-from circuits.nodes import Array
+from circuits.core.nodes import Array
 
 
 def _first_line(error: BaseException) -> str:

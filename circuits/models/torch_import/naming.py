@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from circuits.nodes import Add, Circuit
+from circuits.core.nodes import Add, Circuit
 
 
 def module_path(fx_node: Any) -> str:

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 from circuits.errors import EinsumError
 from circuits.models.torch_import.registry import UNTRANSLATED, translates
 from circuits.models.torch_import.shaping import unsqueezed
-from circuits.nodes import Add, Circuit, Einsum, GeneralFunction
+from circuits.core.nodes import Add, Circuit, Einsum, GeneralFunction
 
 
 class Letters:

@@ -14,7 +14,7 @@ import torch
 
 from circuits.models.torch_import import shaping
 from circuits.models.torch_import.registry import UNTRANSLATED, Const, translates
-from circuits.nodes import Add, Array, Circuit, Einsum, GeneralFunction, Rearrange
+from circuits.core.nodes import Add, Array, Circuit, Einsum, GeneralFunction, Rearrange
 
 #: aten op -> the library's GeneralFunction computing it.
 _ELEMENTWISE = {

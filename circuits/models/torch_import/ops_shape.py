@@ -11,7 +11,7 @@ import torch
 
 from circuits.models.torch_import import dtypes, shaping
 from circuits.models.torch_import.registry import UNTRANSLATED, Const, translates
-from circuits.nodes import Circuit, Concat, GeneralFunction, Index
+from circuits.core.nodes import Circuit, Concat, GeneralFunction, Index
 
 
 @translates("view", "reshape", "_unsafe_view")

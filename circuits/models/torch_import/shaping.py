@@ -12,7 +12,7 @@ from __future__ import annotations
 import string
 from typing import Sequence
 
-from circuits.nodes import Circuit, Rearrange
+from circuits.core.nodes import Circuit, Rearrange
 
 
 class AxisNames:

@@ -5,7 +5,7 @@ from shapes, buffers' derived tables) are computed there and then and kept
 as ``Const`` values; one becomes an Array (or a Scalar, if every entry is
 the same float) only where a computed node uses it.  Everything else goes
 through the op table (``registry.OPS``) or, failing that, becomes an aten
-GeneralFunction (``circuits.aten_functions``), recorded as untranslated.
+GeneralFunction (``circuits.core.aten_functions``), recorded as untranslated.
 Each result is checked against the shape torch recorded for the op and cast
 to its dtype where evaluation would give another (``dtypes``); each
 module's output gets a node named after the module (``naming``).
@@ -20,11 +20,11 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
-from circuits import aten_functions
+from circuits.core import aten_functions
 from circuits.errors import CircuitError, ModelError
 from circuits.models.torch_import import dtypes, naming
 from circuits.models.torch_import.registry import OPS, UNTRANSLATED, Const
-from circuits.nodes import Add, Array, Circuit, GeneralFunction, Scalar
+from circuits.core.nodes import Add, Array, Circuit, GeneralFunction, Scalar
 
 # the translators register themselves on import
 from circuits.models.torch_import import ops_arith, ops_nn, ops_shape  # noqa: F401, E402  isort: skip
