@@ -25,6 +25,13 @@ from circuits.models.gpt2 import GPT2Config, build_gpt2
 from circuits.models.llama import build_llama
 from circuits.models.neox import build_neox
 from circuits.models.reading import Reader, check_attach
+from circuits.models.tl_bridge import (
+    BridgeReading,
+    is_bridge,
+    read_bridge,
+    refuse_bridge_state_dict,
+    state_dict_cfg,
+)
 from circuits.models.tl_config import LLAMA_LIKE, STATE_ONLY, cfg_number, check_cfg, family_of, raw, tl_act
 from circuits.models.tl_families import (
     llama_config_from_tl,
@@ -147,8 +154,17 @@ def _tl_layer(r: Reader, out: dict[str, Any], family: str, layer: int, dims: Map
 
 
 def _state_and_cfg(source: Any, cfg: Any, attach: bool) -> tuple[Mapping[str, Any], Any]:
-    """The state dict and cfg of a ``HookedTransformer`` (``source.cfg``), or ``source`` and ``cfg``."""
+    """The state dict and cfg of a ``HookedTransformer`` (``source.cfg``), or ``source`` and ``cfg`` (a
+    TransformerLens 4 cfg read as ``tl_bridge.state_dict_cfg``)."""
     if isinstance(source, Mapping) or not (hasattr(source, "cfg") and hasattr(source, "state_dict")):
+        if isinstance(source, Mapping):
+            refuse_bridge_state_dict(source)
+        if (
+            cfg is not None
+            and raw(cfg, "architecture") is not None
+            and raw(cfg, "original_architecture") is None
+        ):
+            cfg = state_dict_cfg(cfg)
         return source, cfg
     if cfg is not None:
         raise ModelError(
@@ -221,7 +237,16 @@ def from_transformer_lens(
     ``model.state_dict(keep_vars=True)``).
     """
     tokens = token_ids(tokens, tokenizer)
-    state, cfg = _state_and_cfg(state_dict, cfg, check_attach(attach))
+    options: dict[str, Any] = {"seq_len": seq_len, "batch_size": batch_size, "convention": convention}
+    options.update(neg_inf=neg_inf, attach=check_attach(attach))
+    if is_bridge(state_dict):
+        if cfg is not None:
+            raise ModelError(
+                "from_transformer_lens: cfg= is given with a TransformerBridge, which has its own cfg"
+            )
+        reading = read_bridge(state_dict, _positions(tokens, seq_len, convention))
+        return _from_bridge(reading, tokens, family, ln_eps, act, causal, options)
+    state, cfg = _state_and_cfg(state_dict, cfg, attach)
     family = family_of(family, cfg)
     if cfg is None and family not in (*STATE_ONLY, "opt"):
         raise ModelError(
@@ -238,8 +263,6 @@ def from_transformer_lens(
             f"from_transformer_lens needs a HookedTransformer or a state dict (str keys to tensors), "
             f"got {type(state).__name__}"
         )
-    options: dict[str, Any] = {"seq_len": seq_len, "batch_size": batch_size, "convention": convention}
-    options.update(neg_inf=neg_inf, attach=attach)
     if causal is not None:  # None: the family's builder's default
         options["causal"] = causal
     ln_eps = _own_or_cfg("ln_eps", ln_eps, cfg, "eps", 1e-5)  # the rotary families' come from the cfg
@@ -253,6 +276,26 @@ def from_transformer_lens(
         config = neox_config_from_tl(cfg)
         return build_neox(config, neox_weights_from_tl(config, state, attach, _ignored), tokens, **options)
     return _gpt2_like(family, state, tokens, ln_eps, act, attach, options)
+
+
+def _from_bridge(
+    reading: BridgeReading, tokens: Any, family: Any, ln_eps: Any, act: Any, causal: Any, options
+) -> Circuit:
+    """A ``TransformerBridge`` (``tl_bridge.read_bridge``): a wrapped Hugging Face model's builder config is
+    its own; the weights are the bridge's, read as a ``HookedTransformer``'s."""
+    cfg, attach = reading.cfg, options["attach"]
+    family = family_of(family, cfg)
+    check_cfg(family, cfg, own_tables=True)
+    options["causal"] = raw(cfg, "attention_dir", "causal") == "causal" if causal is None else causal
+    ln_eps = _own_or_cfg("ln_eps", ln_eps, cfg, "eps", None)
+    act = _own_or_cfg("act", act, cfg, "act_fn", None)
+    if family in LLAMA_LIKE:
+        weights = llama_weights_from_tl(family, reading.config, reading.state, attach, _ignored)
+        return build_llama(reading.config, weights, tokens, rope=reading.rope, **options)
+    if family == "neox":
+        weights = neox_weights_from_tl(reading.config, reading.state, attach, _ignored)
+        return build_neox(reading.config, weights, tokens, **options)
+    return _gpt2_like(family, reading.state, tokens, ln_eps, act, attach, options)
 
 
 def _gpt2_like(
