@@ -131,9 +131,7 @@ def main() -> None:
     tokens = torch.randint(
         0, args.vocab, (args.batch, args.seq + 1), generator=torch.Generator().manual_seed(args.seed + 1)
     )
-    (build_time, _), circuit = timed(
-        lambda: models.from_transformer_lens(model, tokens, family="gpt2")
-    )
+    (build_time, _), circuit = timed(lambda: models.from_transformer_lens(model, tokens, family="gpt2"))
     split_time = 0.0
     if args.presplit:
         (split_time, _), circuit = timed(lambda: split_heads(circuit))

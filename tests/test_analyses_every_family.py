@@ -390,7 +390,6 @@ def _tl_gemma(model, **processing):
 
 
 def _lens(test):
-    test = pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated")(test)
     return pytest.mark.slow(test)
 
 
@@ -398,8 +397,8 @@ def _lens(test):
 @pytest.mark.parametrize("family", ["gemma", "gemma2"])
 def test_logit_attrs_equal_transformer_lens_with_folded_norms(family):
     """Our ``logit_attrs`` of ``decompose_resid`` (and, on Gemma, of ``stack_head_results``) equal
-    TransformerLens's on its model with the norms folded (its Gemma weights hold ``1 + w``; it ignores
-    the soft-cap, which ``uncapped=True`` asks of ours)."""
+    TransformerLens 4's on its bridge with the norms folded (compatibility mode, ``fold_ln`` alone; it
+    ignores the soft-cap, which ``uncapped=True`` asks of ours)."""
     model = hf_model(family)
     toks = tokens()
     cache = ex.run_with_cache(cm.from_hf(model, toks))

@@ -24,10 +24,14 @@ from circuits import experiments as ex
 from circuits.errors import ModelError
 from circuits.transformer import names
 
-lens = pytest.importorskip("transformer_lens")
-tl = pytest.importorskip("tl_reference")
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow  # importing TransformerLens takes seconds; each model a second
+
+
+def _tl():
+    """tests/tl_reference.py, imported when a test runs (TransformerLens takes seconds to import)."""
+    return pytest.importorskip("tl_reference")
+
 
 TOL = 1e-4  # float32
 MEASURED: dict[str, float] = {}
@@ -40,7 +44,7 @@ def odd_gpt2(seed: int = 0):
         n_layer=2, n_head=3, n_embd=15, n_inner=23, vocab_size=19, n_positions=16
     )
     model = transformers.GPT2LMHeadModel(config).eval()
-    tl.perturb(model, seed)
+    _tl().perturb(model, seed)
     return model
 
 
@@ -59,7 +63,7 @@ def odd_llama(seed: int = 0):
         rms_norm_eps=1e-5,
     )
     model = transformers.LlamaForCausalLM(config).eval()
-    tl.perturb(model, seed)
+    _tl().perturb(model, seed)
     return model
 
 
@@ -315,7 +319,7 @@ def _compare(ours_value, theirs, hook, family):
 
 def check_every_hook(model, circuit, family: str, tokens, label: str) -> dict[str, float]:
     """Every hook of the bridge's ``run_with_cache`` against the circuit; ``{hook pattern: max diff}``."""
-    _, cache = tl.run_with_cache(model, tokens)
+    _, cache = _tl().run_with_cache(model, tokens)
     ours = Ours(circuit, model, family)
     ours.bridge_cache = cache
     worst: dict[str, float] = {}
@@ -359,9 +363,9 @@ def test_every_hook_of_a_wrapped_model_equals_the_circuit(family, compat):
     tokens = random_tokens(hf_model.config.vocab_size, True, length=9)
     hf = hf_logits(hf_model, tokens[:, :-1])
     options = COMPAT_OPTIONS.get(family, {}) if compat else {}
-    model = _with_attn_result(tl.bridge(hf_model, compat, **options))
+    model = _with_attn_result(_tl().bridge(hf_model, compat, **options))
     circuit = cm.from_transformer_lens(model, tokens)
-    theirs = tl.logits(model, tokens[:, :-1])
+    theirs = _tl().logits(model, tokens[:, :-1])
     MEASURED[f"{family} {'compat' if compat else 'raw'} logits"] = (
         (logits_of(circuit) - theirs).abs().max().item()
     )
@@ -375,10 +379,10 @@ def test_every_hook_of_a_wrapped_model_equals_the_circuit(family, compat):
 @pytest.mark.parametrize("masked", [True, False], ids=["causal", "bidirectional"])
 def test_every_hook_of_a_native_model_equals_the_circuit(masked, compat):
     """``boot_native``'s GPT-2 layout, causal or bidirectional, read as family ``'gpt2'``."""
-    model = _with_attn_result(tl.native(masked, compat=compat))
+    model = _with_attn_result(_tl().native(masked, compat=compat))
     tokens = random_tokens(17, True, length=9)
     circuit = cm.from_transformer_lens(model, tokens)
-    assert (logits_of(circuit) - tl.logits(model, tokens[:, :-1])).abs().max().item() < TOL
+    assert (logits_of(circuit) - _tl().logits(model, tokens[:, :-1])).abs().max().item() < TOL
     label = f"native {'causal' if masked else 'bidirectional'} {'compat' if compat else 'raw'}"
     check_every_hook(model, circuit, "native", tokens, label)
 
@@ -392,35 +396,19 @@ def test_compatibility_mode_biases_the_builder_lacks_are_refused():
 
     tokens = random_tokens(97, True, length=9)
     with pytest.raises(ModelError, match=r"'blocks\.0\.attn\.b_O'.*fold_value_biases=False"):
-        cm.from_transformer_lens(tl.bridge(qwen2(2), compat=True), tokens)
+        cm.from_transformer_lens(_tl().bridge(qwen2(2), compat=True), tokens)
     with pytest.raises(ModelError, match=r"'unembed\.b_U'.*fold_ln=False"):
-        cm.from_transformer_lens(tl.bridge(neox(), compat=True), tokens)
+        cm.from_transformer_lens(_tl().bridge(neox(), compat=True), tokens)
 
 
 def test_parameter_free_native_norms_are_unit_weights():
     """A native ``normalization_type='LNPre'`` (no weights) is the circuit's layer norm with unit scale
     and zero bias: TransformerLens's logits."""
-    model = tl.native(normalization_type="LNPre")
+    model = _tl().native(normalization_type="LNPre")
     tokens = random_tokens(17, True, length=9)
     circuit = cm.from_transformer_lens(model, tokens)
-    assert (logits_of(circuit) - tl.logits(model, tokens[:, :-1])).abs().max().item() < TOL
+    assert (logits_of(circuit) - _tl().logits(model, tokens[:, :-1])).abs().max().item() < TOL
     assert torch.equal(circuit.get_unique("a0.ln.w.scale").evaluate(), torch.ones(12))
-
-
-def test_llama3_scaled_rotary_tables_are_the_wrapped_models():
-    """A Llama 3 scaled rotary: the circuit's tables are the Hugging Face model's (TransformerLens 4's
-    cfg does not record the scaling), so it gives the bridge's logits; the plain tables would not."""
-    from test_models_tl_families import llama3
-
-    model = tl.bridge(llama3())
-    tokens = random_tokens(97, True, length=13)
-    ours = logits_of(cm.from_transformer_lens(model, tokens))
-    want = tl.logits(model, tokens[:, :-1])
-    assert (ours - want).abs().max().item() < TOL
-    plain = cm.rope_cos_sin(cm.LlamaConfig(n_layers=1, n_heads=4, d_model=32, d_mlp=1, vocab_size=1), 12)
-    assert (
-        plain[0] - cm.from_transformer_lens(model, tokens).get_unique(names.ROPE_COS).evaluate()
-    ).abs().max() > 1e-3
 
 
 @pytest.mark.parametrize("compat", [False, True], ids=["raw", "compat"])
@@ -428,7 +416,7 @@ def test_llama3_scaled_rotary_tables_are_the_wrapped_models():
 def test_attached_gradients_equal_the_bridge_backward(family, compat):
     """With ``attach=True`` the circuit's arrays are views of the bridge's parameters: the mean loss's
     backward through the circuit fills each parameter's ``.grad`` as the bridge's own backward."""
-    model = tl.bridge(_family_models()[family](), compat)
+    model = _tl().bridge(_family_models()[family](), compat)
     tokens = random_tokens(model.cfg.d_vocab, True, length=9)
     circuit = cm.from_transformer_lens(model, tokens, attach=True)
     cc.evaluate(circuit).mean().backward()
@@ -450,15 +438,15 @@ def test_tl_parameters_with_the_bridge_cfg_equal_the_bridge():
     """``bridge.tl_parameters()`` with ``cfg=bridge.cfg`` (HookedTransformer's layout) builds the bridge's
     circuit for GPT-2's layout; for a rotary model it is refused (its tables are the wrapped model's)."""
     tokens = random_tokens(19, True, length=9)
-    model = tl.bridge(odd_gpt2(), compat=True)
+    model = _tl().bridge(odd_gpt2(), compat=True)
     state = {k: v.detach() for k, v in model.tl_parameters().items()}
     assert cm.from_transformer_lens(state, tokens, cfg=model.cfg) == cm.from_transformer_lens(model, tokens)
-    native = tl.native()
+    native = _tl().native()
     state = {k: v.detach() for k, v in native.tl_parameters().items()}
     assert cm.from_transformer_lens(state, tokens % 17, cfg=native.cfg) == cm.from_transformer_lens(
         native, tokens % 17
     )
-    llama = tl.bridge(odd_llama())
+    llama = _tl().bridge(odd_llama())
     with pytest.raises(
         ModelError, match=r"TransformerLens 4 cfg of a rotary model.*pass the TransformerBridge"
     ):
@@ -467,18 +455,18 @@ def test_tl_parameters_with_the_bridge_cfg_equal_the_bridge():
 
 def test_what_cannot_be_read_is_refused_naming_it():
     tokens = random_tokens(17, True, length=9)
-    model = tl.native()
+    model = _tl().native()
     with pytest.raises(ModelError, match=r"cfg= is given with a TransformerBridge"):
         cm.from_transformer_lens(model, tokens, cfg=model.cfg)
     with pytest.raises(ModelError, match=r"'embed\.weight' is a TransformerBridge state-dict key"):
         cm.from_transformer_lens(model.state_dict(), tokens, family="gpt2")
     with pytest.raises(
-        ModelError, match=r"family='llama' but cfg.original_architecture is 'GPT2LMHeadModel'"
+        ModelError, match=r"family='llama' but the bridge's cfg.architecture is 'TransformerLensNative'"
     ):
         cm.from_transformer_lens(model, tokens, family="llama")
     with pytest.raises(ModelError, match=r"act='relu' but the cfg's act_fn is 'gelu_new'"):
         cm.from_transformer_lens(model, tokens, act="relu")
-    llama = tl.bridge(odd_llama())
+    llama = _tl().bridge(odd_llama())
     with pytest.raises(ModelError, match=r"rotary TransformerBridge's tables need the number of positions"):
         cm.from_transformer_lens(llama, seq_len=0)
 
@@ -501,7 +489,7 @@ def test_what_cannot_be_read_is_refused_naming_it():
     ],
 )
 def test_native_options_the_builder_lacks_are_refused(fields, fragment):
-    model = tl.native(**fields)
+    model = _tl().native(**fields)
     with pytest.raises(ModelError, match=re.escape(fragment)):
         cm.from_transformer_lens(model, random_tokens(17, True, length=9))
 
@@ -513,13 +501,13 @@ def test_unsupported_architectures_and_hugging_face_options_are_refused():
     config = transformers.GPTJConfig(
         n_layer=1, n_head=2, n_embd=8, rotary_dim=4, vocab_size=11, n_positions=16
     )
-    gptj = tl.bridge(transformers.GPTJForCausalLM(config).eval())
+    gptj = _tl().bridge(transformers.GPTJForCausalLM(config).eval())
     with pytest.raises(ModelError, match=r"cfg.architecture 'GPTJForCausalLM' is not supported"):
         cm.from_transformer_lens(gptj, random_tokens(11, True, length=5))
     unscaled = odd_gpt2()
     unscaled.config.scale_attn_weights = False
     with pytest.raises(ModelError, match=r"scale_attn_weights=False"):
-        cm.from_transformer_lens(tl.bridge(unscaled), random_tokens(19, True, length=5))
+        cm.from_transformer_lens(_tl().bridge(unscaled), random_tokens(19, True, length=5))
 
 
 def test_report_measured_diffs():

@@ -32,7 +32,16 @@ from circuits.models.tl_bridge import (
     refuse_bridge_state_dict,
     state_dict_cfg,
 )
-from circuits.models.tl_config import LLAMA_LIKE, STATE_ONLY, cfg_number, check_cfg, family_of, raw, tl_act
+from circuits.models.tl_config import (
+    LLAMA_LIKE,
+    STATE_ONLY,
+    TL_FAMILIES,
+    cfg_number,
+    check_cfg,
+    family_of,
+    raw,
+    tl_act,
+)
 from circuits.models.tl_families import (
     llama_config_from_tl,
     rope_table_keys,
@@ -284,6 +293,11 @@ def _from_bridge(
     """A ``TransformerBridge`` (``tl_bridge.read_bridge``): a wrapped Hugging Face model's builder config is
     its own; the weights are the bridge's, read as a ``HookedTransformer``'s."""
     cfg, attach = reading.cfg, options["attach"]
+    if isinstance(family, str) and family in TL_FAMILIES and family != reading.family:
+        raise ModelError(
+            f"from_transformer_lens: family={family!r} but the bridge's cfg.architecture is "
+            f"{cfg['architecture']!r} (family {reading.family!r})"
+        )
     family = family_of(family, cfg)
     check_cfg(family, cfg, own_tables=True)
     options["causal"] = raw(cfg, "attention_dir", "causal") == "causal" if causal is None else causal
