@@ -13,7 +13,9 @@ approximation: a bridge computes Hugging Face's); state dicts with their cfg for
 (a bridge's rotary tables are its wrapped model's: ``from_transformer_lens`` refuses a rotary model's
 state dict with a TransformerLens 4 cfg); the attention-only model with shortformer positions (no
 TransformerLens 4 model has them: tests/test_points.py checks it against torch); GPT-NeoX's rotated
-queries and keys (TransformerLens 4's GPT-NeoX bridge has no ``hook_rot_q``/``hook_rot_k``).
+queries and keys (TransformerLens 4's GPT-NeoX bridge has no ``hook_rot_q``/``hook_rot_k``) and OPT's
+scores and pattern (its bridge has no ``hook_attn_scores``/``hook_pattern``); exact float64 agreement
+on the rotary families (a bridge runs Hugging Face's eager attention, whose softmax is float32).
 """
 
 from __future__ import annotations
@@ -227,6 +229,11 @@ def tl_point(bridge, cache, tokens, kind, layer, head):
     cfg = bridge.cfg
     group = cfg.n_heads // (cfg.n_key_value_heads or cfg.n_heads)
     block = f"blocks.{layer}."
+    if kind in ("attn_scores", "attn_probs") and block + "attn.hook_pattern" not in cache:
+        return None
+    if kind == "attn_out":  # ours is without the output bias (a Llama's has none)
+        bias = bridge.blocks[layer].attn.b_O
+        return cache[block + "hook_attn_out"] - (0 if bias is None else bias)
     if kind in ("q", "k", "v", "z"):  # ours [b, h, s, c] after the rotation, one per query head
         rotated = cfg.positional_embedding_type == "rotary" and kind in ("q", "k")
         hook = block + f"attn.hook_{'rot_' if rotated else ''}{kind}"
@@ -270,8 +277,9 @@ def test_every_activation_point_equals_transformer_lens(key):
     for variant, found in wanted.items():
         for (kind, layer, head), ours in found.items():
             theirs = tl_point(bridge, cache, tokens, kind, layer, head)
-            if theirs is None:
-                assert key.startswith("neox") and kind in ("q", "k"), (kind, layer)
+            if theirs is None:  # TransformerLens 4 lacks the hook: GPT-NeoX's rotated q and k, OPT's
+                missing = {"q", "k"} if key.startswith("neox") else {"attn_scores", "attn_probs"}
+                assert key.startswith(("neox", "opt")) and kind in missing, (kind, layer)  # scores
                 continue
             if key == "opt" and theirs.shape != ours.shape:  # OPT's layer flattens batch and positions
                 theirs = theirs.reshape(ours.shape)  # before its MLP norm (Hugging Face's OPTDecoderLayer)
@@ -348,7 +356,8 @@ def test_causal_scrubbing_runs_on_the_family(key):
 def test_attached_gradients_equal_transformer_lens_backward(key):
     """With ``attach=True`` the circuit's arrays are views of the bridge's parameters: the mean loss's
     backward through the circuit fills each parameter's ``.grad`` as TransformerLens's own backward,
-    and every parameter gets one (a Hugging Face model has no bias the builder lacks)."""
+    and leaves none the bridge's forward does not use (GPT-NeoX's fused ``qkv``, which the bridge
+    computes with as its split ``q``, ``k``, ``v``)."""
     bridge = tl_from_hf(MODELS[key]())
     tokens = random_tokens(97, True, length=9)
     circuit = cm.from_transformer_lens(bridge, tokens, attach=True)
@@ -357,9 +366,13 @@ def test_attached_gradients_equal_transformer_lens_backward(key):
     bridge.zero_grad(set_to_none=True)
     log_probs = torch.log_softmax(bridge(tokens[:, :-1]), dim=-1)
     (-log_probs.gather(-1, tokens[:, 1:, None])).mean().backward()
+    used = 0
     for name, param in bridge.named_parameters():
-        assert ours[name] is not None and param.grad is not None, name
-        assert (ours[name] - param.grad).abs().max().item() < 1e-5, name
+        assert (ours[name] is None) == (param.grad is None), name
+        if param.grad is not None:
+            assert (ours[name] - param.grad).abs().max().item() < 1e-5, name
+            used += 1
+    assert used > len(ours) * 3 / 4
 
 
 @pytest.mark.parametrize("masked", [True, False])
@@ -416,15 +429,16 @@ def test_llama3_scaled_rotary_uses_the_wrapped_models_tables():
     assert (plain[0] - scaled).abs().max().item() > 1e-3  # the scaling matters at these positions
 
 
-@pytest.mark.parametrize("key", ["llama-gqa", "qwen2", "gemma2"])
-def test_float64_llama_like_equals_transformer_lens_exactly(key):
-    """A float64 bridge's circuit is TransformerLens's forward to float64 rounding (the rotary tables
-    are the wrapped model's, computed as it computes them)."""
-    bridge = tl_from_hf(MODELS[key]().double())
-    tokens = random_tokens(97, True, length=13)
+@pytest.mark.parametrize("masked", [True, False])
+def test_float64_native_model_equals_transformer_lens_exactly(masked):
+    """A float64 native bridge's circuit is TransformerLens's forward to float64 rounding.  (A bridge around
+    a Hugging Face model is not: its eager attention takes the softmax in float32 even in float64 models,
+    so TransformerLens 3's exact float64 agreement on the rotary families has no TransformerLens 4
+    equivalent.)"""
+    bridge = _tl().native(masked, dtype=torch.float64)
+    tokens = torch.randint(0, 17, (3, 9), generator=torch.Generator().manual_seed(1))
     ours = logits_of(cm.from_transformer_lens(bridge, tokens))
     assert ours.dtype == torch.float64
-    MEASURED[f"{key} float64: max |ours - TL|"] = (
-        (ours - tl_logits(bridge, tokens[:, :-1])).abs().max().item()
-    )
-    assert (ours - tl_logits(bridge, tokens[:, :-1])).abs().max().item() < 1e-10
+    theirs = tl_logits(bridge, tokens[:, :-1])
+    MEASURED[f"native float64 masked={masked}: max |ours - TL|"] = (ours - theirs).abs().max().item()
+    assert (ours - theirs).abs().max().item() < 1e-10

@@ -29,7 +29,12 @@ def bridge(model: Any, compat: bool = False, **processing: Any) -> TransformerBr
 
 
 def native(
-    masked: bool = True, seed: int = 0, compat: bool = False, n_layers: int = 2, **fields: Any
+    masked: bool = True,
+    seed: int = 0,
+    compat: bool = False,
+    n_layers: int = 2,
+    dtype: torch.dtype = torch.float32,
+    **fields: Any,
 ) -> TransformerBridge:
     """``boot_native``'s GPT-2 layout at odd dimensions (d_model 12, 3 heads of 4, d_mlp 20, vocab 17),
     every weight then moved by a seeded normal draw (biases and norms too), so wiring mistakes show."""
@@ -45,10 +50,10 @@ def native(
         normalization_type="LN",
         attention_dir="causal" if masked else "bidirectional",
         seed=seed,
-        dtype=torch.float32,
+        dtype=dtype,
         device="cpu",
     )
-    model = boot_native(TransformerBridgeConfig(**dict(options, **fields)))
+    model = boot_native(TransformerBridgeConfig(**dict(options, **fields)), dtype=dtype)
     perturb(model.original_model, seed)
     if compat:
         model.enable_compatibility_mode(disable_warnings=True)
