@@ -1,5 +1,7 @@
 """TransformerLens models as circuits: ``from_transformer_lens(model_or_state_dict, tokens, family=...)``.
 
+TransformerLens 4's ``TransformerBridge`` (compatibility mode or not) is read by ``tl_bridge`` into
+the layout and cfg below, TransformerLens 3's ``HookedTransformer`` and state dicts directly.
 Families (``tl_config.TL_FAMILIES``): ``"gpt2"`` and ``"attn_only"`` from a
 state dict alone (keys: ``TRANSFORMER_LENS_KEYS``), ``"opt"`` (GPT-2's layout,
 ReLU), and, with the model's cfg, the rotary ones: ``"llama"``, ``"qwen2"``,
@@ -227,9 +229,13 @@ def from_transformer_lens(
     attach: bool = False,
     tokenizer: Any = None,
 ) -> Circuit:
-    """A circuit from a TransformerLens ``HookedTransformer``, or its state dict (and ``cfg=``).
+    """A circuit from a TransformerLens 4 ``TransformerBridge``, a TransformerLens 3 ``HookedTransformer``,
+    or a state dict in its layout (and ``cfg=``).
 
-    ``family`` is one of ``tl_config.TL_FAMILIES``; None reads it off the cfg's
+    A bridge (around a Hugging Face model of a family below, or ``boot_native``'s GPT-2 layout; in
+    compatibility mode or not) brings its own cfg: the family is its ``cfg.architecture``'s
+    (``tl_bridge.BRIDGE_FAMILIES``), a wrapped model's config and rotary tables are its own, and
+    ``bridge.tl_parameters()`` is read with ``cfg=bridge.cfg`` for GPT-2's layout.  ``family`` is one of ``tl_config.TL_FAMILIES``; None reads it off the cfg's
     ``original_architecture``.  ``"gpt2"``, ``"attn_only"`` (shortformer
     positions, as the golden file) and ``"opt"`` build from a state dict alone
     (accepted keys: ``TRANSFORMER_LENS_KEYS``), their dimensions read off the
