@@ -435,22 +435,15 @@ def test_attached_gradients_equal_the_bridge_backward(family, compat):
 
 
 def test_tl_parameters_with_the_bridge_cfg_equal_the_bridge():
-    """``bridge.tl_parameters()`` with ``cfg=bridge.cfg`` (HookedTransformer's layout) builds the bridge's
-    circuit for GPT-2's layout; for a rotary model it is refused (its tables are the wrapped model's)."""
-    tokens = random_tokens(19, True, length=9)
-    model = _tl().bridge(odd_gpt2(), compat=True)
-    state = {k: v.detach() for k, v in model.tl_parameters().items()}
-    assert cm.from_transformer_lens(state, tokens, cfg=model.cfg) == cm.from_transformer_lens(model, tokens)
-    native = _tl().native()
+    """A native bridge's ``tl_parameters()`` with ``cfg=bridge.cfg`` (HookedTransformer's layout) build the
+    bridge's circuit; a wrapped model's are refused (its own config holds what the cfg does not)."""
+    tokens = random_tokens(17, True, length=9)
+    native = _tl().native(compat=True)
     state = {k: v.detach() for k, v in native.tl_parameters().items()}
-    assert cm.from_transformer_lens(state, tokens % 17, cfg=native.cfg) == cm.from_transformer_lens(
-        native, tokens % 17
-    )
-    llama = _tl().bridge(odd_llama())
-    with pytest.raises(
-        ModelError, match=r"TransformerLens 4 cfg of a rotary model.*pass the TransformerBridge"
-    ):
-        cm.from_transformer_lens(llama.tl_parameters(), tokens, cfg=llama.cfg)
+    assert cm.from_transformer_lens(state, tokens, cfg=native.cfg) == cm.from_transformer_lens(native, tokens)
+    for model in (_tl().bridge(odd_gpt2()), _tl().bridge(odd_llama())):
+        with pytest.raises(ModelError, match=r"TransformerLens 4 cfg of a wrapped Hugging Face.*pass the"):
+            cm.from_transformer_lens(model.tl_parameters(), tokens, cfg=model.cfg)
 
 
 def test_what_cannot_be_read_is_refused_naming_it():

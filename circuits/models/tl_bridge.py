@@ -109,8 +109,6 @@ def _native_problems(cfg: Any) -> list[str]:
         problems.append(
             f"n_key_value_heads={raw(cfg, 'n_key_value_heads')!r} (the GPT-2 builder has no groups)"
         )
-    if raw(cfg, "rope_scaling") is not None and raw(cfg, "positional_embedding_type") == "rotary":
-        problems.append("rope_scaling")
     return problems
 
 
@@ -154,15 +152,16 @@ def tl3_cfg(cfg: Any, native: bool) -> dict[str, Any]:
 
 
 def state_dict_cfg(cfg: Any) -> dict[str, Any]:
-    """A TransformerLens 4 cfg given with a state dict (``bridge.tl_parameters()``): GPT-2's layout only,
-    as the rotary families' tables are the wrapped model's (pass the bridge) and their grouped keys and
-    values are repeated per head in ``tl_parameters()``."""
+    """A TransformerLens 4 cfg given with a state dict (``bridge.tl_parameters()``): a native model's only,
+    which its cfg describes whole.  A wrapped Hugging Face model's forward also depends on its own
+    config (options TransformerLens 4's cfg does not record: GPT-2's ``scale_attn_weights``, the rotary
+    tables), so the bridge itself is asked for."""
     fields = tl3_cfg(cfg, raw(cfg, "architecture") == "TransformerLensNative")
-    if fields.get("positional_embedding_type") == "rotary":
+    if fields["architecture"] != "TransformerLensNative":
         raise ModelError(
-            f"from_transformer_lens: a state dict with a TransformerLens 4 cfg of a rotary model "
-            f"(cfg.architecture {fields['architecture']!r}) is not read: pass the TransformerBridge, whose "
-            "wrapped model gives the rotary tables"
+            f"from_transformer_lens: a state dict with the TransformerLens 4 cfg of a wrapped Hugging Face "
+            f"model (cfg.architecture {fields['architecture']!r}) is not read: pass the TransformerBridge, "
+            "whose wrapped model's config holds what the cfg does not (attention scaling, rotary tables)"
         )
     return fields
 
