@@ -497,6 +497,10 @@ def test_unsupported_architectures_and_hugging_face_options_are_refused():
     gptj = _tl().bridge(transformers.GPTJForCausalLM(config).eval())
     with pytest.raises(ModelError, match=r"cfg.architecture 'GPTJForCausalLM' is not supported"):
         cm.from_transformer_lens(gptj, random_tokens(11, True, length=5))
+    disagreeing = _tl().bridge(odd_gpt2())
+    disagreeing.cfg.eps = 1e-3  # the bridge's norms would compute with it, the model's config says 1e-5
+    with pytest.raises(ModelError, match=r"disagree: cfg.eps 0.001 but the model's epsilon 1e-05"):
+        cm.from_transformer_lens(disagreeing, random_tokens(19, True, length=5))
     unscaled = odd_gpt2()
     unscaled.config.scale_attn_weights = False
     with pytest.raises(ModelError, match=r"scale_attn_weights=False"):

@@ -33,7 +33,7 @@ from circuits.errors import ModelError, shown
 from circuits.models.hf import config_for
 from circuits.models.hf_llama import hf_rope_tables
 from circuits.models.hf_opt import POSITION_OFFSET
-from circuits.models.tl_config import LLAMA_LIKE, TL_FAMILIES, raw
+from circuits.models.tl_config import LLAMA_LIKE, TL_FAMILIES, cfg_number, raw, tl_act
 
 #: ``cfg.architecture`` of the bridges read -> the ``from_transformer_lens`` family.
 #: ``TransformerLensNative`` (``boot_native``) is GPT-2's layout when its cfg says so.
@@ -238,6 +238,22 @@ def _rope_tables(bridge: Any, cfg: Mapping[str, Any], positions: int | None, dty
     return hf_rope_tables(rotary, positions, dtype)
 
 
+def _check_agreement(fields: Mapping[str, Any], config: Any) -> None:
+    """The bridge's cfg and its wrapped model's config must agree on what both hold (the epsilon, the
+    activation): the bridge's norms compute with the cfg's epsilon, the circuit with the config's."""
+    eps = getattr(config, "rms_eps", getattr(config, "ln_eps", None))
+    problems = []
+    if cfg_number(fields, "eps") != eps:
+        problems.append(f"cfg.eps {fields['eps']!r} but the model's epsilon {eps!r}")
+    if tl_act(fields) != config.act:
+        problems.append(f"cfg.act_fn {fields['act_fn']!r} but the model's activation {config.act!r}")
+    if problems:
+        raise ModelError(
+            f"from_transformer_lens: the TransformerBridge's cfg and its Hugging Face model's config "
+            f"disagree: {'; '.join(problems)}"
+        )
+
+
 class BridgeReading(NamedTuple):
     """A ``TransformerBridge`` as ``from_transformer_lens`` builds it."""
 
@@ -271,6 +287,7 @@ def read_bridge(bridge: Any, positions: int | None) -> BridgeReading:
             f"from_transformer_lens: the bridge's cfg.architecture is {fields['architecture']!r} but its "
             f"Hugging Face model's model_type is {model_type!r}"
         )
+    _check_agreement(fields, config)
     if family == "opt" and "pos_embed.W_pos" in state:  # OPT looks positions up at position + 2
         state["pos_embed.W_pos"] = state["pos_embed.W_pos"][POSITION_OFFSET:]
     rope = None

@@ -235,7 +235,9 @@ def from_transformer_lens(
     A bridge (around a Hugging Face model of a family below, or ``boot_native``'s GPT-2 layout; in
     compatibility mode or not) brings its own cfg: the family is its ``cfg.architecture``'s
     (``tl_bridge.BRIDGE_FAMILIES``), a wrapped model's config and rotary tables are its own, and
-    a native bridge's ``tl_parameters()`` is read with ``cfg=bridge.cfg``.  ``family`` is one of ``tl_config.TL_FAMILIES``; None reads it off the cfg's
+    a native bridge's ``tl_parameters()`` is read with ``cfg=bridge.cfg``.
+
+    Otherwise ``family`` is one of ``tl_config.TL_FAMILIES``; None reads it off the cfg's
     ``original_architecture``.  ``"gpt2"``, ``"attn_only"`` (shortformer
     positions, as the golden file) and ``"opt"`` build from a state dict alone
     (accepted keys: ``TRANSFORMER_LENS_KEYS``), their dimensions read off the
