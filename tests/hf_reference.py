@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from circuits.transformer import names
+from circuits.transformer.points import HEAD_KINDS, point
 
 
 def random_tokens(vocab: int, batched: bool, length: int = 13, seed: int = 1) -> torch.Tensor:
@@ -48,7 +49,7 @@ def check_heads_and_points(model, circuit, tokens, projection, head: int, d_head
     that head's slice of ``projection`` (layer 1's output projection) zeroed; each point of ``kinds``
     finds one node of layer 1 (and of the head, after splitting)."""
     from circuits import experiments as ex
-    from circuits import split_heads
+    from circuits.passes import split_heads
 
     split = split_heads(circuit)
     torch.testing.assert_close(split.evaluate(), circuit.evaluate(), rtol=1e-10, atol=1e-10)
@@ -57,9 +58,9 @@ def check_heads_and_points(model, circuit, tokens, projection, head: int, d_head
     assert (logits_of(ablated) - want).abs().max().item() < 1e-10
     assert (logits_of(circuit) - want).abs().max().item() > 1e-3
     for kind in kinds:
-        assert len(circuit.get(ex.point(kind, 1))) == 1, kind
-        if kind in ex.HEAD_KINDS:
-            assert len(split.get(ex.point(kind, 1, head))) == 1, kind
+        assert len(circuit.get(point(kind, 1))) == 1, kind
+        if kind in HEAD_KINDS:
+            assert len(split.get(point(kind, 1, head))) == 1, kind
 
 
 def check_logits_and_loss(model, circuit, tokens: torch.Tensor, tol: float) -> float:

@@ -174,7 +174,7 @@ def attn_only(dtype: torch.dtype = torch.float32) -> Model:
     for layer in range(attn_only_reference.CONFIG.n_layers):
         heads_out = sum(heads[(layer, h)] for h in range(attn_only_reference.CONFIG.n_heads))
         resid.append(resid[-1] + heads_out)
-    circuit = cc.causal_mask(cm.build_attn_only(attn_only_reference.CONFIG, weights, toks))
+    circuit = cc.passes.causal_mask(cm.build_attn_only(attn_only_reference.CONFIG, weights, toks))
 
     def lens(stream):
         final = attn_only_reference.layer_norm(

@@ -312,7 +312,7 @@ def test_table_by_subtree():
 
 def test_costs_and_comment_together_are_refused():
     x = _array(2, name="x")
-    with pytest.raises(cc.PrintError, match="costs=True"):
+    with pytest.raises(cc.errors.PrintError, match="costs=True"):
         x.repr(costs=True, comment=lambda node: "mine")
 
 

@@ -104,7 +104,7 @@ def test_split_heads_with_split_to_concat_then_patch_one_head(gpt2):
 
     attention = "transformer.h.1.attn.scaled_dot_product_attention"
     names = [f"L1H{h}" for h in range(HEADS)]
-    split = circuit.update(attention, lambda node: cc.split_to_concat(node, 1, 1, names=names))
+    split = circuit.update(attention, lambda node: cc.passes.split_to_concat(node, 1, 1, names=names))
     torch.testing.assert_close(split.evaluate(), circuit.evaluate(), atol=0, rtol=0)
     patched = ex.patch(split, "L1H1", {"input_ids": corrupt})
     torch.testing.assert_close(patched.evaluate(), expected, **TOL)

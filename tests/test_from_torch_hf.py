@@ -10,6 +10,7 @@ transformers = pytest.importorskip("transformers")
 
 import circuits as cc  # noqa: E402
 from circuits import models  # noqa: E402
+from circuits.text.store import TensorStore  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 TOL = dict(atol=1e-5, rtol=1e-5)
@@ -109,7 +110,7 @@ def test_bert_with_attention_mask_equals_hugging_face(tmp_path):
     # they print and parse back, and the circuit read back evaluates the same
     specs = {n.spec.name for n in cc.unique_nodes([circuit]) if isinstance(n, cc.GeneralFunction)}
     assert any(name.startswith("aten.__and__.Tensor(") for name in specs)
-    store = cc.TensorStore(tmp_path / "tensors")
+    store = TensorStore(tmp_path / "tensors")
     back = cc.parse(circuit.repr(store=store), store=store)
     assert back == circuit
     torch.testing.assert_close(back.evaluate(), circuit.evaluate(), atol=0, rtol=0)

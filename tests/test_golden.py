@@ -44,5 +44,5 @@ def test_unloaded_golden_array_fails_only_when_asked(golden_text):
     circuit = cc.parse(golden_text)
     embeds = [n for n in cc.unique_nodes([circuit]) if n.name == "t.w.tok_embeds"][0]
     assert not embeds.is_loaded
-    with pytest.raises(cc.MissingTensorError, match="'t.w.tok_embeds'.*26cf3704c325241f6eb75ce7"):
+    with pytest.raises(cc.errors.MissingTensorError, match="'t.w.tok_embeds'.*26cf3704c325241f6eb75ce7"):
         embeds.tensor()

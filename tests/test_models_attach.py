@@ -141,7 +141,7 @@ def test_an_optimizer_step_makes_an_attached_circuit_stale():
     circuit = cm.from_hf(model, toks, attach=True)
     cc.evaluate(circuit).mean().backward()
     optimizer.step()
-    with pytest.raises(cc.StaleTensorError):
+    with pytest.raises(cc.errors.StaleTensorError):
         cc.evaluate(circuit)
     rebuilt = cc.evaluate(cm.from_hf(model, toks, attach=True)).mean()
     with torch.no_grad():

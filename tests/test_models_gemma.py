@@ -19,9 +19,9 @@ from hf_reference import hf_logits, logits_of, random_tokens, check_heads_and_po
 
 import circuits as cc
 import circuits.models as cm
-from circuits import experiments as ex
 from circuits.transformer import names
 from circuits.errors import ModelError
+from circuits.transformer.points import point
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
@@ -115,7 +115,7 @@ def test_split_heads_and_points_and_a_zeroed_head(monkeypatch):
     model = gemma(2).to(torch.float64)
     tokens = tokens_for(True)
     circuit = cm.from_hf(model, tokens)
-    (embed,) = circuit.get(ex.point("embed"))  # the scaled embeddings: the residual before layer 0
+    (embed,) = circuit.get(point("embed"))  # the scaled embeddings: the residual before layer 0
     assert embed.name == names.TOKEN_EMBEDS and len(embed.children) == 2
     check_heads_and_points(
         model,
@@ -132,7 +132,9 @@ def test_causal_mask_pass_keeps_the_value():
     model = gemma().to(torch.float64)
     tokens = tokens_for(True)
     circuit = cm.from_hf(model, tokens)
-    torch.testing.assert_close(cc.causal_mask(circuit).evaluate(), circuit.evaluate(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        cc.passes.causal_mask(circuit).evaluate(), circuit.evaluate(), rtol=1e-12, atol=1e-12
+    )
 
 
 def test_unsupported_options_name_the_field():

@@ -184,8 +184,8 @@ def test_the_layers_masks_and_the_causal_mask_pass():
     circuit = cm.from_hf(model, tokens_for(True))
     masks = {m.value.sum().item() for m in circuit.get(names.CAUSAL_MASK)}
     assert masks == {12 * 13 / 2, 12 * 13 / 2 - 8 * 9 / 2}  # causal; keys 4 or more back hidden
-    with pytest.raises(cc.PassError, match="already masked Add of 'a.attn_scores_raw'"):
-        cc.causal_mask(circuit)
+    with pytest.raises(cc.errors.PassError, match="already masked Add of 'a.attn_scores_raw'"):
+        cc.passes.causal_mask(circuit)
 
 
 def test_unmasked_scores_are_capped_too():

@@ -154,10 +154,10 @@ def test_causal_mask_pass_with_the_window_keeps_the_value():
     tokens = tokens_for(True)
     circuit = cm.from_hf(model, tokens)
     window = circuit.get_unique(names.CAUSAL_MASK).value
-    remasked = cc.causal_mask(circuit, mask=window)
+    remasked = cc.passes.causal_mask(circuit, mask=window)
     torch.testing.assert_close(remasked.evaluate(), circuit.evaluate(), rtol=1e-12, atol=1e-12)
-    with pytest.raises(cc.PassError, match="not the causal mask"):
-        cc.causal_mask(circuit)
-    plain = cc.causal_mask(circuit, mask=causal_mask_array(12).value)
+    with pytest.raises(cc.errors.PassError, match="not the causal mask"):
+        cc.passes.causal_mask(circuit)
+    plain = cc.passes.causal_mask(circuit, mask=causal_mask_array(12).value)
     assert torch.equal(plain.get_unique(names.CAUSAL_MASK).value, causal_mask_array(12).value)
     assert (plain.evaluate() - circuit.evaluate()).abs().max().item() > 1e-3

@@ -122,7 +122,7 @@ def test_split_heads_causal_mask_and_a_zeroed_head():
     model = neox().to(torch.float64)
     tokens = tokens_for(True)
     circuit = cm.from_hf(model, tokens)
-    remasked = cc.causal_mask(circuit)
+    remasked = cc.passes.causal_mask(circuit)
     torch.testing.assert_close(remasked.evaluate(), circuit.evaluate(), rtol=1e-12, atol=1e-12)
     check_heads_and_points(
         model,

@@ -97,7 +97,9 @@ def test_split_heads_and_points_and_a_zeroed_head():
     model = opt().to(torch.float64)
     tokens = tokens_for(True)
     circuit = cm.from_hf(model, tokens)
-    torch.testing.assert_close(cc.causal_mask(circuit).evaluate(), circuit.evaluate(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        cc.passes.causal_mask(circuit).evaluate(), circuit.evaluate(), rtol=1e-12, atol=1e-12
+    )
     check_heads_and_points(
         model,
         circuit,

@@ -34,6 +34,7 @@ import circuits.models as cm
 from circuits import experiments as ex
 from circuits.transformer import names
 from circuits.errors import ModelError
+from circuits.transformer.points import HEAD_KINDS, POINT_KINDS, point
 
 lens = pytest.importorskip("transformer_lens")
 pytestmark = pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated")
@@ -171,7 +172,7 @@ def test_zero_ablated_head_equals_transformer_lens_hook_z(key):
     hooked = tl_from_hf(model)
     tokens = random_tokens(model.config.vocab_size, True, length=11, seed=2)
     circuit = cm.from_transformer_lens(hooked, tokens)
-    split = cc.split_heads(circuit)
+    split = cc.passes.split_heads(circuit)
     assert (logits_of(split) - logits_of(circuit)).abs().max().item() < 1e-5
     ablated = ex.zero_ablate(split, names.head(1, 2))
 
@@ -343,13 +344,13 @@ def test_every_activation_point_equals_transformer_lens(key):
     wanted = {
         "unsplit": ex.run_with_cache(circuit),
         "split": ex.run_with_cache(
-            cc.split_heads(circuit),
-            [(kind, layer, h) for kind in ex.HEAD_KINDS for layer in range(2) for h in range(heads)],
+            cc.passes.split_heads(circuit),
+            [(kind, layer, h) for kind in HEAD_KINDS for layer in range(2) for h in range(heads)],
         ),
     }
     rotary = hooked.cfg.positional_embedding_type == "rotary"
     lacking = {"head_out"} | ({"pos_embed"} if rotary else set())  # head_out: split circuits only
-    assert {kind for kind, _, _ in wanted["unsplit"]} == set(ex.POINT_KINDS) - lacking
+    assert {kind for kind, _, _ in wanted["unsplit"]} == set(POINT_KINDS) - lacking
     for variant, found in wanted.items():
         for (kind, layer, head), ours in found.items():
             theirs = tl_point(hooked, cache, tokens, kind, layer, head)
@@ -372,7 +373,7 @@ def test_patching_a_point_equals_transformer_lens_hook(key):
     with torch.no_grad():
         _, source = hooked.run_with_cache(corrupted[:, :-1])
     for kind, layer, hook in (("z", 1, "blocks.1.attn.hook_z"), ("mlp_post", 0, "blocks.0.mlp.hook_post")):
-        patched = ex.patch(circuit, ex.point(kind, layer), {names.TOKENS: corrupted})
+        patched = ex.patch(circuit, point(kind, layer), {names.TOKENS: corrupted})
         want = tl_logits(hooked, clean[:, :-1], [(hook, lambda value, hook: source[hook.name])])
         assert (logits_of(patched) - want).abs().max().item() < TOL, kind
         assert (logits_of(circuit) - want).abs().max().item() > 1e-3, kind
@@ -402,7 +403,7 @@ def test_causal_scrubbing_runs_on_the_family(key):
     model = MODELS[key]()
     hooked = tl_from_hf(model)
     tokens = torch.randint(0, model.config.vocab_size, (24, 8), generator=torch.Generator().manual_seed(5))
-    circuit = cc.split_heads(cm.from_transformer_lens(hooked, tokens[:2]))
+    circuit = cc.passes.split_heads(cm.from_transformer_lens(hooked, tokens[:2]))
     values = {}
     for claim in ("all", "none", "head"):
         corr = Correspondence()

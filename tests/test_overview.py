@@ -37,7 +37,7 @@ def test_gpt2_overview_lists_each_layer_with_the_configs_shapes(gpt2):
 
 def test_split_heads_show_as_branches(gpt2):
     _, circuit = gpt2
-    text = overview(cc.split_heads(circuit, layers=[1]))
+    text = overview(cc.passes.split_heads(circuit, layers=[1]))
     assert (
         "attention: 'b1.a' [2,8,16] Add  (4 heads split into 4 branches: head0, head1, head2, head3)" in text
     )

@@ -23,8 +23,9 @@ from hypothesis import strategies as st
 from test_parse_errors import mutated
 
 import circuits as cc
+from circuits.text.store import TensorStore
 
-STORE = cc.TensorStore(Path(tempfile.mkdtemp(prefix="circuits-fuzz-")) / "tensors")
+STORE = TensorStore(Path(tempfile.mkdtemp(prefix="circuits-fuzz-")) / "tensors")
 ROWS = STORE.save(torch.tensor([1, 2, 0], dtype=torch.int64))[:10]
 WEIGHT = STORE.save(torch.arange(12.0).reshape(3, 4))[:24]
 
@@ -110,7 +111,7 @@ def check_parse_or_parse_error(text: str, tensors_as_random: bool) -> None:
         roots = cc.parse_many(
             text, store=STORE, tensors_as_random=tensors_as_random, reference_circuits=[OUTSIDE]
         )
-    except cc.ParseError as error:
+    except cc.errors.ParseError as error:
         if error.line_number is not None:
             assert 1 <= error.line_number <= len(text.split("\n"))
         return

@@ -21,8 +21,8 @@ def parsed(text: str) -> cc.Circuit:
     return circuit
 
 
-def parse_error(text: str) -> cc.ParseError:
-    with pytest.raises(cc.ParseError) as info:
+def parse_error(text: str) -> cc.errors.ParseError:
+    with pytest.raises(cc.errors.ParseError) as info:
         cc.parse(text)
     return info.value
 

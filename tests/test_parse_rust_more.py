@@ -13,22 +13,23 @@ import pytest
 import torch
 
 import circuits as cc
+from circuits.text.store import TensorStore
 
 
 @pytest.fixture
-def store(tmp_path) -> cc.TensorStore:
-    return cc.TensorStore(tmp_path / "tensors")
+def store(tmp_path) -> TensorStore:
+    return TensorStore(tmp_path / "tensors")
 
 
-def parsed(text: str, store: cc.TensorStore | None = None, **options) -> cc.Circuit:
+def parsed(text: str, store: TensorStore | None = None, **options) -> cc.Circuit:
     """Parse, and check that our reprint of it reads back to the same circuit."""
     circuit = cc.parse(text, store=store, **options)
     assert cc.parse(circuit.repr(), store=store) == circuit
     return circuit
 
 
-def parse_error(text: str, store: cc.TensorStore | None = None) -> cc.ParseError:
-    with pytest.raises(cc.ParseError) as info:
+def parse_error(text: str, store: TensorStore | None = None) -> cc.errors.ParseError:
+    with pytest.raises(cc.errors.ParseError) as info:
         cc.parse(text, store=store)
     return info.value
 
@@ -36,7 +37,7 @@ def parse_error(text: str, store: cc.TensorStore | None = None) -> cc.ParseError
 X = torch.arange(6.0)
 
 
-def saved(store: cc.TensorStore, tensor: torch.Tensor) -> str:
+def saved(store: TensorStore, tensor: torch.Tensor) -> str:
     """The hash prefix a printed Array carries for ``tensor``, after saving it."""
     return store.save(tensor)[:24]
 
@@ -168,7 +169,7 @@ def test_tensors_as_random_reads_arrays_by_hash_without_their_tensors():
     w, v = circuit.children
     assert w.shape == (3, 4) and w.value is not None
     assert torch.allclose(circuit.evaluate(), w.evaluate() @ v.evaluate())
-    with pytest.raises(cc.MissingTensorError):
+    with pytest.raises(cc.errors.MissingTensorError):
         cc.parse(text).evaluate()  # without the option, the hash stays a placeholder
 
 
@@ -179,7 +180,7 @@ def test_a_huge_random_array_is_refused_not_allocated():
 
 def test_random_array_needs_its_shape():
     assert "needs its shape" in str(parse_error("'w' Array rand"))
-    with pytest.raises(cc.ParseError, match="needs its shape"):
+    with pytest.raises(cc.errors.ParseError, match="needs its shape"):
         cc.parse("'w' Array 0258c9f34dcbf92d6bc407af", tensors_as_random=True)
 
 

@@ -18,6 +18,7 @@ import circuits.models as cm
 from circuits import experiments as ex
 from circuits.errors import ExperimentError
 from circuits.models.demo_model import load_demo_model, repeated_tokens
+from circuits.transformer.points import point
 
 TOL = 1e-5
 CONFIG = cm.GPT2Config(n_layers=2, n_heads=3, d_model=12, vocab_size=17, n_ctx=16)
@@ -29,7 +30,7 @@ def gpt2() -> cc.Circuit:
 
 
 def demo() -> cc.Circuit:
-    return cc.causal_mask(load_demo_model(repeated_tokens(4, 8)))
+    return cc.passes.causal_mask(load_demo_model(repeated_tokens(4, 8)))
 
 
 def llama() -> cc.Circuit:
@@ -45,7 +46,7 @@ MODELS = {"gpt2": gpt2, "demo": demo, "llama": llama}
 
 
 def logits_at(circuit: cc.Circuit, pos: int) -> torch.Tensor:
-    return circuit.get_unique(ex.point("logits")).evaluate()[:, pos]
+    return circuit.get_unique(point("logits")).evaluate()[:, pos]
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))
@@ -91,7 +92,7 @@ def test_the_embedding_term_by_hand():
     circuit = demo()
     tokens = circuit.get_unique("input_toks_int").evaluate()  # the inputs: the last token is a target
     w = {n: circuit.get_unique(n).evaluate() for n in ("t.w.tok_embeds", "t.w.unembed", "final.ln.w.scale")}
-    scale = circuit.get_unique(ex.point("ln_final_scale")).evaluate()[:, -1]
+    scale = circuit.get_unique(point("ln_final_scale")).evaluate()[:, -1]
     rows = w["t.w.tok_embeds"][tokens[:, -1]]
     centred = rows - rows.mean(-1, keepdim=True)
     expected = (centred * scale[:, None] * w["final.ln.w.scale"]) @ w["t.w.unembed"].T

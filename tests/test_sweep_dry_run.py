@@ -20,7 +20,7 @@ from circuits import experiments as ex
 def split():
     config = cm.GPT2Config(n_layers=2, n_heads=3, d_model=12, vocab_size=17, n_ctx=16)
     tokens = torch.randint(0, 17, (2, 7), generator=torch.Generator().manual_seed(3))
-    return cc.split_heads(cm.build_gpt2(config, cm.gpt2_random_weights(config, seed=1), tokens))
+    return cc.passes.split_heads(cm.build_gpt2(config, cm.gpt2_random_weights(config, seed=1), tokens))
 
 
 def mean(value: torch.Tensor) -> float:

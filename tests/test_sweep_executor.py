@@ -16,7 +16,7 @@ from circuits.models.demo_model import repeated_tokens
 
 @pytest.fixture(scope="module")
 def split():
-    return cc.split_heads(cc.causal_mask(models.load_demo_model(repeated_tokens(2, 8))))
+    return cc.passes.split_heads(cc.passes.causal_mask(models.load_demo_model(repeated_tokens(2, 8))))
 
 
 def _same_table(sharded: ex.SweepResult, local: ex.SweepResult) -> None:
@@ -96,16 +96,16 @@ from circuits import models
 from circuits.models.demo_model import repeated_tokens
 
 torch.set_num_threads(2)  # the parent's thread pool running when the workers fork: what used to hang
-split = cc.split_heads(cc.causal_mask(models.load_demo_model(repeated_tokens(2, 8))))
+split = cc.passes.split_heads(cc.passes.causal_mask(models.load_demo_model(repeated_tokens(2, 8))))
 local = ex.sweep(split, ex.head_names(split), progress=False)
-clean = cc.causal_mask(models.load_demo_model(repeated_tokens(2, 8)))
+clean = cc.passes.causal_mask(models.load_demo_model(repeated_tokens(2, 8)))
 corrupted = repeated_tokens(2, 8, seed=1)
 metric = ex.logit_diff(-1, good=[1, 2], bad=[3, 4])
-local_grid = ex.act_patch_resid_pre(clean, {"toks_int_var": corrupted}, metric)
+local_grid = ex.patching_grids.act_patch_resid_pre(clean, {"toks_int_var": corrupted}, metric)
 fork = multiprocessing.get_context("fork")
 with concurrent.futures.ProcessPoolExecutor(2, mp_context=fork) as pool:
     forked = ex.sweep(split, ex.head_names(split), executor=pool)
-    forked_grid = ex.act_patch_resid_pre(clean, {"toks_int_var": corrupted}, metric, executor=pool)
+    forked_grid = ex.patching_grids.act_patch_resid_pre(clean, {"toks_int_var": corrupted}, metric, executor=pool)
 print(json.dumps({
     "local": dict(local), "forked": dict(forked), "baselines": [local.baseline, forked.baseline],
     "grids": [local_grid.values.tolist(), forked_grid.values.tolist()], "parent_threads": torch.get_num_threads(),

@@ -38,7 +38,7 @@ __all__ = ["PatchRun", "measure_all"]
 
 
 class PatchRun:
-    """Measures patches of the node at ``key`` (a ``(kind, layer, head)`` point) of one circuit.
+    """Measures patches of the node at ``key`` (a ``Point``) of one circuit.
 
     ``clean`` and ``corrupted`` are the model circuit on the clean and on the corrupted inputs;
     ``metric`` a ``Metric`` or a function of the logits tensor ``[B, S, V]``; ``evaluator`` keeps

@@ -25,7 +25,7 @@ from circuits.errors import ExperimentError
 from circuits.evaluation import evaluate_many
 from circuits.experiments import residual
 from circuits.experiments.composition import Compositions, head_of
-from circuits.transformer.points import as_key, resolve_points
+from circuits.transformer.points import as_point, resolve_points
 from circuits.experiments.stream import read_norm
 from circuits.core.nodes import Add, Array, Circuit, Einsum, Index, Scalar, check_node
 from circuits.passes import split_heads
@@ -60,7 +60,7 @@ class _Model:
             keys += [("head_out", layer, head) for head in range(facts.split_heads.get(layer, 0))]
             keys += [("ln1_scale", layer), ("ln1", layer)] if order > 1 and layer > 0 else []
         try:
-            self.points = resolve_points(circuit, [as_key(key) for key in keys])
+            self.points = resolve_points(circuit, keys)
         except ExperimentError as error:
             raise ExperimentError(f"path_terms needs a model circuit the builders make: {error}") from None
         scales = {("ln_final_scale", None, None): self.point("ln_final_scale")}
@@ -71,10 +71,10 @@ class _Model:
         self.scales = dict(zip(scales, (value.detach() for value in evaluate_many(list(scales.values())))))
 
     def point(self, *key) -> Circuit:
-        return self.points[as_key(key)]
+        return self.points[as_point(key)]
 
-    def scale(self, *key) -> torch.Tensor:
-        return self.scales[as_key(key)]
+    def scale(self, kind: str, layer: int | None = None) -> torch.Tensor:
+        return self.scales[(kind, layer, None)]
 
 
 def _position(pos, seq: int) -> int:

@@ -40,7 +40,7 @@ from circuits.transformer.attention import split_heads, unsplit_head_counts
 from circuits.core.traversal import unique_nodes
 from circuits.experiments.tables import records_frame
 
-__all__ = ["SweepPlan", "SweepResult", "head_names", "sweep"]
+__all__ = ["SweepPlan", "SweepResult", "head_names", "sweep", "sweep_plan"]
 
 
 class SweepResult(dict):
@@ -86,7 +86,7 @@ class SweepResult(dict):
 
 @dataclasses.dataclass(frozen=True)
 class SweepPlan:
-    """What a sweep will cost, before it runs (``sweep(..., dry_run=True)``).
+    """What a sweep will cost, before it runs (``sweep_plan``).
 
     ``flops``: FLOPs of every distinct node of the clean circuit and of every ablated one, each
     once, as the planned cache computes it once (more, if ``cache_bytes`` cannot hold what later
@@ -282,13 +282,12 @@ def sweep(
     progress: bool = True,
     executor: concurrent.futures.Executor | None = None,
     shards: int | None = None,
-    dry_run: bool = False,
-) -> SweepResult | SweepPlan:
+) -> SweepResult:
     """Apply ``ablation`` to each target in turn and measure ``metric``; see the module docstring.
 
-    - ``targets``: matcher forms (names such as ``'b3.a.head7'``, Matchers,
-      IterativeMatchers), or a mapping ``{label: matcher}``; the result is
-      keyed by the name (or the label).  A head name of an unsplit layer
+    - ``targets``: matcher forms (names such as ``'b3.a.head7'``, ``Point``s,
+      Matchers, IterativeMatchers), or a mapping ``{label: matcher}``; the
+      result is keyed by the name, the Point (or the label).  A head name of an unsplit layer
       is ablated with that layer split (see the module docstring).
     - ``ablation(circuit, target) -> circuit``: ``zero_ablate`` (default),
       or e.g. ``functools.partial(mean_ablate, dataset_inputs=...,
@@ -313,20 +312,36 @@ def sweep(
       use the first shard's baseline.  A worker forked from this process
       (``ProcessPoolExecutor``'s default on Linux) runs torch on one thread:
       forked, torch's thread pool would hang (``circuits.experiments.workers``).
-    - ``dry_run``: build every circuit, run nothing, and return a ``SweepPlan``: the FLOPs and
-      the peak memory the sweep will need with the cache plan it would use.
+
+    What it will cost before it runs: ``sweep_plan`` with the same arguments.
 
     >>> table = sweep(circuit, head_names(circuit))        # zero each head, mean loss
     >>> table["b0.a.head1"] - table.baseline
     """
     _check_arguments(circuit, ablation, evaluator, cache_bytes, policy)
     items = _targets(targets)
-    if dry_run:
-        return _plan(_circuits(circuit, items, ablation, metric), cache_bytes)
     if executor is not None:
         return _sharded(executor, shards, circuit, items, ablation, metric, evaluator, cache_bytes, policy)
     ev = evaluator if evaluator is not None else Evaluator(cache_bytes)
     return _sweep_items(circuit, items, ablation, metric, ev, policy, progress)
+
+
+def sweep_plan(
+    circuit: Circuit,
+    targets: Iterable[Any] | Mapping[Any, Any],
+    ablation: Callable[[Circuit, Any], Circuit] = zero_ablate,
+    metric: Metric | Callable[[torch.Tensor], Any] = mean_loss,
+    *,
+    cache_bytes: int = DEFAULT_CACHE_BYTES,
+) -> SweepPlan:
+    """What ``sweep`` with these arguments will cost, before it runs: every circuit is built and
+    nothing is evaluated; the ``SweepPlan`` has the FLOPs and the peak memory the sweep will need
+    with the cache plan it would use (``cache_bytes``).
+
+    >>> print(sweep_plan(circuit, head_names(circuit)))   # GFLOP and peak MiB
+    """
+    _check_arguments(circuit, ablation, None, cache_bytes, "planned", "sweep_plan")
+    return _plan(_circuits(circuit, _targets(targets), ablation, metric), cache_bytes)
 
 
 def _circuits(circuit: Circuit, items: list, ablation: Callable, metric: Any) -> list[Circuit]:
@@ -428,16 +443,18 @@ def _sharded(
     return SweepResult(records, baseline, results[0].metric)
 
 
-def _check_arguments(circuit: Any, ablation: Any, evaluator: Any, cache_bytes: Any, policy: Any) -> None:
-    check_node(circuit, "sweep: the circuit", ExperimentError)
+def _check_arguments(
+    circuit: Any, ablation: Any, evaluator: Any, cache_bytes: Any, policy: Any, what: str = "sweep"
+) -> None:
+    check_node(circuit, f"{what}: the circuit", ExperimentError)
     if policy not in ("planned", "lru"):
-        raise ExperimentError(f"sweep: policy {policy!r} is not 'planned' or 'lru'")
-    check_cache_bytes(cache_bytes, "sweep")
+        raise ExperimentError(f"{what}: policy {policy!r} is not 'planned' or 'lru'")
+    check_cache_bytes(cache_bytes, what)
     if evaluator is not None and not isinstance(evaluator, Evaluator):
-        raise ExperimentError(f"sweep: evaluator must be a cc.Evaluator, got {type(evaluator).__name__}")
+        raise ExperimentError(f"{what}: evaluator must be a cc.Evaluator, got {type(evaluator).__name__}")
     if not callable(ablation):
         raise ExperimentError(
-            f"sweep: ablation must be a function (circuit, target) -> circuit, got {ablation!r}"
+            f"{what}: ablation must be a function (circuit, target) -> circuit, got {ablation!r}"
         )
 
 
