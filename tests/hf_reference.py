@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from circuits.transformer import names
-from circuits.transformer.points import HEAD_KINDS, point
+from circuits.transformer.points import HEAD_KINDS, Point
 
 
 def random_tokens(vocab: int, batched: bool, length: int = 13, seed: int = 1) -> torch.Tensor:
@@ -58,9 +58,9 @@ def check_heads_and_points(model, circuit, tokens, projection, head: int, d_head
     assert (logits_of(ablated) - want).abs().max().item() < 1e-10
     assert (logits_of(circuit) - want).abs().max().item() > 1e-3
     for kind in kinds:
-        assert len(circuit.get(point(kind, 1))) == 1, kind
+        assert len(circuit.get(Point(kind, 1))) == 1, kind
         if kind in HEAD_KINDS:
-            assert len(split.get(point(kind, 1, head))) == 1, kind
+            assert len(split.get(Point(kind, 1, head))) == 1, kind
 
 
 def check_logits_and_loss(model, circuit, tokens: torch.Tensor, tol: float) -> float:

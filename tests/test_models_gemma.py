@@ -21,7 +21,7 @@ import circuits as cc
 import circuits.models as cm
 from circuits.transformer import names
 from circuits.errors import ModelError
-from circuits.transformer.points import point
+from circuits.transformer.points import Point
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
@@ -115,7 +115,7 @@ def test_split_heads_and_points_and_a_zeroed_head(monkeypatch):
     model = gemma(2).to(torch.float64)
     tokens = tokens_for(True)
     circuit = cm.from_hf(model, tokens)
-    (embed,) = circuit.get(point("embed"))  # the scaled embeddings: the residual before layer 0
+    (embed,) = circuit.get(Point("embed"))  # the scaled embeddings: the residual before layer 0
     assert embed.name == names.TOKEN_EMBEDS and len(embed.children) == 2
     check_heads_and_points(
         model,

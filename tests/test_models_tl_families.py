@@ -34,7 +34,7 @@ import circuits.models as cm
 from circuits import experiments as ex
 from circuits.transformer import names
 from circuits.errors import ModelError
-from circuits.transformer.points import HEAD_KINDS, POINT_KINDS, point
+from circuits.transformer.points import HEAD_KINDS, POINT_KINDS, Point
 
 lens = pytest.importorskip("transformer_lens")
 pytestmark = pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated")
@@ -373,7 +373,7 @@ def test_patching_a_point_equals_transformer_lens_hook(key):
     with torch.no_grad():
         _, source = hooked.run_with_cache(corrupted[:, :-1])
     for kind, layer, hook in (("z", 1, "blocks.1.attn.hook_z"), ("mlp_post", 0, "blocks.0.mlp.hook_post")):
-        patched = ex.patch(circuit, point(kind, layer), {names.TOKENS: corrupted})
+        patched = ex.patch(circuit, Point(kind, layer), {names.TOKENS: corrupted})
         want = tl_logits(hooked, clean[:, :-1], [(hook, lambda value, hook: source[hook.name])])
         assert (logits_of(patched) - want).abs().max().item() < TOL, kind
         assert (logits_of(circuit) - want).abs().max().item() > 1e-3, kind

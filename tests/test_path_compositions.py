@@ -18,7 +18,7 @@ import circuits as cc
 import circuits.models as cm
 from circuits import experiments as ex
 from circuits.errors import ExperimentError
-from circuits.transformer.points import point
+from circuits.transformer.points import Point
 
 EPS = 1e-5
 
@@ -171,7 +171,7 @@ def test_the_residual_stream_entering_a_layer_as_terms(model, order):
     for layer in (0, 1, 2):  # 2: the final residual stream, the final norm's input
         result = ex.path_terms(circuit, pos=-1, order=order, layer=layer)
         kind = ("resid_pre", layer) if layer < 2 else ("resid_final",)
-        expected = circuit.get_unique(point(*kind)).evaluate()[..., -1, :]
+        expected = circuit.get_unique(Point(*kind)).evaluate()[..., -1, :]
         torch.testing.assert_close(
             result.terms.evaluate(), expected.expand_as(result.terms.evaluate()), atol=TOL, rtol=0
         )

@@ -18,7 +18,7 @@ import circuits.models as cm
 from circuits import experiments as ex
 from circuits.errors import ExperimentError
 from circuits.models.demo_model import load_demo_model, repeated_tokens
-from circuits.transformer.points import point
+from circuits.transformer.points import Point
 
 TOL = 1e-5
 CONFIG = cm.GPT2Config(n_layers=2, n_heads=3, d_model=12, vocab_size=17, n_ctx=16)
@@ -46,7 +46,7 @@ MODELS = {"gpt2": gpt2, "demo": demo, "llama": llama}
 
 
 def logits_at(circuit: cc.Circuit, pos: int) -> torch.Tensor:
-    return circuit.get_unique(point("logits")).evaluate()[:, pos]
+    return circuit.get_unique(Point("logits")).evaluate()[:, pos]
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))
@@ -92,7 +92,7 @@ def test_the_embedding_term_by_hand():
     circuit = demo()
     tokens = circuit.get_unique("input_toks_int").evaluate()  # the inputs: the last token is a target
     w = {n: circuit.get_unique(n).evaluate() for n in ("t.w.tok_embeds", "t.w.unembed", "final.ln.w.scale")}
-    scale = circuit.get_unique(point("ln_final_scale")).evaluate()[:, -1]
+    scale = circuit.get_unique(Point("ln_final_scale")).evaluate()[:, -1]
     rows = w["t.w.tok_embeds"][tokens[:, -1]]
     centred = rows - rows.mean(-1, keepdim=True)
     expected = (centred * scale[:, None] * w["final.ln.w.scale"]) @ w["t.w.unembed"].T

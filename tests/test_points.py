@@ -1,4 +1,4 @@
-"""``point(kind, layer, head)``: one layer's (one head's) node, on every family, split or not, masked or not.
+"""``Point(kind, layer, head)``: one layer's (one head's) node, on every family, split or not, masked or not.
 
 Values are checked against TransformerLens's ``run_with_cache`` on the same weights (GPT-2 and the
 attention-only family, the shipped demo model included) and against a Llama written in torch.
@@ -13,18 +13,18 @@ import circuits as cc
 import circuits.models as cm
 from circuits import experiments as ex
 from circuits.transformer import names, points
-from circuits.transformer.points import HEAD_KINDS, POINT_KINDS, TRANSFORMER_LENS_HOOKS, point
+from circuits.transformer.points import HEAD_KINDS, POINT_KINDS, TRANSFORMER_LENS_HOOKS, Point
 from experiments_reference import attn_only_transformer_lens_state
 
 TOL = 1e-4
 
 
 def _nodes(circuit, kind, layer=None, head=None):
-    return list(circuit.get(point(kind, layer, head)))
+    return list(circuit.get(Point(kind, layer, head)))
 
 
 def _value(circuit, kind, layer=None, head=None):
-    return circuit.get_unique(point(kind, layer, head)).evaluate()
+    return circuit.get_unique(Point(kind, layer, head)).evaluate()
 
 
 def _variants(circuit, family, masked):
@@ -329,17 +329,17 @@ def test_points_in_rewrites_and_patching():
     circuit, _ = _small("gpt2", True, n_layers=2)
     c = cc.passes.split_heads(circuit)
     other = torch.randint(0, 7, (2, 6), generator=torch.Generator().manual_seed(9))
-    patched = ex.patch(c, point("resid_pre", 1), {names.TOKENS: other})
+    patched = ex.patch(c, Point("resid_pre", 1), {names.TOKENS: other})
     source, _ = ex.with_inputs(c, {names.TOKENS: other})
     assert torch.allclose(
-        patched.get_unique(point("resid_pre", 1)).evaluate(), _value(source, "resid_pre", 1)
+        patched.get_unique(Point("resid_pre", 1)).evaluate(), _value(source, "resid_pre", 1)
     )
     # everything above layer 0 comes from the source run, but the targets are the clean ones
     assert torch.allclose(_value(patched, "logits"), _value(source, "logits"))
     targets = circuit.get_unique(names.TARGET_TOKENS).evaluate()
     loss = -_value(source, "log_probs").gather(-1, targets[..., None])[..., 0]
     assert torch.allclose(_value(patched, "loss"), loss, atol=1e-6)
-    zeroed = ex.zero_ablate(c, point("attn_probs", 1, 0))
+    zeroed = ex.zero_ablate(c, Point("attn_probs", 1, 0))
     assert not _value(zeroed, "attn_probs", 1, 0).any()
     assert torch.equal(_value(zeroed, "attn_probs", 1, 1), _value(c, "attn_probs", 1, 1))
     assert torch.equal(_value(zeroed, "attn_probs", 0, 0), _value(c, "attn_probs", 0, 0))
@@ -350,43 +350,43 @@ def test_the_stop_at_match_trick_is_needed():
     circuit, _ = _small("attn_only", False, n_layers=2)
     naive = cc.IterativeMatcher(names.attn_out(1)).then(names.PROBS, stop_at_match=True)
     assert len(circuit.get(naive)) == 2
-    assert len(circuit.get(point("attn_probs", 1))) == 1
+    assert len(circuit.get(Point("attn_probs", 1))) == 1
 
 
 def test_argument_errors():
     with pytest.raises(cc.errors.ExperimentError, match="unknown activation kind 'pattern'.*attn_probs"):
-        point("pattern", 1)
+        Point("pattern", 1)
     with pytest.raises(cc.errors.ExperimentError, match="layer must be an int"):
-        point("q", 1.0)
+        Point("q", 1.0)
     with pytest.raises(cc.errors.ExperimentError, match="layer must be an int"):
-        point("q")
+        Point("q")
     with pytest.raises(cc.errors.ExperimentError, match="layer must be an int"):
-        point("q", True)
+        Point("q", True)
     with pytest.raises(cc.errors.ExperimentError, match="head must be an int"):
-        point("q", 0, "1")
+        Point("q", 0, "1")
     with pytest.raises(cc.errors.ExperimentError, match="'resid_pre' has no heads"):
-        point("resid_pre", 1, 0)
+        Point("resid_pre", 1, 0)
     with pytest.raises(cc.errors.ExperimentError, match="give no layer"):
-        point("logits", 0)
+        Point("logits", 0)
     with pytest.raises(cc.errors.ExperimentError, match="give head="):
-        point("head_out", 0)
+        Point("head_out", 0)
 
 
 def test_head_point_on_unsplit_or_grouped_layers():
     circuit, _ = _small("attn_only", True, n_layers=2)
     with pytest.raises(cc.errors.ExperimentError, match=r"layer 1's heads are not split.*split_heads"):
-        circuit.get(point("attn_probs", 1, 0))
+        circuit.get(Point("attn_probs", 1, 0))
     with pytest.raises(cc.errors.ExperimentError, match="not split"):
-        cc.passes.split_heads(circuit, layers=[0]).get(point("head_out", 1, 0))
-    assert len(cc.passes.split_heads(circuit, layers=[1]).get(point("z", 1, 0))) == 1
+        cc.passes.split_heads(circuit, layers=[0]).get(Point("head_out", 1, 0))
+    assert len(cc.passes.split_heads(circuit, layers=[1]).get(Point("z", 1, 0))) == 1
     grouped = cc.passes.split_heads(circuit, heads=[[0, 1]])
     with pytest.raises(cc.errors.ExperimentError, match="inside the branch 'b1.a.head0-1'"):
-        grouped.get(point("q", 1, 1))
+        grouped.get(Point("q", 1, 1))
     with pytest.raises(
         cc.errors.ExperimentError, match="no head 5; its branches are 'b1.a.head0', 'b1.a.head1'"
     ):
-        cc.passes.split_heads(circuit).get(point("q", 1, 5))
-    assert len(grouped.get(point("q", 1))) == 1  # the group's node
+        cc.passes.split_heads(circuit).get(Point("q", 1, 5))
+    assert len(grouped.get(Point("q", 1))) == 1  # the group's node
 
 
 def test_hooks_table_covers_every_kind():
@@ -396,7 +396,7 @@ def test_hooks_table_covers_every_kind():
 
 def _get_or_error(circuit, key):
     try:
-        return circuit.get(point(*key))
+        return circuit.get(Point(*key))
     except cc.errors.ExperimentError as error:
         return str(error)
 
@@ -443,6 +443,6 @@ def test_patching_a_point_patches_every_use_of_its_node(family):
     for c in _variants(circuit, family, True).values():
         for key in points.resolve_points(c):
             node = points.resolve_points(c, [key])[key]
-            by_point = ex.patch(c, point(*key), other).evaluate()
+            by_point = ex.patch(c, Point(*key), other).evaluate()
             by_node = ex.patch(c, node, other).evaluate()
             assert torch.equal(by_point, by_node), key

@@ -8,7 +8,7 @@ import torch
 import circuits as cc
 from circuits.experiments.activations import run_with_cache
 from circuits.models.gpt2 import GPT2Config, build_gpt2, gpt2_random_weights
-from circuits.transformer.points import point
+from circuits.transformer.points import Point
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def test_every_default_point_equals_its_node_evaluated_alone(gpt2):
     assert {"resid_pre", "attn_probs", "z", "mlp_post", "resid_post", "logits", "loss"} <= kinds
     assert {key[1] for key in cache if key[0] == "attn_probs"} == {0, 1}
     for kind, layer, head in cache:
-        alone = gpt2.get_unique(point(kind, layer, head)).evaluate()
+        alone = gpt2.get_unique(Point(kind, layer, head)).evaluate()
         torch.testing.assert_close(cache[kind, layer, head], alone, rtol=1e-6, atol=1e-6)
     assert cache["attn_probs", 1].shape == (2, 3, 6, 6)  # 7 tokens: 6 inputs
     assert cache["logits"].shape == (2, 6, 17)

@@ -234,7 +234,7 @@ def path_terms(
     writes each head's Q, K and V inputs as sums of named terms, one per source
     (``'path.L1H1.k.L0H2'``: head 0.2 composing into head 1.1's keys); ``order=3`` expands those
     head sources in turn, and so on (``experiments.composition``).  ``layer=L`` expands the
-    residual stream entering layer ``L`` (``point('resid_pre', L)``; ``L = n_layers``: the final
+    residual stream entering layer ``L`` (``Point('resid_pre', L)``; ``L = n_layers``: the final
     residual) at ``pos`` instead of the logits: ``[batch, d_model]`` terms, no norm, no bias term.
     ``tokens`` (vocabulary ids) keeps only those logits, in that order: ``[batch, len(tokens)]``
     terms, each reading only those rows of the unembedding (much cheaper with a large vocabulary).

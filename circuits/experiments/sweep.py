@@ -6,9 +6,9 @@
     table.baseline                          # the metric of the circuit as given
     table.to_pandas().pivot(index="layer", columns="head", values="delta")
 
-Head names work on a circuit whose layers are split (``split_heads``) or
-not: on an unsplit layer, ``'b3.a.head7'`` is ablated in the circuit with
-layer 3 alone split; the values are those of the fully split circuit, up
+Head names and head points work on a circuit whose layers are split
+(``split_heads``) or not: on an unsplit layer, ``'b3.a.head7'`` (or
+``Point('z', 3, 7)``) is ablated in the circuit with layer 3 alone split; the values are those of the fully split circuit, up
 to float rounding in how the heads are summed.  The sweep evaluates the
 clean circuit once, then per target only the nodes whose hash changed; the
 cache admits only the values a later circuit reads, and drops each after
@@ -37,6 +37,7 @@ from circuits.experiments.metrics import Metric, mean_loss
 from circuits.experiments.workers import one_thread_if_forked
 from circuits.core.nodes import Circuit, check_node
 from circuits.transformer.attention import split_heads, unsplit_head_counts
+from circuits.transformer.points import Point
 from circuits.core.traversal import unique_nodes
 from circuits.experiments.tables import records_frame
 
@@ -148,8 +149,8 @@ def _head_splitter(circuit: Circuit) -> Callable[[Any], Circuit]:
     """``base(target)``: the circuit to ablate ``target`` in, with only the target's layer split if need be.
 
     A head name (``'b3.a.head7'``, ``'b3.a.head4-7'``) that names no node
-    of ``circuit`` but a head (or heads) of an unsplit layer gets that
-    layer split, with the named heads as one branch and every other head
+    of ``circuit``, or a head's ``Point`` (``Point('z', 3, 7)``), of an
+    unsplit layer gets that layer split, with the named heads as one branch and every other head
     alone.  Any other target is ablated in ``circuit`` as it is.  Splits are
     made once per layer and grouping, and shared by the targets that need them.
     """
@@ -158,7 +159,7 @@ def _head_splitter(circuit: Circuit) -> Callable[[Any], Circuit]:
     splits: dict[tuple[int, int, int], Circuit] = {}
 
     def base(target: Any) -> Circuit:
-        heads = names.parse_head_group(target) if isinstance(target, str) and target not in present else None
+        heads = _heads_of(target, present)
         if heads is None or heads[0] not in counts:
             return circuit
         layer, first, last = heads
@@ -175,6 +176,13 @@ def _head_splitter(circuit: Circuit) -> Callable[[Any], Circuit]:
     return base
 
 
+def _heads_of(target: Any, present: set) -> tuple[int, int, int] | None:
+    """``(layer, first head, last head)`` a target names: a head name of no node, or a head's Point."""
+    if isinstance(target, Point):
+        return None if target.head is None else (target.layer, target.head, target.head)
+    return names.parse_head_group(target) if isinstance(target, str) and target not in present else None
+
+
 def _label(target: Any) -> Any:
     if isinstance(target, (str, int, tuple)):
         return target
@@ -183,11 +191,11 @@ def _label(target: Any) -> Any:
     return repr(target)
 
 
-def _targets(targets: Any) -> list[tuple[Any, Any]]:
+def _targets(targets: Any, what: str = "sweep") -> list[tuple[Any, Any]]:
     """``[(label, target)]``, refusing what cannot be a collection of targets."""
-    if isinstance(targets, (str, bytes, Circuit)):
+    if isinstance(targets, (str, bytes, Circuit, Point)):
         raise ExperimentError(
-            f"sweep: targets must be a list (or mapping) of targets, got the single {type(targets).__name__} "
+            f"{what}: targets must be a list (or mapping) of targets, got the single {type(targets).__name__} "
             f"{shown(repr(targets))}; write [{shown(repr(targets))}]"
         )
     if isinstance(targets, Mapping):
@@ -197,13 +205,13 @@ def _targets(targets: Any) -> list[tuple[Any, Any]]:
             items = [(_label(t), t) for t in targets]
         except TypeError:
             raise ExperimentError(
-                f"sweep: targets must be a list (or mapping) of targets, got {type(targets).__name__}"
+                f"{what}: targets must be a list (or mapping) of targets, got {type(targets).__name__}"
             ) from None
     counts = collections.Counter(repr(label) for label, _ in items)
     repeated = [label for label, count in counts.items() if count > 1]
     if repeated:
         raise ExperimentError(
-            f"sweep: the targets labelled {', '.join(repeated[:5])} appear more than once; give each target "
+            f"{what}: the targets labelled {', '.join(repeated[:5])} appear more than once; give each target "
             "once, or a mapping {label: target} to tell them apart"
         )
     return items
@@ -341,7 +349,7 @@ def sweep_plan(
     >>> print(sweep_plan(circuit, head_names(circuit)))   # GFLOP and peak MiB
     """
     _check_arguments(circuit, ablation, None, cache_bytes, "planned", "sweep_plan")
-    return _plan(_circuits(circuit, _targets(targets), ablation, metric), cache_bytes)
+    return _plan(_circuits(circuit, _targets(targets, "sweep_plan"), ablation, metric), cache_bytes)
 
 
 def _circuits(circuit: Circuit, items: list, ablation: Callable, metric: Any) -> list[Circuit]:

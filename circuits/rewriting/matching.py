@@ -528,6 +528,12 @@ class IterativeMatcher(_Finding):
         stop_at_match: bool = False,
         term_early_at: Any = None,
     ):
+        registered = matcher_form(matcher)
+        options = (min_depth, max_depth, positions, stop_at_match, term_early_at)
+        if isinstance(registered, IterativeMatcher) and options == (0, None, None, False, None):
+            # a registered form that restricts paths (a head's Point), with no stage options: as it is
+            self._set_stages(registered._stages, registered._following, registered._heads)
+            return
         stage = _Stage(matcher, min_depth, max_depth, positions, stop_at_match, term_early_at)
         self._set_stages((stage,), ((),), (0,))
 
@@ -619,7 +625,7 @@ class IterativeMatcher(_Finding):
         from a root.
         """
         result: IterativeMatcher = self
-        for form in rest:
+        for form in map(matcher_form, rest):
             if not isinstance(form, IterativeMatcher):
                 result = result.then(form, min_depth=1 if must_be_sub else 0)
             else:

@@ -7,8 +7,8 @@ it as a matcher form with ``circuits.rewriting.hints``) and as a key (``run_with
 ``gradients`` points, ``cache[Point("z", 1, 2)]``).  Every spelling of a key resolves through one
 function, ``as_point`` (as TransformerLens's through ``get_act_name``): ``'logits'``,
 ``("attn_probs", 1)`` and ``("z", 1, 2)`` are short spellings of ``Point('logits')``,
-``Point('attn_probs', 1)`` and ``Point('z', 1, 2)``, and ``point(kind, layer, head)`` is
-``Point(kind, layer, head).matcher()``, the matcher itself (to chain: ``.then(...)``, ``|``).
+``Point('attn_probs', 1)`` and ``Point('z', 1, 2)``.  ``Point(...).matcher()`` is the matcher
+itself, for what only a matcher object has (``.then(...)``).
 
 Attention and MLP internals have the same name in every layer (``'a.attn_probs'``, ``'m.act'``;
 see ``circuits.transformer.names``), and a later layer's attention contains the earlier layers below its input
@@ -63,12 +63,11 @@ __all__ = [
     "TRANSFORMER_LENS_HOOKS",
     "Point",
     "as_point",
-    "point",
     "resolve_points",
     "show_key",
 ]
 
-#: Every kind ``point`` takes, in the order of a forward pass (``names.ACTIVATION_KINDS``).
+#: Every kind a ``Point`` takes, in the order of a forward pass (``names.ACTIVATION_KINDS``).
 POINT_KINDS = tuple(names.ACTIVATION_KINDS)
 
 #: The kinds that take a head: the attention internals and ``head_out`` (which needs one).
@@ -179,18 +178,10 @@ class Point(_Fields):
         return spec.start if spec.tail is None else spec.tail(IterativeMatcher(spec.start))
 
 
-def point(kind: str, layer: int | None = None, head: int | None = None) -> PointMatcher:
-    """``Point(kind, layer, head).matcher()``: the matcher itself, to chain (``.then``, ``|``).
-
-    A ``Point`` is accepted wherever a matcher goes; this spelling is for combining it.
-    """
-    return Point(kind, layer, head).matcher()
-
-
 class _Spec(NamedTuple):
     """A point as its stage 0 (a named node of the layer, found by name) and the stages below it.
 
-    ``point`` chains them into one matcher; ``resolve_points`` finds the stage-0 nodes by name
+    ``Point.matcher`` chains them into one matcher; ``resolve_points`` finds the stage-0 nodes by name
     and runs only the tail from each, instead of a walk of the whole circuit per point."""
 
     start: Matcher
@@ -245,10 +236,10 @@ def _stop_at(form) -> Callable[[IterativeMatcher], IterativeMatcher]:
 def _checked(kind, layer, head) -> names.ActivationKind:
     if not isinstance(kind, str) or kind not in names.ACTIVATION_KINDS:
         raise ExperimentError(
-            f"point: unknown activation kind {kind!r}; the kinds are {', '.join(POINT_KINDS)}"
+            f"Point: unknown activation kind {kind!r}; the kinds are {', '.join(POINT_KINDS)}"
         )
     entry = names.ACTIVATION_KINDS[kind]
-    where = f"point({kind!r}, layer={layer!r}, head={head!r})"
+    where = f"Point({kind!r}, layer={layer!r}, head={head!r})"
     if entry.scope == "model":
         if layer is not None:
             raise ExperimentError(f"{where}: {kind!r} is one node for the whole model; give no layer")
@@ -315,13 +306,13 @@ def _check_split(node: Circuit, kind: str, layer: int, head: int) -> None:
     groups = [g for g in groups if g is not None and g[0] == layer]
     if (layer, head, head) in groups:
         return
-    where = f"point({kind!r}, layer={layer}, head={head})"
+    where = f"Point({kind!r}, layer={layer}, head={head})"
     split = f"cc.passes.split_heads(c) (or cc.passes.split_heads(c, layers=[{layer}]))"
     if not groups:
         raise ExperimentError(
             f"{where}: layer {layer}'s heads are not split ({node.name!r} is one {node.kind} over every head), "
             f"so head {head} has no node of its own; split them first: {split}, or take "
-            f"point({kind!r}, layer={layer}) and index head {head} on its head axis"
+            f"Point({kind!r}, layer={layer}) and index head {head} on its head axis"
         )
     within = [names.head(*g) for g in groups if g[1] <= head <= g[2]]
     if within:
