@@ -164,6 +164,11 @@ class Point(_Fields):
         _checked(kind, layer, head)
         return super().__new__(cls, kind, layer, head)
 
+    def __repr__(self) -> str:
+        """As written: ``Point('z', 1, 2)``, ``Point('attn_probs', 1)``, ``Point('logits')``."""
+        parts = [self.kind] if self.layer is None else [self.kind, self.layer]
+        return f"Point({', '.join(map(repr, parts + ([] if self.head is None else [self.head])))})"
+
     def _replace(self, **changes: Any) -> Point:
         """A Point with ``changes`` (checked as a new one is)."""
         return Point(**{**self._asdict(), **changes})
