@@ -1,11 +1,17 @@
 """circuits: transformers as immutable trees of small named nodes.
 
 Build, print, parse, rewrite and evaluate circuits; see README.md.  The root
-holds what a user types daily, grouped by concept below; everything else
-lives in its home, reached as a sub-package (docs/api.md lists them):
-``cc.passes`` (every rewrite pass), ``cc.errors`` (every exception class),
-``cc.experiments`` (ablation, patching, sweeps, caches; ``import circuits.experiments
-as ex``) and ``cc.models`` (builders and loaders).
+holds what a user types daily, by concept: the node classes; function specs
+(``FunctionSpec``, ``register_function``); text and files (``parse``,
+``repr_many``, ``diff``, ``save``, ``load``); evaluation (``evaluate``,
+``Evaluator``); finding and rewriting (``Matcher``, ``IterativeMatcher``,
+``update``, ``replace``, ``substitute``, ``expand``, ...); cost and profile;
+``CircuitError``.  Everything else lives in its home, reached as a
+sub-package (docs/api.md lists them): ``cc.passes`` (every rewrite pass),
+``cc.errors`` (every exception class), ``cc.experiments`` (ablation,
+patching, sweeps, caches; ``from circuits import experiments as ex``) and
+``cc.models`` (builders and loaders).  A name is here only if ``__all__``
+lists it (0.2.0 moved the rest: CHANGELOG.md).
 """
 
 # Nodes: the frozen node classes a circuit is made of.
