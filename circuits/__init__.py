@@ -243,3 +243,8 @@ __all__ += [
 from circuits.text.saving import load, load_many, save  # noqa: E402
 
 __all__ += ["load", "load_many", "save"]
+
+# Print options (issue 29): one frozen object for print, repr and repr_many.
+from circuits.text.print_options import PrintOptions  # noqa: E402
+
+__all__ += ["PrintOptions"]

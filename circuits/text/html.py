@@ -31,7 +31,8 @@ from collections import defaultdict
 from typing import Iterable
 
 from circuits.core.nodes import Circuit
-from circuits.text.printing import NodeText, colour_of, comment_of, quote_name, repr_many
+from circuits.text.print_options import NodeText
+from circuits.text.printing import colour_of, comment_of, quote_name, repr_many
 from circuits.core.shapes import format_shape
 from circuits.core.traversal import unique_nodes
 
