@@ -42,8 +42,8 @@ import statistics
 
 import torch
 import torch.nn.functional as F
-from ablation_sweep import TARGET, retain_freed_memory, timed, tl_model, tl_sweep
-from benchtools import add_gpt2_size_arguments
+from ablation_sweep import TARGET, retain_freed_memory, timed, tl_sweep
+from benchtools import add_gpt2_size_arguments, tl_gpt2_model
 
 
 def fused_weights(model) -> tuple[list[tuple[torch.Tensor, ...]], tuple[torch.Tensor, ...]]:
@@ -118,7 +118,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     retain_freed_memory()
-    model = tl_model(args)
+    model = tl_gpt2_model(args)
     eps = model.cfg.eps
     tokens = torch.randint(
         0, args.vocab, (args.batch, args.seq + 1), generator=torch.Generator().manual_seed(args.seed + 1)

@@ -1,4 +1,4 @@
-"""Shared test fixtures: the golden file lives in ../shared, never copied here.
+"""Shared test fixtures: the golden file (the format's reference, tests/data/attn_only_2l.circ).
 
 Hypothesis profiles, chosen by the environment variable CIRCUITS_HYPOTHESIS_PROFILE:
 ``default`` (random exploration, so every local run tries new examples) and
@@ -18,7 +18,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
-GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "golden" / "attn_only_2l.circ"
+GOLDEN = Path(__file__).resolve().parent / "data" / "attn_only_2l.circ"
 
 settings.register_profile("default", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile(
@@ -40,7 +40,7 @@ def _seed_torch():
 @pytest.fixture(scope="session")
 def golden_text() -> str:
     if not GOLDEN.exists():
-        pytest.fail(f"the golden file is missing: expected it at {GOLDEN} (../shared beside the repo)")
+        pytest.fail(f"the golden file is missing: expected it at {GOLDEN}")
     return GOLDEN.read_text()
 
 

@@ -264,7 +264,7 @@ class _Builder:
         return self.gen_index(x, pool)
 
     def gen_index(self, x, pool):
-        """gen_index_at_D[_batch_x][_no_batch_index][_c], shapes as FORMAT.md states them."""
+        """gen_index_at_D[_batch_x][_no_batch_index][_c], shapes as docs/format.md states them."""
         draw = self.draw
         batch_x, no_batch_index, checked = draw(st.booleans()), draw(st.booleans()), draw(st.booleans())
         if self.evaluable:

@@ -1,7 +1,7 @@
 """Annotated printing: ``traversal=`` cuts the printout where a matcher stops, ``comment=``
 and ``color=`` annotate lines; annotated text parses back to the same circuit.
 
-Expected texts are written by hand from FORMAT.md, not produced by the printer.
+Expected texts are written by hand from docs/format.md, not produced by the printer.
 """
 
 from __future__ import annotations

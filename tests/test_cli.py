@@ -13,7 +13,7 @@ import torch
 import circuits as cc
 from circuits.cli import main
 
-GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "golden" / "attn_only_2l.circ"
+GOLDEN = Path(__file__).resolve().parent / "data" / "attn_only_2l.circ"
 
 
 def _run(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:

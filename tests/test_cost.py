@@ -24,7 +24,7 @@ from circuits.experiments.cost_groups import by_head, by_layer, cost_table
 from circuits.evaluation.costs import format_bytes
 from circuits.evaluation import compile_plan
 
-GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "golden" / "attn_only_2l.circ"
+GOLDEN = Path(__file__).resolve().parent / "data" / "attn_only_2l.circ"
 GOLDEN_DIMS = cm.AttnOnlyConfig(n_layers=2, n_heads=8, d_model=256, d_head=32, vocab_size=50259, n_ctx=2048)
 
 

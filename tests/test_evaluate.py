@@ -302,7 +302,7 @@ def test_registered_function(name, dtype, data, seed):
 
 
 def gen_index_by_loops(x, index, dim, batch_x, batch_index):
-    """FORMAT.md's gen_index rules written as loops over every output position."""
+    """docs/format.md's gen_index rules written as loops over every output position."""
     if batch_x:
         batch = index.shape if batch_index else index.shape[:-1]
     else:

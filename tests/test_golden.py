@@ -1,10 +1,16 @@
-"""The reference file of FORMAT.md reads and reprints byte for byte."""
+"""The reference file of docs/format.md reads and reprints byte for byte."""
 
 from __future__ import annotations
+
+import hashlib
+from pathlib import Path
 
 import pytest
 
 import circuits as cc
+
+# sha256 of the reference file as the format's stewards published it
+REFERENCE_SHA256 = "a8abdc87eaf9ec577e74a6deca9f5288f9916167780a6da84c8a30d68aeb85f3"
 
 
 def test_golden_round_trip_is_byte_identical(golden_text):
@@ -46,3 +52,14 @@ def test_unloaded_golden_array_fails_only_when_asked(golden_text):
     assert not embeds.is_loaded
     with pytest.raises(cc.MissingTensorError, match="'t.w.tok_embeds'.*26cf3704c325241f6eb75ce7"):
         embeds.tensor()
+
+
+def test_the_reference_file_is_the_specified_bytes():
+    """tests/data/attn_only_2l.circ is the format's reference as published, byte for byte.
+
+    The round trip above would still pass on a file edited consistently (a hash or a name changed,
+    a newline added at the end, line endings converted on checkout), so its digest is pinned here.
+    """
+    data = (Path(__file__).resolve().parent / "data" / "attn_only_2l.circ").read_bytes()
+    assert b"\r" not in data and not data.endswith(b"\n")
+    assert hashlib.sha256(data).hexdigest() == REFERENCE_SHA256

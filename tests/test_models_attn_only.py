@@ -14,7 +14,7 @@ import circuits as cc
 import circuits.models as cm
 from experiments_reference import attn_only_transformer_lens_state
 
-GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "golden" / "attn_only_2l.circ"
+GOLDEN = Path(__file__).resolve().parent / "data" / "attn_only_2l.circ"
 GOLDEN_DIMS = cm.AttnOnlyConfig(n_layers=2, n_heads=8, d_model=256, d_head=32, vocab_size=50259, n_ctx=2048)
 SMALL = cm.AttnOnlyConfig(n_layers=2, n_heads=3, d_model=12, d_head=4, vocab_size=23, n_ctx=16)
 

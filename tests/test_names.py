@@ -88,7 +88,7 @@ def test_fixed_names_parse_as_themselves():
 
 
 def test_the_builders_spellings_are_unchanged():
-    """The names of ../shared/golden/attn_only_2l.circ, spelled out once, here."""
+    """The names of tests/data/attn_only_2l.circ, spelled out once, here."""
     assert names.head(3, 7) == "b3.a.head7" and names.head(2, 4, 7) == "b2.a.head4-7"
     assert names.head_weight(names.attn_weight(3, "q"), 7) == "a3.w.q.head7"
     assert [names.block(1), names.attn_out(1), names.resid_mid(1), names.mlp_out(1)] == [

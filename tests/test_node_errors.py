@@ -532,13 +532,13 @@ def test_a_node_shared_many_times_is_one_distinct_node():
 @pytest.mark.parametrize(
     "spec, x, index, expected",
     [
-        # FORMAT.md: embedding lookup, the index's axes come first
+        # docs/format.md: embedding lookup, the index's axes come first
         ("gen_index_at_0_c", (7, 5), (3,), (3, 5)),
         ("gen_index_at_0_c", (7, 5), (2, 3), (2, 3, 5)),
         ("gen_index_at_1", (2, 7, 5), (3,), (3, 2, 5)),
         ("gen_index_at_-1", (2, 7), (3,), (3, 2)),
         ("gen_index_at_0", (7,), (), ()),
-        # FORMAT.md: log_probs[S,V] with toks[S] gives [S]
+        # docs/format.md: log_probs[S,V] with toks[S] gives [S]
         ("gen_index_at_0_batch_x_c", (3, 7), (3,), (3,)),
         # _batch_x: D counts within x's remaining axes
         ("gen_index_at_1_batch_x", (3, 2, 7), (3,), (3, 2)),

@@ -1,4 +1,4 @@
-"""Malformed text raises ParseError at the right line; what FORMAT.md allows parses.
+"""Malformed text raises ParseError at the right line; what docs/format.md allows parses.
 
 Every text here is written by hand; the expected line numbers are counted
 by hand (1-based, blank and comment lines included).
@@ -17,8 +17,8 @@ import circuits as cc
 
 # the same path as conftest.GOLDEN; read at import because hypothesis tests
 # cannot take function-scoped fixtures
-GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "golden" / "attn_only_2l.circ"
-GOLDEN_TEXT = GOLDEN.read_text() if GOLDEN.exists() else None
+GOLDEN = Path(__file__).resolve().parent / "data" / "attn_only_2l.circ"
+GOLDEN_TEXT = GOLDEN.read_text()
 
 X = "  'x' [3,4] Symbol"  # a child line used by several cases
 
@@ -158,7 +158,6 @@ def test_empty_text_and_wrong_types():
             cc.parse_many(value)
 
 
-@pytest.mark.skipif(GOLDEN_TEXT is None, reason="needs ../shared/golden")
 @pytest.mark.parametrize("line_number", [2, 100, 300, 484])
 def test_error_deep_in_the_golden_file_is_located(line_number):
     lines = GOLDEN_TEXT.split("\n")
@@ -170,7 +169,6 @@ def test_error_deep_in_the_golden_file_is_located(line_number):
     assert info.value.line_number == line_number
 
 
-@pytest.mark.skipif(GOLDEN_TEXT is None, reason="needs ../shared/golden")
 def test_wrong_shape_in_the_golden_file_is_located():
     lines = GOLDEN_TEXT.split("\n")
     # the first Index line of the golden file; bump its first size by one
@@ -373,9 +371,8 @@ def test_fuzzed_small_circuits_parse_or_raise_parse_error(text):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(GOLDEN_TEXT is None, reason="needs ../shared/golden")
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(mutated([GOLDEN_TEXT or ""]))
+@given(mutated([GOLDEN_TEXT]))
 def test_fuzzed_golden_text_parses_or_raises_parse_error(text):
     check_parse_or_parse_error(text)
 

@@ -2,7 +2,7 @@
 
 The circuits come from tests/strategies.py (DAGs that share subtrees,
 reuse names on distinct nodes, and check each op's shape by hand); the
-printed text is checked line by line against FORMAT.md's rules with a
+printed text is checked line by line against docs/format.md's rules with a
 tokenizer written in this file; and parsed circuits are compared with an
 independent structural walk as well as with ``==``.
 """
@@ -94,7 +94,7 @@ def unescape(text: str) -> str:
 
 
 def check_text_against_format(roots, text, shapes=False, serials=False):
-    """Walk the roots as FORMAT.md describes and compare with the text line by line."""
+    """Walk the roots as docs/format.md describes and compare with the text line by line."""
     keys = structural_keys(roots)
     names_of = {}
     for node_key in set(keys.values()):

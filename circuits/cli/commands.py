@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
         "weights, convert them attached (circuits.models.from_hf(..., attach=True)), backpropagate the mean "
         "next-token loss through the circuit and through the model, and print each parameter's max absolute "
         "and relative gradient difference. Exit status 1 if any parameter misses its target (float64: "
-        "1e-9 absolute, float32: 1e-5 relative). Needs transformers (pip install 'circuits[hf]').",
+        "1e-9 absolute, float32: 1e-5 relative). Needs transformers (pip install 'circuits-interp[hf]').",
     )
     _parity_module().add_arguments(parity)
     parity.set_defaults(run=lambda args: _parity_module().run(args))
@@ -285,7 +285,7 @@ def _version() -> str:
     try:
         from importlib.metadata import version
 
-        return version("circuits")
+        return version("circuits-interp")  # the distribution's name (pyproject.toml), not the import name
     except Exception:
         return "unknown"
 

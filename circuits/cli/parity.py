@@ -119,7 +119,7 @@ def _transformers():
         import transformers
     except ImportError as error:
         raise ModelError(
-            f"gradient parity needs transformers (pip install 'circuits[hf]'): {error}"
+            f"gradient parity needs transformers (pip install 'circuits-interp[hf]'): {error}"
         ) from error
     transformers.logging.set_verbosity_error()
     return transformers

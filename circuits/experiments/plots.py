@@ -22,7 +22,7 @@ def _pyplot():
         import matplotlib.pyplot as plt
     except ImportError:
         raise ExperimentError(
-            "plotting needs matplotlib: pip install 'circuits[notebooks]' (or matplotlib)"
+            "plotting needs matplotlib: pip install 'circuits-interp[notebooks]' (or matplotlib)"
         ) from None
     return plt
 

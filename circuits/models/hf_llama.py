@@ -275,7 +275,7 @@ def rope_from_transformers(config_dict: Mapping[str, Any], seq_len: int, dtype: 
     except ImportError as error:
         raise ModelError(
             f"this {FAMILY_NAMES[model_type]} checkpoint uses the {rope_type(config_dict)!r} rotary variant, "
-            f"which is computed with transformers; install it (pip install 'circuits[hf]'): {error}"
+            f"which is computed with transformers; install it (pip install 'circuits-interp[hf]'): {error}"
         ) from error
     try:
         fields = {k: v for k, v in config_dict.items() if k not in ("architectures", "model_type")}
