@@ -304,7 +304,7 @@ def test_a_field_an_entry_point_cannot_honour_is_refused_by_name(checkpoint):
         with pytest.raises(cm.ModelError) as info:
             call()
         assert info.value.field == field
-        assert "does not take it" in str(info.value)
+        assert f"does not take option {field!r}" in str(info.value)
     # the default value of a field it does not take is no error
     assert cm.load_hf_checkpoint(
         checkpoint, tokens(), cm.ModelOptions(attach=False)

@@ -238,16 +238,18 @@ def takes_model_options(not_taken: Mapping[str, str] | None = None) -> Callable[
 def _refuse_unknown(
     where: str, unknown: list[str], accepted: list[str], not_taken: Mapping[str, str]
 ) -> None:
-    """A ModelError naming the first of ``unknown`` (with why, if the entry point does not take it)."""
+    """A ModelError naming the first of ``unknown``: a field the entry point does not take (and
+    why), or an option it does not know (and the closest it does)."""
     if not unknown:
         return
-    name = unknown[0]
+    name, listing = unknown[0], ", ".join(accepted)
     if name in not_taken:
-        why = f" ({where} does not take it: {not_taken[name]})"
-    else:
-        close = difflib.get_close_matches(name, accepted, n=1)
-        why = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ModelError(
+            f"{where} does not take option {name!r}: {not_taken[name]}; accepted: {listing}", name
+        )
+    close = difflib.get_close_matches(name, accepted, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
     raise ModelError(
-        f"{where}: unknown option {', '.join(repr(shown(k)) for k in unknown)}{why}; accepted: {', '.join(accepted)}",
+        f"{where}: unknown option {', '.join(repr(shown(k)) for k in unknown)}{hint}; accepted: {listing}",
         name,
     )
