@@ -39,6 +39,7 @@ from circuits.core.functions import FunctionSpec, register_function
 # Text and files: FORMAT.md text read and written, what a rewrite changed, save/load.
 from circuits.text.parsing import parse, parse_many
 from circuits.text.printing import repr_many
+from circuits.text.print_options import PrintOptions
 from circuits.text.diff import circuit_diff, diff
 from circuits.text.saving import load, load_many, save
 
@@ -86,6 +87,7 @@ __all__ = [
     "FunctionSpec",
     "register_function",
     # Text and files
+    "PrintOptions",
     "circuit_diff",
     "diff",
     "load",

@@ -171,7 +171,12 @@ class ExpandError(RewriteError):
 class ModelError(CircuitError, ValueError):
     """A model that cannot be built or loaded: an unknown architecture or
     config option, or weights that are missing, unexpected or misshapen
-    (the message lists what was expected)."""
+    (the message lists what was expected).  ``field`` names the build option
+    at fault (``"causal"``, ``"options"``, ...), or is None."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 class PassError(CircuitError, ValueError):
@@ -205,7 +210,12 @@ class MissingPointError(CircuitError, KeyError):
 class PrintError(CircuitError, ValueError):
     """A printing or diff option that cannot be used: an unknown colour name or
     diff view, or a comment or colour function that returned something other
-    than text (the message names the node)."""
+    than text (the message names the node).  ``field`` names the print option
+    at fault (``"depth"``, ``"options"``, ...), or is None."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 class CausalScrubbingError(CircuitError, ValueError):

@@ -22,7 +22,9 @@ def test_golden_rebuild_from_the_builder(golden_text):
     )
     weights = models.attn_only_random_weights(config, seed=1)
     tokens = torch.randint(0, config.vocab_size, (302,), generator=torch.Generator().manual_seed(2))
-    unsplit = models.build_attn_only(config, weights, tokens, convention="golden")
+    unsplit = models.build_attn_only(
+        config, weights, tokens, convention="golden", causal=False
+    )  # the pass masks
     rebuilt = split_heads(causal_mask(unsplit)).repr()
     assert HEX.sub("Array X", rebuilt).split("\n") == HEX.sub("Array X", golden_text).split("\n")
 
@@ -36,7 +38,7 @@ def small_model(seed: int = 0, batch: int | None = None):
     weights = models.attn_only_random_weights(SMALL, seed=seed, dtype=torch.float64)
     shape = (7,) if batch is None else (batch, 7)
     tokens = torch.randint(0, SMALL.vocab_size, shape, generator=torch.Generator().manual_seed(seed))
-    return weights, tokens, models.build_attn_only(SMALL, weights, tokens)
+    return weights, tokens, models.build_attn_only(SMALL, weights, tokens, causal=False)  # the passes mask it
 
 
 def layer_norm(x, scale, bias, eps=1e-5):

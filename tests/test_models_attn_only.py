@@ -78,7 +78,8 @@ def _subtree(lines: list[str], name: str) -> list[str]:
 def golden_build() -> cc.Circuit:
     weights = cm.attn_only_random_weights(GOLDEN_DIMS, seed=1)
     tokens = torch.randint(0, GOLDEN_DIMS.vocab_size, (302,), generator=torch.Generator().manual_seed(0))
-    return cm.build_attn_only(GOLDEN_DIMS, weights, tokens, convention="golden")
+    # the golden file is the unmasked build (the masks are written by cc.causal_mask): causal=False
+    return cm.build_attn_only(GOLDEN_DIMS, weights, tokens, convention="golden", causal=False)
 
 
 def test_golden_skeleton_matches_outside_attention(golden_build):

@@ -447,22 +447,27 @@ def test_attached_gradients_equal_transformer_lens_backward(key):
 @pytest.mark.parametrize("masked", [True, False])
 def test_attn_only_model_family_and_mask_from_its_cfg(masked):
     """TransformerLens's attention-only model (no architecture: ``attn_only`` with shortformer positions)
-    reads as family ``attn_only``, masked as its ``attention_dir`` says; a cfg naming no family is refused."""
+    reads as family ``attn_only``, masked as its ``attention_dir`` says (a bidirectional one asks for
+    ``causal=False``: True is the default); a cfg naming no family is refused."""
     from test_points import tl_model
 
     model = tl_model("attn_only", masked)
     tokens = torch.randint(0, 17, (3, 9), generator=torch.Generator().manual_seed(1))
-    ours = logits_of(cm.from_transformer_lens(model, tokens))
+    ours = logits_of(cm.from_transformer_lens(model, tokens, causal=masked))
     assert (ours - tl_logits(model, tokens[:, :-1])).abs().max().item() < TOL
     gpt2_like = tl_model("gpt2", masked)  # a custom cfg: no original_architecture
     with pytest.raises(ModelError, match=r"original_architecture None is not a supported family"):
         cm.from_transformer_lens(gpt2_like, tokens)
     state = gpt2_like.state_dict()
-    ours = logits_of(cm.from_transformer_lens(gpt2_like, tokens, family="gpt2"))
+    ours = logits_of(cm.from_transformer_lens(gpt2_like, tokens, family="gpt2", causal=masked))
     assert (ours - tl_logits(gpt2_like, tokens[:, :-1])).abs().max().item() < TOL
     assert cm.from_transformer_lens(state, tokens, family="gpt2", causal=masked) == cm.from_transformer_lens(
-        gpt2_like, tokens, family="gpt2"
+        gpt2_like, tokens, family="gpt2", causal=masked
     )
+    if not masked:  # the default (causal) is refused for a bidirectional cfg, by name
+        with pytest.raises(ModelError) as info:
+            cm.from_transformer_lens(model, tokens)
+        assert info.value.field == "causal"
 
 
 def llama3(seed: int = 0):
