@@ -13,6 +13,7 @@ import importlib.util
 import math
 from pathlib import Path
 
+import factories
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -171,15 +172,14 @@ def test_a_view_keeps_its_base_alive():
 def _gpt2(n_embd: int, seq: int, batch: int, n_layer: int = 2):
     transformers = pytest.importorskip("transformers")
     transformers.logging.set_verbosity_error()
-    config = transformers.GPT2Config(
+    model = factories.gpt2(
+        seed=None,
         n_layer=n_layer,
-        n_head=4,
         n_embd=n_embd,
         vocab_size=101,
         n_positions=256,
         attn_implementation="eager",  # attention as matmuls, which the flop counter sees (not fused SDPA)
     )
-    model = transformers.GPT2LMHeadModel(config).eval()
     tokens = torch.randint(0, 101, (batch, seq))
     return model, tokens, cm.from_hf(model, tokens)
 

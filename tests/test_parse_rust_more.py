@@ -13,24 +13,12 @@ import pytest
 import torch
 
 import circuits as cc
+from parse_helpers import parse_error, parsed
 
 
 @pytest.fixture
 def store(tmp_path) -> cc.TensorStore:
     return cc.TensorStore(tmp_path / "tensors")
-
-
-def parsed(text: str, store: cc.TensorStore | None = None, **options) -> cc.Circuit:
-    """Parse, and check that our reprint of it reads back to the same circuit."""
-    circuit = cc.parse(text, store=store, **options)
-    assert cc.parse(circuit.repr(), store=store) == circuit
-    return circuit
-
-
-def parse_error(text: str, store: cc.TensorStore | None = None) -> cc.ParseError:
-    with pytest.raises(cc.ParseError) as info:
-        cc.parse(text, store=store)
-    return info.value
 
 
 X = torch.arange(6.0)
