@@ -1,5 +1,6 @@
 """What the tests of the Hugging Face model families share: random token rows, the model's own
-logits (the independent reference), and the circuit's logits node."""
+logits (the independent reference, in float64 without Hugging Face's float32 round trips), and
+the circuit's logits node."""
 
 from __future__ import annotations
 

@@ -203,8 +203,8 @@ def test_an_imported_gpt2s_gelu_counts_its_pow():
     is an aten function, one ``pow`` per element of each layer's MLP input, none of unknown cost."""
     transformers = pytest.importorskip("transformers")
     transformers.logging.set_verbosity_error()
-    config = transformers.GPT2Config(n_layer=2, n_head=3, n_embd=15, vocab_size=41, n_positions=19)
-    model = transformers.GPT2LMHeadModel(config).eval()
+    model = factories.gpt2(seed=None, n_head=3, n_embd=15, vocab_size=41, n_positions=19)
+    config = model.config
     circuit = cm.from_torch(model, (torch.randint(0, 41, (2, 7)),))
     result = cc.cost(circuit)
     assert result.total.flops["pow"] == config.n_layer * 2 * 7 * 4 * config.n_embd
