@@ -59,7 +59,7 @@ def raises_model_error(call, *fragments, cause=None):
 # ------------------------------------------------------------------ tokens
 
 
-@pytest.mark.parametrize("make", [gpt2, llama])
+@pytest.mark.parametrize("make", [gpt2, llama], ids=["gpt2", "llama"])
 def test_tokens_are_copied(make):
     model, t = make(), tokens()
     circuit = cm.from_hf(model, t)
