@@ -19,7 +19,8 @@ import experiments_reference as reference
 from circuits.errors import ExperimentError
 from circuits.experiments.activations import run_with_cache
 from circuits.experiments.logit_attribution import direct_logit_attribution, logit_lens
-from test_points import LLAMA, llama_reference, tl_model
+from factories import tl_model
+from test_points import LLAMA, llama_reference
 
 TOL = 1e-4  # against TransformerLens and torch
 SUM_TOL = 1e-5  # components against the circuit's own logit (difference)

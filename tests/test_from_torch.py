@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import factories
 import pytest
 import torch
 
@@ -200,8 +201,7 @@ def test_aten_names_refuse_what_is_not_an_aten_call():
 def gpt2_import():
     transformers = pytest.importorskip("transformers")
     transformers.logging.set_verbosity_error()
-    config = transformers.GPT2Config(n_layer=2, n_embd=15, n_head=3, vocab_size=41, n_positions=19)
-    model = transformers.GPT2LMHeadModel(config).eval()
+    model = factories.gpt2(seed=None, n_embd=15, n_head=3, vocab_size=41, n_positions=19)
     tokens = torch.randint(0, 41, (2, 7), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         expected = model(tokens).logits

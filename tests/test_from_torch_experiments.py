@@ -7,6 +7,7 @@ slice of the output projection's input zeroed), as a user of hooks would do it.
 
 from __future__ import annotations
 
+import factories
 import pytest
 import torch
 
@@ -23,11 +24,7 @@ HEADS, D_HEAD = 3, 5
 
 @pytest.fixture(scope="module")
 def gpt2():
-    config = transformers.GPT2Config(
-        n_layer=2, n_embd=HEADS * D_HEAD, n_head=HEADS, vocab_size=41, n_positions=19
-    )
-    torch.manual_seed(11)
-    model = transformers.GPT2LMHeadModel(config).eval()
+    model = factories.gpt2(seed=11, n_embd=HEADS * D_HEAD, n_head=HEADS, vocab_size=41, n_positions=19)
     generator = torch.Generator().manual_seed(4)
     clean = torch.randint(0, 41, (2, 7), generator=generator)
     corrupt = torch.randint(0, 41, (2, 7), generator=generator)

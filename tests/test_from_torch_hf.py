@@ -3,6 +3,7 @@ weights: the imported circuit's value against the model's own forward (float32, 
 
 from __future__ import annotations
 
+import factories
 import pytest
 import torch
 
@@ -30,10 +31,15 @@ def _randomized(model):
 
 
 def gpt2(attn_implementation: str = "sdpa"):
-    config = transformers.GPT2Config(
-        n_layer=2, n_embd=15, n_head=3, vocab_size=41, n_positions=19, attn_implementation=attn_implementation
+    return factories.gpt2(
+        seed=None,
+        perturb=_randomized,
+        n_embd=15,
+        n_head=3,
+        vocab_size=41,
+        n_positions=19,
+        attn_implementation=attn_implementation,
     )
-    return _randomized(transformers.GPT2LMHeadModel(config))
 
 
 @pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])

@@ -19,7 +19,7 @@ from circuits.experiments.gradients import gradients
 from circuits.experiments.metrics import logit_diff
 
 import experiments_reference as ref
-from test_points import tl_model
+from factories import tl_model
 
 TOL = 1e-4
 GOOD, BAD = [3, 5, 7], [2, 11, 4]

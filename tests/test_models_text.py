@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import factories
 import pytest
 import torch
 
@@ -51,9 +52,7 @@ def test_builders_accept_text_with_a_tokenizer(tokenizer):
 
 
 def test_loaders_accept_text_with_a_tokenizer(tokenizer):
-    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=len(WORDS), n_positions=8)
-    torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(config).eval()
+    model = factories.gpt2(n_layer=1, n_head=2, n_embd=8, vocab_size=len(WORDS), n_positions=8)
     circuit = models.from_hf(model, ["the cat sat", "a dog ran"], tokenizer=tokenizer, convention="prompt")
     with torch.no_grad():
         expected = model(models.to_tokens(tokenizer, ["the cat sat", "a dog ran"])).logits

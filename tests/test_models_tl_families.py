@@ -1,7 +1,7 @@
 """``from_transformer_lens`` for the rotary families, OPT and GPT-2, against TransformerLens's own forward.
 
 Nothing is downloaded: each family's random-weight Hugging Face model comes from an odd-dimension
-config (the family test modules' factories), and TransformerLens's ``HookedTransformer`` is built
+config (tests/factories.py), and TransformerLens's ``HookedTransformer`` is built
 offline from it as ``from_pretrained_no_processing`` would: the ``HookedTransformerConfig`` from
 TransformerLens's own ``convert_hf_model_config`` (reading a ``config.json`` written to a temporary
 directory) or, for the Gemmas, whose configs TransformerLens hard-codes per model name, from a copy
@@ -17,17 +17,13 @@ import math
 import pathlib
 import tempfile
 
+import factories
 import pytest
 import torch
 from hf_reference import hf_logits, logits_of, random_tokens
-from test_models_gemma import gemma
-from test_models_gemma2 import WINDOW as GEMMA2_WINDOW
-from test_models_gemma2 import gemma2
-from test_models_hf import gpt2, llama
-from test_models_mistral import mistral
-from test_models_neox import neox
-from test_models_opt import opt
-from test_models_qwen2 import qwen2
+from factories import GEMMA2_WINDOW, gemma, gemma2, mistral, neox, opt, qwen2
+from factories import perturbed_gpt2 as gpt2
+from factories import perturbed_llama as llama
 
 import circuits as cc
 import circuits.models as cm
@@ -131,7 +127,7 @@ def tl_logits(hooked, inputs, hooks=()):
         return hooked.run_with_hooks(inputs, fwd_hooks=list(hooks))
 
 
-#: family -> the Hugging Face model (from the family test modules' factories)
+#: family -> the Hugging Face model (tests/factories.py)
 MODELS = {
     "gpt2": lambda: gpt2(False),
     "opt": lambda: opt(word_embed_proj_dim=39),
@@ -447,15 +443,12 @@ def test_attached_gradients_equal_transformer_lens_backward(key):
 @pytest.mark.parametrize("masked", [True, False])
 def test_attn_only_model_family_and_mask_from_its_cfg(masked):
     """TransformerLens's attention-only model (no architecture: ``attn_only`` with shortformer positions)
-    reads as family ``attn_only``, masked as its ``attention_dir`` says (a bidirectional one asks for
-    ``causal=False``: True is the default); a cfg naming no family is refused."""
-    from test_points import tl_model
-
-    model = tl_model("attn_only", masked)
+    reads as family ``attn_only``, masked as its ``attention_dir`` says; a cfg naming no family is refused."""
+    model = factories.tl_model("attn_only", masked)
     tokens = torch.randint(0, 17, (3, 9), generator=torch.Generator().manual_seed(1))
     ours = logits_of(cm.from_transformer_lens(model, tokens, causal=masked))
     assert (ours - tl_logits(model, tokens[:, :-1])).abs().max().item() < TOL
-    gpt2_like = tl_model("gpt2", masked)  # a custom cfg: no original_architecture
+    gpt2_like = factories.tl_model("gpt2", masked)  # a custom cfg: no original_architecture
     with pytest.raises(ModelError, match=r"original_architecture None is not a supported family"):
         cm.from_transformer_lens(gpt2_like, tokens)
     state = gpt2_like.state_dict()
@@ -472,20 +465,13 @@ def test_attn_only_model_family_and_mask_from_its_cfg(masked):
 
 def llama3(seed: int = 0):
     """A Llama with Llama 3's scaled rotary positions (NTK by parts), long wavelengths well scaled."""
-    torch.manual_seed(seed)
     rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
-    config = transformers.LlamaConfig(
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        hidden_size=32,
-        intermediate_size=48,
-        vocab_size=97,
-        max_position_embeddings=64,
+    return factories.llama(
+        2,
+        seed=seed,
         rms_norm_eps=1e-5,
         rope_scaling=dict(rope, original_max_position_embeddings=8, rope_theta=10000.0),
     )
-    return transformers.LlamaForCausalLM(config).eval()
 
 
 transformers = pytest.importorskip("transformers")

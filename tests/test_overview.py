@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import re
 
+import factories
 import pytest
 import torch
 
 import circuits as cc
 from circuits.experiments.overview import overview
-from circuits.models.gpt2 import GPT2Config, build_gpt2, gpt2_random_weights
 from circuits.models.llama import LlamaConfig, build_llama, llama_random_weights
 
 
 @pytest.fixture(scope="module")
 def gpt2():
-    config = GPT2Config(n_layers=2, n_heads=4, d_model=16, vocab_size=23, n_ctx=16)
-    return config, build_gpt2(config, gpt2_random_weights(config), torch.randint(0, 23, (2, 9)))
+    config = factories.gpt2_config(n_heads=4, d_model=16, vocab_size=23)
+    return config, factories.gpt2_circuit(torch.randint(0, 23, (2, 9)), config)
 
 
 def test_gpt2_overview_lists_each_layer_with_the_configs_shapes(gpt2):

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import circuits as cc
+from parse_helpers import MUTATION_CHARS, check_parse_or_parse_error, mutated
 
 # the same path as conftest.GOLDEN; read at import because hypothesis tests
 # cannot take function-scoped fixtures
@@ -308,58 +309,6 @@ def _small_circuits() -> list[str]:
 
 
 SMALL = _small_circuits()
-MUTATION_CHARS = "'\\#[]()->,: =\n\t0123456789abcdefxyzAEIS.é_"
-
-
-@st.composite
-def mutated(draw, base_texts, chars=MUTATION_CHARS):
-    text = draw(st.sampled_from(base_texts))
-    for _ in range(draw(st.integers(1, 4))):
-        lines = text.split("\n")
-        kind = draw(st.sampled_from(["delete", "insert", "replace", "del_line", "dup_line", "swap_lines"]))
-        if kind in ("delete", "insert", "replace"):
-            at = draw(st.integers(0, len(text)))
-            char = draw(st.one_of(st.sampled_from(chars), st.characters()))
-            if kind == "delete":
-                text = text[:at] + text[at + 1 :]
-            elif kind == "insert":
-                text = text[:at] + char + text[at:]
-            else:
-                text = text[:at] + char + text[at + 1 :]
-        else:
-            i = draw(st.integers(0, len(lines) - 1))
-            j = draw(st.integers(0, len(lines) - 1))
-            if kind == "del_line":
-                del lines[i]
-            elif kind == "dup_line":
-                lines.insert(j, lines[i])
-            else:
-                lines[i], lines[j] = lines[j], lines[i]
-            text = "\n".join(lines)
-    return text
-
-
-def check_parse_or_parse_error(text: str):
-    """Either parses (and then round-trips) or raises ParseError naming a real line."""
-    try:
-        roots = cc.parse_many(text)
-    except cc.errors.ParseError as error:
-        if error.line_number is not None:
-            lines = text.split("\n")
-            assert 1 <= error.line_number <= len(lines)
-            if not error.line.startswith("<"):  # very deep indents are abbreviated
-                assert error.line == lines[error.line_number - 1]
-        return
-    printed = cc.repr_many(roots)
-    assert cc.parse_many(printed) == roots
-    assert cc.repr_many(cc.parse_many(printed)) == printed
-    try:
-        cc.parse(text)
-    except cc.errors.ParseError as error:
-        assert len(roots) != 1
-        assert len(roots) == 0 or error.line_number is not None
-
-
 FUZZ = settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 

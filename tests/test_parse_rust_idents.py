@@ -10,6 +10,7 @@ form and reads back equal.  Each refusal is a ParseError at its line.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 
@@ -18,20 +19,10 @@ import torch
 
 import circuits as cc
 from circuits.text.store import TensorStore
+from parse_helpers import parse_error_message, parsed
 
 
-def parsed(text: str, **options) -> cc.Circuit:
-    """Parse, and check that our reprint reads back to the same circuit."""
-    circuit = cc.parse(text, **options)
-    assert cc.parse(circuit.repr()) == circuit
-    return circuit
-
-
-def parse_error(text: str, line_number: int, **options) -> str:
-    with pytest.raises(cc.errors.ParseError) as info:
-        cc.parse_many(text, **options)
-    assert info.value.line_number == line_number
-    return str(info.value)
+parse_error = functools.partial(parse_error_message, many=True)
 
 
 def scalar(value: float, shape: tuple[int, ...], name: str | None = None) -> cc.Scalar:

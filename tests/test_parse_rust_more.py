@@ -14,24 +14,12 @@ import torch
 
 import circuits as cc
 from circuits.text.store import TensorStore
+from parse_helpers import parse_error, parsed
 
 
 @pytest.fixture
 def store(tmp_path) -> TensorStore:
     return TensorStore(tmp_path / "tensors")
-
-
-def parsed(text: str, store: TensorStore | None = None, **options) -> cc.Circuit:
-    """Parse, and check that our reprint of it reads back to the same circuit."""
-    circuit = cc.parse(text, store=store, **options)
-    assert cc.parse(circuit.repr(), store=store) == circuit
-    return circuit
-
-
-def parse_error(text: str, store: TensorStore | None = None) -> cc.errors.ParseError:
-    with pytest.raises(cc.errors.ParseError) as info:
-        cc.parse(text, store=store)
-    return info.value
 
 
 X = torch.arange(6.0)

@@ -10,6 +10,7 @@ library's evaluator; every parsed circuit is reprinted and read back equal.
 from __future__ import annotations
 
 import copy
+import functools
 import pickle
 import uuid
 
@@ -17,23 +18,15 @@ import pytest
 import torch
 
 import circuits as cc
+from parse_helpers import parse_error
+from parse_helpers import parsed as _parsed
 
 U1 = "1a280c74-fa9f-4dd9-94f4-5cca4a0cf243"  # the uuid of rust_circuit's own tests
 U2 = "6c6805a0-3aaf-492c-93a3-00851eacaacf"
 
 
-def parsed(text: str, **options) -> cc.Circuit:
-    """Parse, and check that our reprint reads back to the same circuit and reprints the same."""
-    circuit = cc.parse(text, **options)
-    again = cc.parse(circuit.repr())
-    assert again == circuit and again.repr() == circuit.repr()
-    return circuit
-
-
-def parse_error(text: str) -> cc.errors.ParseError:
-    with pytest.raises(cc.errors.ParseError) as info:
-        cc.parse(text)
-    return info.value
+#: parsed, and the circuit read back from our reprint reprints the same
+parsed = functools.partial(_parsed, same_reprint=True)
 
 
 def values(shape, seed: int = 0) -> torch.Tensor:

@@ -15,24 +15,12 @@ import pytest
 import torch
 
 import circuits as cc
+from parse_helpers import parse_error_message as parse_error
+from parse_helpers import parsed
 from circuits.rewriting.batching import expand
 from circuits.text.saving import load, save
 
 UUID = "1a280c74-fa9f-4dd9-94f4-5cca4a0cf243"
-
-
-def parsed(text: str) -> cc.Circuit:
-    """Parse, and check that our reprint reads back to the same circuit."""
-    circuit = cc.parse(text)
-    assert cc.parse(circuit.repr()) == circuit
-    return circuit
-
-
-def parse_error(text: str, line_number: int) -> str:
-    with pytest.raises(cc.errors.ParseError) as info:
-        cc.parse(text)
-    assert info.value.line_number == line_number
-    return str(info.value)
 
 
 # --------------------------------------------------------- rust_circuit's texts

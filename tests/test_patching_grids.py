@@ -7,6 +7,7 @@ import concurrent.futures
 import multiprocessing
 import pickle
 
+import factories
 import pytest
 import torch
 
@@ -48,9 +49,7 @@ def _reference_metric_at_4(logits: torch.Tensor) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def gpt2_setup():
-    from test_points import tl_model
-
-    model = tl_model("gpt2", True)  # d_model 12, 3 heads, d_head 4, d_mlp 20, vocab 17, 2 layers
+    model = factories.tl_model("gpt2", True)  # d_model 12, 3 heads, d_head 4, d_mlp 20, vocab 17, 2 layers
     clean, corrupted = _inputs(17)
     state = {k: v.detach() for k, v in model.state_dict().items()}
     circuit = cm.from_transformer_lens(state, clean, family="gpt2", causal=True)
@@ -260,9 +259,8 @@ class _InlineExecutor(concurrent.futures.Executor):
 
 
 def _small_gpt2():
-    config = cm.GPT2Config(n_layers=2, n_heads=3, d_model=12, d_mlp=20, vocab_size=17, n_ctx=16)
     clean, corrupted = _inputs(17)
-    return cm.build_gpt2(config, cm.gpt2_random_weights(config), clean), corrupted
+    return factories.gpt2_circuit(clean, factories.gpt2_config(d_mlp=20)), corrupted
 
 
 def test_an_executor_gives_the_local_grid():
@@ -341,9 +339,7 @@ def test_a_model_without_mlps_has_no_mlp_grid():
 def test_bidirectional_attention_patches_every_position(grid):
     """Without a causal mask a patch reaches earlier positions too: no suffix shortcut."""
     patching = pytest.importorskip("transformer_lens.patching")
-    from test_points import tl_model
-
-    model = tl_model("gpt2", False)
+    model = factories.tl_model("gpt2", False)
     clean, corrupted = _inputs(17)
     state = {k: v.detach() for k, v in model.state_dict().items()}
     circuit = cm.from_transformer_lens(state, clean, family="gpt2", causal=False)

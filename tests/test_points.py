@@ -15,6 +15,7 @@ from circuits import experiments as ex
 from circuits.transformer import names, points
 from circuits.transformer.points import HEAD_KINDS, POINT_KINDS, TRANSFORMER_LENS_HOOKS, Point
 from experiments_reference import attn_only_transformer_lens_state
+from factories import llama_config, tl_model
 
 TOL = 1e-4
 
@@ -35,38 +36,6 @@ def _variants(circuit, family, masked):
 
 
 # ------------------------------------------------------------------ TransformerLens
-
-
-def tl_model(family: str, masked: bool, seed: int = 0, n_layers: int = 2):
-    """A HookedTransformer of odd dimensions with every weight random (biases and norms too)."""
-    lens = pytest.importorskip("transformer_lens")  # imported here: it takes seconds
-    options = dict(
-        n_layers=n_layers,
-        d_model=12,
-        n_heads=3,
-        d_head=4,
-        d_vocab=17,
-        n_ctx=16,
-        act_fn="gelu_new",
-        normalization_type="LN",
-        use_attn_result=True,
-        attention_dir="causal" if masked else "bidirectional",
-        seed=seed,
-        dtype=torch.float32,
-        device="cpu",
-    )
-    if family == "gpt2":
-        options["d_mlp"] = 20
-    else:
-        options.update(attn_only=True, positional_embedding_type="shortformer")
-    model = lens.HookedTransformer(lens.HookedTransformerConfig(**options))
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for key, param in model.named_parameters():
-            zero_bias = family == "attn_only" and ".attn.b_" in key  # the attention-only builder has none
-            if not zero_bias:
-                param.copy_(param + 0.3 * torch.randn(param.shape, generator=generator))
-    return model.eval()
 
 
 def tl_expected(model, cache, kind, layer, head, tokens):
@@ -201,7 +170,7 @@ def test_demo_model_points_equal_transformer_lens(masked):
 
 # --------------------------------------------------------------------- Llama in torch
 
-LLAMA = cm.LlamaConfig(n_layers=2, n_heads=4, n_kv_heads=2, d_model=12, d_mlp=10, vocab_size=13, d_head=4)
+LLAMA = llama_config()  # 2 layers, 4 query heads on 2 key/value heads of 4 dims, width 12
 
 
 def _rms(x, scale, eps):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import factories
 import pytest
 import torch
 
@@ -13,9 +14,8 @@ from circuits.transformer.points import Point
 
 @pytest.fixture(scope="module")
 def gpt2():
-    config = GPT2Config(n_layers=2, n_heads=3, d_model=12, vocab_size=17, n_ctx=10)
-    tokens = torch.randint(0, 17, (2, 7), generator=torch.Generator().manual_seed(1))
-    return build_gpt2(config, gpt2_random_weights(config, seed=2), tokens)
+    tokens = factories.token_ids(17, (2, 7), seed=1)
+    return factories.gpt2_circuit(tokens, factories.gpt2_config(n_ctx=10), seed=2)
 
 
 def test_every_default_point_equals_its_node_evaluated_alone(gpt2):
