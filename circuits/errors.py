@@ -105,7 +105,13 @@ class StaleTensorError(CircuitError, RuntimeError):
     (``tensor._version``) tells when an in-place op changed them since.
     Reading such a tensor (evaluating, saving) raises this instead of
     computing with, or writing, values the node does not describe.
+    ``node`` is the node whose tensor changed (an Array, or an Index with a
+    tensor index).
     """
+
+    def __init__(self, message: str, *, node=None):
+        super().__init__(message)
+        self.node = node
 
 
 class CacheError(CircuitError, ValueError):
@@ -113,7 +119,11 @@ class CacheError(CircuitError, ValueError):
 
 
 class MissingTensorError(CircuitError):
-    """An Array parsed without its tensor was asked for its value."""
+    """An Array parsed without its tensor was asked for its value; ``node`` is that Array."""
+
+    def __init__(self, message: str, *, node=None):
+        super().__init__(message)
+        self.node = node
 
 
 class EvaluationError(CircuitError):
@@ -171,7 +181,17 @@ class ExpandError(RewriteError):
 class ModelError(CircuitError, ValueError):
     """A model that cannot be built or loaded: an unknown architecture or
     config option, or weights that are missing, unexpected or misshapen
-    (the message lists what was expected)."""
+    (the message lists what was expected).
+
+    Where weights do not fit, ``missing_keys``, ``unexpected_keys`` and
+    ``mismatched_keys`` (of the wrong shape or kind) name them, as Hugging
+    Face's loading info does; empty otherwise."""
+
+    def __init__(self, message: str, *, missing_keys=(), unexpected_keys=(), mismatched_keys=()):
+        super().__init__(message)
+        self.missing_keys = list(missing_keys)
+        self.unexpected_keys = list(unexpected_keys)
+        self.mismatched_keys = list(mismatched_keys)
 
 
 class PassError(CircuitError, ValueError):

@@ -100,14 +100,16 @@ def test_replace_of_a_key_that_replaces_nothing_raises(diamond):
     root, x, s = diamond["root"], diamond["x"], diamond["s"]
     other_x = cc.Array(torch.arange(4.0), name="x")  # named like x, but another node
     new = cc.Array(torch.zeros(4), name="x")
-    with pytest.raises(cc.NoMatchError, match="1 key\\(s\\) replaced nothing") as info:
+    with pytest.raises(cc.errors.NoMatchError) as info:
         root.replace({other_x: new})
     assert info.value.keys == [other_x] and isinstance(info.value, cc.RewriteError)
     assert "the circuit's node(s) named 'x' differ from it: Array 'x' [3]" in str(info.value)
-    with pytest.raises(cc.NoMatchError, match="Array 'y' \\[3\\] is not in Add 'root'; no node is named 'y'"):
-        cc.replace(root, {cc.Array(torch.ones(3), name="y"): x})
+    y = cc.Array(torch.ones(3), name="y")
+    with pytest.raises(cc.errors.NoMatchError, match="no node is named 'y'") as info:  # says why
+        cc.replace(root, {y: x})
+    assert info.value.keys == [y]
     # a key below another key is never reached: replacing it would have no effect
-    with pytest.raises(cc.NoMatchError, match="Array 'x' \\[3\\] is below another key") as info:
+    with pytest.raises(cc.errors.NoMatchError, match="is below another key") as info:  # says why
         root.replace({s: x, x: cc.Array(torch.ones(3), name="x1")})
     assert info.value.keys == [x]
     assert root.replace({other_x: new}, assert_all_found=False) is root
