@@ -239,7 +239,12 @@ class IllegalCorrespondenceError(CausalScrubbingError):
     """A causal scrubbing hypothesis that does not fit the circuit (rust_circuit's name): an
     incomplete correspondence, a matcher that finds no node or several, a branch that does not
     reach the inputs or leaves its parent's, two interpretation nodes claiming one node.  The
-    message names the interpretation node and says what is wrong."""
+    message names the interpretation node and says what is wrong; ``i_node`` is that
+    ``InterpNode`` (None where no single one is at fault)."""
+
+    def __init__(self, message: str, *, i_node=None):
+        super().__init__(message)
+        self.i_node = i_node
 
 
 class RandomVariableError(CircuitError, ValueError):
