@@ -67,7 +67,7 @@ def test_update_that_finds_nothing_raises_with_close_names(diamond):
         assert "names that come close: 'left'" in str(info.value)
         assert "assert_any_found=False" in str(info.value)
     # the same suggestions as an experiment's (one shared function)
-    with pytest.raises(cc.CircuitError, match="names that come close: 'left'"):
+    with pytest.raises(cc.errors.ExperimentError, match="names that come close: 'left'"):
         cc.zero_ablate(root, "lft")
     # an IterativeMatcher: each name it looks for that is absent gets its close names
     with pytest.raises(cc.NoMatchError, match=r"no node is named 'ss' \(names that come close: 's'\)"):

@@ -64,8 +64,9 @@ def test_several_roots_share_references(tmp_path):
     first, second = cc.load_many(path)
     assert (first, second) == (y, z)
     torch.testing.assert_close(second.evaluate(), x.value + 2.0, rtol=0, atol=0)
-    with pytest.raises(cc.ParseError, match="2 top-level circuits"):
+    with pytest.raises(cc.errors.ParseError, match="2 top-level circuits") as info:  # says how many
         cc.load(path)
+    assert info.value.line_number == 3  # where the second starts
 
 
 def test_saving_again_replaces_the_text_and_keeps_the_store(tmp_path):
