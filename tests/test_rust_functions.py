@@ -469,8 +469,7 @@ def test_functions_without_declared_batching_are_left_alone_or_refused(name):
 def test_rust_python_class_functions_are_refused_with_the_reason():
     """rust_circuit's ``NAME at module:Class`` imports code; we name the spelling and say what to do."""
     text = "'f' [3] GeneralFunction rotary at rust_circuit.generalfuncs.rotary_pos_emb:RotarySpec\n  'x' [3] Scalar 1"
-    with pytest.raises(
-        cc.errors.ParseError, match="NAME at PYTHON_PATH.*register_function"
-    ) as info:  # the hint
+    # the message names the spelling and says what to do instead
+    with pytest.raises(cc.errors.ParseError, match="NAME at PYTHON_PATH.*register_function") as info:
         cc.parse(text)
     assert info.value.line_number == 1
