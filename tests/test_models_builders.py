@@ -91,6 +91,12 @@ def test_config_errors():
     assert info.value.mismatched_keys == ["a0.w.q_bias"]
     assert info.value.missing_keys == info.value.unexpected_keys == []
     weights = cm.gpt2_random_weights(GPT2)
+    weights["nonsense"], weights["a0.w.o"] = weights.pop("a0.w.q_bias"), "not a tensor"
+    with pytest.raises(cc.errors.ModelError) as info:  # every problem at once
+        cm.build_gpt2(GPT2, weights, seq_len=3)
+    assert info.value.missing_keys == ["a0.w.q_bias"] and info.value.unexpected_keys == ["nonsense"]
+    assert info.value.mismatched_keys == ["a0.w.o"]
+    weights = cm.gpt2_random_weights(GPT2)
     weights["a0.w.o"] = weights["a0.w.o"].double()
     with pytest.raises(cm.ModelError, match="mix dtypes"):
         cm.build_gpt2(GPT2, weights, seq_len=3)

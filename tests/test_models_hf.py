@@ -285,6 +285,14 @@ def test_checkpoint_missing_weight(tmp_path):
         cm.load_hf_checkpoint(tmp_path, tokens_for(False))
     assert info.value.missing_keys == ["h.0.attn.c_attn.weight"]
     assert info.value.unexpected_keys == info.value.mismatched_keys == []
+    state["transformer.h.0.attn.c_proj.weight"] = torch.zeros(3)
+    state["transformer.h.0.extra"] = torch.zeros(1)
+    save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(cc.errors.ModelError) as info:  # every problem at once
+        cm.load_hf_checkpoint(tmp_path, tokens_for(False))
+    assert info.value.missing_keys == ["h.0.attn.c_attn.weight"]
+    assert info.value.mismatched_keys == ["h.0.attn.c_proj.weight"]
+    assert info.value.unexpected_keys == ["h.0.extra"]
     for path in tmp_path.glob("*.safetensors"):
         path.unlink()
     with pytest.raises(cm.ModelError, match="has no weights"):
