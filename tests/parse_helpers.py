@@ -8,10 +8,11 @@ from hypothesis import strategies as st
 
 import circuits as cc
 from circuits.errors import ParseError
+from circuits.text.store import TensorStore
 
 
 def parsed(
-    text: str, store: cc.TensorStore | None = None, *, same_reprint: bool = False, **options
+    text: str, store: TensorStore | None = None, *, same_reprint: bool = False, **options
 ) -> cc.Circuit:
     """Parse (``options`` as for ``cc.parse``), and check that our reprint of it reads back to the
     same circuit; ``same_reprint``: and that the circuit read back reprints the same text."""
@@ -23,7 +24,7 @@ def parsed(
     return circuit
 
 
-def parse_error(text: str, store: cc.TensorStore | None = None, **options) -> ParseError:
+def parse_error(text: str, store: TensorStore | None = None, **options) -> ParseError:
     """The ParseError that ``cc.parse`` raises on ``text``."""
     with pytest.raises(ParseError) as info:
         cc.parse(text, store=store, **options)

@@ -108,7 +108,7 @@ def test_symbol_binding_by_node_wins_over_name():
 def test_unbound_symbol_is_an_error_naming_it():
     toks = cc.Symbol((3,), name="toks")
     root = cc.GeneralFunction.new_by_name(cc.Add(toks, toks, name="sum"), spec_name="exp", name="root")
-    with pytest.raises(cc.errors.EvaluationError, match=r"Symbol 'toks' \[3\] is not bound") as info:
+    with pytest.raises(cc.errors.EvaluationError) as info:
         root.evaluate()
     assert info.value.node == toks
     assert [n.name for n in info.value.path] == ["root", "sum", "toks"]
@@ -117,11 +117,10 @@ def test_unbound_symbol_is_an_error_naming_it():
 
 def test_bound_tensor_of_the_wrong_shape_is_an_error():
     toks = cc.Symbol((3,), name="toks")
-    with pytest.raises(
-        cc.errors.EvaluationError,
-        match=r"Symbol 'toks' has shape \[3\] but the tensor bound to it has shape \[4\]",
-    ):
+    # the message quotes the shape given
+    with pytest.raises(cc.errors.EvaluationError, match=r"the tensor bound to it has shape \[4\]") as info:
         cc.evaluate(cc.Add(toks, toks), inputs={"toks": torch.zeros(4)})
+    assert info.value.node == toks
 
 
 def test_inputs_that_match_no_symbol_are_an_error():
@@ -382,9 +381,7 @@ def test_checked_gen_index_out_of_range_is_an_evaluation_error(bad):
     toks = cc.Symbol((4,), name="toks")
     looked_up = cc.GeneralFunction.new_by_name(emb, toks, spec_name="gen_index_at_0_c", name="idxed")
     root = cc.Einsum.from_einsum_string("sd->s", looked_up, name="root")
-    with pytest.raises(
-        cc.errors.EvaluationError, match=r"GeneralFunction 'idxed' \(function gen_index_at_0_c\)"
-    ) as info:
+    with pytest.raises(cc.errors.EvaluationError) as info:
         root.evaluate(inputs={"toks": torch.tensor([0, bad, 2, 1])})
     message = str(info.value)
     assert f"[{bad}]" in message and "out of range [0, 5)" in message
@@ -630,15 +627,13 @@ def test_bound_tensor_on_another_device_is_an_error():
     toks = cc.Symbol((3,), name="toks")
     x = cc.Array(torch.randn(3), name="x")
     root = cc.Add(x, toks, name="root")
-    with pytest.raises(
-        cc.errors.EvaluationError, match=r"Symbol 'toks' is bound to a tensor on device meta.*runs on cpu"
-    ):
+    # the message names both devices
+    with pytest.raises(cc.errors.EvaluationError, match=r"on device meta.*runs on cpu") as info:
         root.evaluate(inputs={"toks": torch.zeros(3, device="meta")})
-    with pytest.raises(
-        cc.errors.EvaluationError, match=r"Symbol 'toks' is bound to a tensor on device cpu.*runs on meta"
-    ) as info:
+    assert info.value.node == toks
+    with pytest.raises(cc.errors.EvaluationError, match=r"on device cpu.*runs on meta") as info:
         root.evaluate(inputs={"toks": torch.zeros(3)}, device="meta")
-    assert [n.name for n in info.value.path] == ["root", "toks"]
+    assert info.value.node == toks and [n.name for n in info.value.path] == ["root", "toks"]
 
 
 # ----------------------------------------------------------------- errors
@@ -664,7 +659,7 @@ def test_exception_in_a_function_names_the_node_and_its_path():
 
 def test_missing_array_tensor_names_the_array_and_its_path(golden_text):
     golden = cc.parse(golden_text)
-    with pytest.raises(cc.errors.EvaluationError, match="has no tensor") as info:
+    with pytest.raises(cc.errors.MissingTensorEvaluationError) as info:
         golden.evaluate()
     node = info.value.node
     assert isinstance(node, cc.Array) and not node.is_loaded
@@ -681,11 +676,9 @@ def test_torch_error_in_an_op_is_wrapped():
         torch.softmax(torch.tensor([[1, 2]]), dim=-1)
     node = cc.GeneralFunction.new_by_name(toks, spec_name="softmax", name="p")
     root = cc.Einsum.from_einsum_string("ab->a", node, name="root")
-    with pytest.raises(
-        cc.errors.EvaluationError,
-        match=r"GeneralFunction 'p' \(function softmax\) \[1,2\].*NotImplementedError",
-    ):
+    with pytest.raises(cc.errors.EvaluationError) as info:
         root.evaluate()
+    assert info.value.node == node and isinstance(info.value.__cause__, NotImplementedError)
 
 
 def test_non_circuit_root_is_refused():

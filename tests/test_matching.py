@@ -90,7 +90,7 @@ def test_get_unique_and_its_errors(small):
     assert info.value.count == 2 and names(info.value.nodes) == ["x", "y"]
     message = str(info.value)
     assert "2 distinct nodes match" in message and "'x'" in message and "'y'" in message
-    with pytest.raises(cc.errors.MatchError, match="no node matches.*come close: 'a.sum'") as info:
+    with pytest.raises(cc.errors.MatchError, match="names that come close: 'a.sum'") as info:  # the hint
         root.get_unique("a.sun")
     assert info.value.count == 0
     assert isinstance(info.value, LookupError) and isinstance(info.value, cc.CircuitError)
@@ -99,8 +99,9 @@ def test_get_unique_and_its_errors(small):
 def test_get_unique_lists_only_some_of_many():
     leaves = [cc.Array(torch.full((1,), float(i)), name=f"leaf{i}") for i in range(30)]
     root = cc.Add(*leaves)
-    with pytest.raises(cc.errors.MatchError, match=r"30 distinct nodes match.*and 22 more") as info:
+    with pytest.raises(cc.errors.MatchError, match="and 22 more") as info:  # the message lists 8
         root.get_unique(cc.Array)
+    assert info.value.count == 30 and set(info.value.nodes) == set(leaves)
     assert len(str(info.value)) < 600
 
 

@@ -213,8 +213,19 @@ def test_checkpoint_missing_weight(tmp_path):
     state = load_file(str(tmp_path / "model.safetensors"))
     del state["transformer.h.0.attn.c_attn.weight"]
     save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
-    with pytest.raises(cm.ModelError, match=r"missing: 'h.0.attn.c_attn.weight' \[32, 96\]"):
+    # the message gives the shape expected
+    with pytest.raises(cc.errors.ModelError, match=r"'h.0.attn.c_attn.weight' \[32, 96\]") as info:
         cm.load_hf_checkpoint(tmp_path, tokens_for(False))
+    assert info.value.missing_keys == ["h.0.attn.c_attn.weight"]
+    assert info.value.unexpected_keys == info.value.mismatched_keys == []
+    state["transformer.h.0.attn.c_proj.weight"] = torch.zeros(3)
+    state["transformer.h.0.extra"] = torch.zeros(1)
+    save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(cc.errors.ModelError) as info:  # every problem at once
+        cm.load_hf_checkpoint(tmp_path, tokens_for(False))
+    assert info.value.missing_keys == ["h.0.attn.c_attn.weight"]
+    assert info.value.mismatched_keys == ["h.0.attn.c_proj.weight"]
+    assert info.value.unexpected_keys == ["h.0.extra"]
     for path in tmp_path.glob("*.safetensors"):
         path.unlink()
     with pytest.raises(cm.ModelError, match="has no weights"):
@@ -272,9 +283,10 @@ def test_transformer_lens_gpt2(tied):
     circuit = cm.from_transformer_lens(transformer_lens_state(model), tokens, family="gpt2")
     logits, _ = circuit_logits_and_loss(circuit)
     assert (logits - hf_logits(model, tokens[..., :-1])).abs().max().item() < 1e-4
-    with pytest.raises(cm.ModelError, match="family='attn_only'"):
-        state = {k: v for k, v in transformer_lens_state(model).items() if ".mlp." not in k}
+    state = {k: v for k, v in transformer_lens_state(model).items() if ".mlp." not in k}
+    with pytest.raises(cc.errors.ModelError, match="family='attn_only'") as info:  # the hint
         cm.from_transformer_lens(state, tokens, family="gpt2")
+    assert info.value.missing_keys == ["blocks.0.mlp.W_in"]
 
 
 def test_report_measured_diffs():

@@ -52,7 +52,7 @@ def test_prompt_placeholder_and_errors():
     placeholder = build(config, weights, None, seq_len=5, batch_size=3, convention="prompt")
     assert placeholder.shape == (3, 5, 23)
     assert placeholder.get_unique("toks_int_var").shape == (3, 5)
-    with pytest.raises(cc.CircuitError, match="'prompt' convention needs more than 0 tokens per row"):
+    with pytest.raises(cc.errors.ModelError, match="'prompt' convention needs more than 0 tokens per row"):
         build(config, weights, torch.zeros(0, dtype=torch.int64), convention="prompt")
 
 

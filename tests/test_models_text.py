@@ -29,7 +29,7 @@ def test_to_tokens_puts_bos_in_front_and_batches_equal_lengths(tokenizer):
     assert models.to_tokens(tokenizer, "the cat sat").tolist() == [0, 2, 3, 4]
     assert models.to_tokens(tokenizer, "the cat sat", prepend_bos=False).tolist() == [2, 3, 4]
     assert models.to_tokens(tokenizer, ["the cat", "a dog"]).tolist() == [[0, 2, 3], [0, 7, 8]]
-    with pytest.raises(cc.CircuitError, match=r"\[3, 4\] tokens per row"):
+    with pytest.raises(cc.errors.ModelError, match=r"\[3, 4\] tokens per row"):
         models.to_tokens(tokenizer, ["the cat", "a dog ran"])
 
 
@@ -47,7 +47,7 @@ def test_builders_accept_text_with_a_tokenizer(tokenizer):
     )
     from_ids = build_gpt2(config, weights, torch.tensor([0, 2, 3, 4, 5, 2, 6]), convention="prompt")
     assert from_text == from_ids
-    with pytest.raises(cc.CircuitError, match="needs a tokenizer"):
+    with pytest.raises(cc.errors.ModelError, match="needs a tokenizer"):
         build_gpt2(config, weights, "the cat")
 
 

@@ -54,7 +54,7 @@ def test_llama_and_unnamed_nodes():
         "1 layers" in text and f"({outside + 2} outside the model naming convention)" in text
     )  # Add, Scalar
     assert "  (0)" in text and "MLP: 'b0.m'" in text
-    with pytest.raises(cc.CircuitError, match="overview: the circuit is a str"):
+    with pytest.raises(cc.errors.NodeTypeError, match="overview: the circuit is a str"):
         overview("t.loss")
 
 

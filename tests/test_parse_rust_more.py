@@ -168,8 +168,9 @@ def test_a_huge_random_array_is_refused_not_allocated():
 
 def test_random_array_needs_its_shape():
     assert "needs its shape" in str(parse_error("'w' Array rand"))
-    with pytest.raises(cc.errors.ParseError, match="needs its shape"):
+    with pytest.raises(cc.errors.ParseError, match="needs its shape") as info:  # says what is missing
         cc.parse("'w' Array 0258c9f34dcbf92d6bc407af", tensors_as_random=True)
+    assert info.value.line_number == 1
 
 
 # ----------------------------------------------------- leaves without a shape

@@ -131,7 +131,7 @@ def test_evaluating_a_random_variable_raises_naming_it(node):
 
 def test_expand_refuses_a_random_variable():
     x = cc.Symbol((3, 2), name="x")
-    with pytest.raises(cc.CircuitError, match="DiscreteVar 'v'"):
+    with pytest.raises(cc.errors.ExpandError, match="DiscreteVar 'v'"):
         expand(cc.DiscreteVar(x, name="v"), {x: cc.Symbol((5, 3, 2), name="xb")})
 
 

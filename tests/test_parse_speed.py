@@ -190,8 +190,9 @@ def test_a_name_of_several_distinct_nodes_is_ambiguous_and_counted():
         cc.parse(text)
     assert caught.value.line_number == 6
     text = "'a' Add\n  0 'x' [3] Symbol\n  1 'x' [1] Symbol\n  2 'x' [2,1] Symbol\n  'x'"
-    with pytest.raises(cc.errors.ParseError, match="3 distinct nodes carry that name"):
+    with pytest.raises(cc.errors.ParseError, match="3 distinct nodes carry that name") as caught:
         cc.parse(text)
+    assert caught.value.line_number == 5
 
 
 def test_a_name_written_twice_for_one_node_is_not_ambiguous():

@@ -98,8 +98,9 @@ def test_minimal_shapes_drops_what_the_parser_works_out(tmp_path):
     text = chain().repr(minimal_shapes=True, store=store)
     assert f"        'x' Array {X_HASH}" in text.split("\n")
     assert cc.parse(text, store=store) == chain()
-    with pytest.raises(cc.errors.ParseError, match="no shape, so it needs its tensor"):
+    with pytest.raises(cc.errors.ParseError, match="no shape, so it needs its tensor") as info:  # says why
         cc.parse(text)
+    assert info.value.line_number == 5 and info.value.line == f"        'x' Array {X_HASH}"
 
 
 def test_minimal_shapes_keeps_a_placeholders_shape_even_with_a_store(tmp_path):

@@ -61,7 +61,7 @@ def lines_of(error: cc.errors.MatchError) -> list[str]:
 
 
 def test_several_found_say_layer_and_path(demo):
-    with pytest.raises(cc.errors.MatchError, match=r"2 distinct nodes match.*expected exactly one") as info:
+    with pytest.raises(cc.errors.MatchError) as info:
         demo.get_unique("a.attn_probs")
     error = info.value
     assert error.count == 2 and [cc.passes.layer_of(n) for n in error.nodes] == [0, 1]
@@ -82,8 +82,9 @@ def test_several_found_say_layer_and_path(demo):
 
 
 def test_several_found_on_split_heads_say_the_head(demo):
-    with pytest.raises(cc.errors.MatchError, match="8 distinct nodes match") as info:
+    with pytest.raises(cc.errors.MatchError) as info:
         cc.passes.split_heads(demo).get_unique("a.attn_probs")
+    assert info.value.count == 8
     lines = lines_of(info.value)
     assert [line.split(": ")[1].split(", path")[0] for line in lines] == [
         f"layer {layer}, head {head}" for layer in (0, 1) for head in range(4)
@@ -99,8 +100,9 @@ def test_several_found_in_gpt2_mlps_and_norms():
         c.get_unique("m.pre")
     first, second = lines_of(info.value)
     assert "layer 0" in first and "> b0.m > " in first and "layer 1" in second and "> b1.m > " in second
-    with pytest.raises(cc.errors.MatchError, match="5 distinct nodes match") as info:
+    with pytest.raises(cc.errors.MatchError) as info:
         c.get_unique("ln.rsqrt")
+    assert info.value.count == 5
     lines = lines_of(info.value)
     final = [line for line in lines if "layer" not in line]  # the final norm belongs to no layer
     assert len(final) == 1 and "> final.call > " in final[0]
@@ -126,8 +128,9 @@ def test_layer_from_the_weights_below_when_the_path_does_not_tell(demo):
 
 def test_a_head_on_an_unsplit_layer_says_to_split_heads(demo):
     for circuit in (demo, cc.passes.split_heads(demo, layers=[0])):
-        with pytest.raises(cc.errors.MatchError, match="no node matches") as info:
+        with pytest.raises(cc.errors.MatchError) as info:
             circuit.get_unique("b1.a.head2")
+        assert info.value.count == 0
         message = str(info.value)
         assert "not split into heads" in message and "cc.passes.split_heads(c)" in message
         assert "cc.passes.split_heads(c, layers=[1])" in message

@@ -67,7 +67,7 @@ def test_update_that_finds_nothing_raises_with_close_names(diamond):
         assert "names that come close: 'left'" in str(info.value)
         assert "assert_any_found=False" in str(info.value)
     # the same suggestions as an experiment's (one shared function)
-    with pytest.raises(cc.CircuitError, match="names that come close: 'left'"):
+    with pytest.raises(cc.errors.ExperimentError, match="names that come close: 'left'"):
         cc.experiments.zero_ablate(root, "lft")
     # an IterativeMatcher: each name it looks for that is absent gets its close names
     with pytest.raises(cc.errors.NoMatchError, match=r"no node is named 'ss' \(names that come close: 's'\)"):
@@ -102,16 +102,16 @@ def test_replace_of_a_key_that_replaces_nothing_raises(diamond):
     root, x, s = diamond["root"], diamond["x"], diamond["s"]
     other_x = cc.Array(torch.arange(4.0), name="x")  # named like x, but another node
     new = cc.Array(torch.zeros(4), name="x")
-    with pytest.raises(cc.errors.NoMatchError, match="1 key\\(s\\) replaced nothing") as info:
+    with pytest.raises(cc.errors.NoMatchError) as info:
         root.replace({other_x: new})
     assert info.value.keys == [other_x] and isinstance(info.value, cc.errors.RewriteError)
     assert "the circuit's node(s) named 'x' differ from it: Array 'x' [3]" in str(info.value)
-    with pytest.raises(
-        cc.errors.NoMatchError, match="Array 'y' \\[3\\] is not in Add 'root'; no node is named 'y'"
-    ):
-        cc.replace(root, {cc.Array(torch.ones(3), name="y"): x})
+    y = cc.Array(torch.ones(3), name="y")
+    with pytest.raises(cc.errors.NoMatchError, match="no node is named 'y'") as info:  # says why
+        cc.replace(root, {y: x})
+    assert info.value.keys == [y]
     # a key below another key is never reached: replacing it would have no effect
-    with pytest.raises(cc.errors.NoMatchError, match="Array 'x' \\[3\\] is below another key") as info:
+    with pytest.raises(cc.errors.NoMatchError, match="is below another key") as info:  # says why
         root.replace({s: x, x: cc.Array(torch.ones(3), name="x1")})
     assert info.value.keys == [x]
     assert root.replace({other_x: new}, assert_all_found=False) is root

@@ -37,16 +37,16 @@ def test_head_points_on_a_split_circuit(gpt2):
     assert list(cache) == [("z", 1, 2), ("head_out", 0, 1), ("logits", None, None)]
     unsplit = run_with_cache(gpt2, [("z", 1)])
     torch.testing.assert_close(cache["z", 1, 2], unsplit["z", 1][:, 2], rtol=1e-5, atol=1e-6)
-    with pytest.raises(cc.CircuitError, match="one per head branch: give a head"):
+    with pytest.raises(cc.errors.ExperimentError, match="one per head branch: give a head"):
         run_with_cache(split, [("z", 1)])
 
 
 def test_bad_points_and_keys():
     config = GPT2Config(n_layers=1, n_heads=2, d_model=8, vocab_size=11, n_ctx=8)
     c = build_gpt2(config, gpt2_random_weights(config), torch.randint(0, 11, (5,)))
-    with pytest.raises(cc.CircuitError, match="unknown activation kind"):
+    with pytest.raises(cc.errors.ExperimentError, match="unknown activation kind"):
         run_with_cache(c, ["nonsense"])
-    with pytest.raises(cc.CircuitError, match="finds no node"):
+    with pytest.raises(cc.errors.ExperimentError, match="finds no node"):
         run_with_cache(c, [("resid_pre", 5)])
     cache = run_with_cache(c, ["logits"])
     with pytest.raises(

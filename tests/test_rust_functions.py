@@ -260,8 +260,10 @@ def test_cast_on_a_batched_input_is_elementwise():
 def test_cast_checks_its_input_requirement_at_evaluation():
     value = torch.zeros(2, dtype=torch.float32)
     node = cc.GeneralFunction(cc.Array(value, name="x"), spec=_cast("None/float64", "None/float32"), name="c")
-    with pytest.raises(cc.errors.EvaluationError, match="needs a float64 input, got torch.float32"):
+    # the message says what the cast needs and what it got
+    with pytest.raises(cc.errors.EvaluationError, match="needs a float64 input, got torch.float32") as info:
         node.evaluate()
+    assert info.value.node is node
 
 
 def test_cast_names_outside_rust_grammar_are_refused_clearly():
@@ -336,11 +338,14 @@ def test_explicit_index_checked_refuses_out_of_range():
     bad = cc.Array(torch.tensor([[0, -1], [1, 2]]), name="bad")
     checked = "explicit_index_at_0_x_non_b_1_c"
     assert cc.GeneralFunction(x, good, spec=checked).evaluate().shape == (2, 2)
-    with pytest.raises(cc.errors.EvaluationError, match=r"out of range \[0, 5\)"):
-        cc.GeneralFunction(x, bad, spec=checked, name="e").evaluate()
-    floats = cc.Array(torch.zeros(2, 2), name="floats")
-    with pytest.raises(cc.errors.EvaluationError, match="not an integer type"):
-        cc.GeneralFunction(x, floats, spec=checked, name="e").evaluate()
+    node = cc.GeneralFunction(x, bad, spec=checked, name="e")
+    with pytest.raises(cc.errors.EvaluationError, match=r"out of range \[0, 5\)") as info:  # gives the range
+        node.evaluate()
+    assert info.value.node is node and isinstance(info.value.__cause__, ValueError)
+    node = cc.GeneralFunction(x, cc.Array(torch.zeros(2, 2), name="floats"), spec=checked, name="e")
+    with pytest.raises(cc.errors.EvaluationError, match="not an integer type") as info:  # says why
+        node.evaluate()
+    assert info.value.node is node
 
 
 @pytest.mark.parametrize(
@@ -468,5 +473,7 @@ def test_functions_without_declared_batching_are_left_alone_or_refused(name):
 def test_rust_python_class_functions_are_refused_with_the_reason():
     """rust_circuit's ``NAME at module:Class`` imports code; we name the spelling and say what to do."""
     text = "'f' [3] GeneralFunction rotary at rust_circuit.generalfuncs.rotary_pos_emb:RotarySpec\n  'x' [3] Scalar 1"
-    with pytest.raises(cc.errors.ParseError, match="NAME at PYTHON_PATH.*register_function"):
+    # the message names the spelling and says what to do instead
+    with pytest.raises(cc.errors.ParseError, match="NAME at PYTHON_PATH.*register_function") as info:
         cc.parse(text)
+    assert info.value.line_number == 1

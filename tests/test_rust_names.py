@@ -92,8 +92,9 @@ def test_matchers_get_and_update_as_methods(added):
     assert Matcher("soft").chain("a").get(added) == IterativeMatcher("soft").chain("a").get(added)
     assert IterativeMatcher("nothing").get_unique_op(added) is None
     assert IterativeMatcher("ein").get_unique_op(added) is ein
-    with pytest.raises(cc.errors.MatchError, match="2 distinct nodes match"):
+    with pytest.raises(cc.errors.MatchError) as info:
         Matcher(cc.Array).get_unique_op(added)
+    assert info.value.count == 2 and set(info.value.nodes) == added.get(cc.Array)
     assert IterativeMatcher("b").are_any_found(added) and not Matcher("c").are_any_found(added)
     assert str(IterativeMatcher("soft").chain("b").get_paths(added)) == "added -> soft -> ein -> b"
     zero = cc.Scalar(0.0, shape=(2, 2), name="a")
@@ -125,9 +126,15 @@ def test_getter_and_fancy_validate_as_in_rust_circuits_test_get(added):
     ) as info:
         Getter()(added, {"ein", "eni"}, fancy_validate=True)
     assert info.value.count == 1 and info.value.nodes == [ein]
-    for matcher in ("sdkfj", cc.Cumulant, Matcher.types(cc.Einsum, cc.Cumulant), cc.Array(torch.ones(1))):
-        with pytest.raises(cc.errors.MatchError, match="with fancy_validate"):
+    for matcher, found in (
+        ("sdkfj", []),
+        (cc.Cumulant, []),
+        (Matcher.types(cc.Einsum, cc.Cumulant), [ein]),
+        (cc.Array(torch.ones(1)), []),
+    ):
+        with pytest.raises(cc.errors.MatchError) as info:
             Getter()(added, matcher, fancy_validate=True)
+        assert info.value.count == len(found) and info.value.nodes == found
     with pytest.raises(cc.errors.MatchError, match="found nothing: Cumulant"):
         Matcher.types(cc.Einsum, cc.Cumulant).get(added, fancy_validate=True)
     with pytest.raises(cc.errors.MatchError, match=r"found nothing: <Array 'a' \[2, 2\]>, 'dif'"):
@@ -171,7 +178,7 @@ def test_updater_and_assert_any_found_as_in_rust_circuits_test(added):
     assert IterativeMatcher("a").updater(to_zero)(added) == expected
     assert Matcher("a").updater(to_zero).update(added, assert_any_found=True) == expected
     assert a.update("a", to_zero) == to_zero(a)
-    with pytest.raises(cc.errors.NoMatchError, match="no node found"):
+    with pytest.raises(cc.errors.NoMatchError):
         Updater(to_zero)(added, "q")
     with pytest.raises(cc.errors.NoMatchError):
         IterativeMatcher("q").updater(to_zero)(added)

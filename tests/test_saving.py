@@ -64,8 +64,9 @@ def test_several_roots_share_references(tmp_path):
     first, second = cc.load_many(path)
     assert (first, second) == (y, z)
     torch.testing.assert_close(second.evaluate(), x.value + 2.0, rtol=0, atol=0)
-    with pytest.raises(cc.errors.ParseError, match="2 top-level circuits"):
+    with pytest.raises(cc.errors.ParseError, match="2 top-level circuits") as info:  # says how many
         cc.load(path)
+    assert info.value.line_number == 3  # where the second starts
 
 
 def test_saving_again_replaces_the_text_and_keeps_the_store(tmp_path):
@@ -88,8 +89,9 @@ def test_without_a_store_arrays_are_placeholders(tmp_path):
     with pytest.raises(cc.errors.MissingTensorError):
         loaded.evaluate()
     # and it cannot be saved elsewhere: its tensor is nowhere
-    with pytest.raises(cc.errors.MissingTensorError, match="'w'"):
+    with pytest.raises(cc.errors.MissingTensorError) as info:
         cc.save(loaded, tmp_path / "elsewhere.circ")
+    assert info.value.node.name == "w"
     assert not (tmp_path / "elsewhere.circ").exists()
 
 
@@ -125,7 +127,7 @@ def test_mmap_loads_the_same_circuit(tmp_path):
 
 
 def test_load_of_a_missing_file(tmp_path):
-    with pytest.raises(cc.errors.StoreError, match="no such file") as caught:
+    with pytest.raises(cc.errors.StoreError) as caught:
         cc.load(tmp_path / "nothing.circ")
     assert str(tmp_path / "nothing.circ") in str(caught.value)
     assert isinstance(caught.value.__cause__, FileNotFoundError)
@@ -133,7 +135,7 @@ def test_load_of_a_missing_file(tmp_path):
 
 def test_load_of_a_directory(tmp_path):
     (tmp_path / "dir.circ").mkdir()
-    with pytest.raises(cc.errors.StoreError, match="is a directory") as caught:
+    with pytest.raises(cc.errors.StoreError) as caught:
         cc.load(tmp_path / "dir.circ")
     assert str(tmp_path / "dir.circ") in str(caught.value)
     assert isinstance(caught.value.__cause__, IsADirectoryError)
@@ -265,11 +267,13 @@ def test_checks_come_before_any_write(tmp_path):
     edited = torch.ones(2)
     stale = cc.Array(edited, name="stale")
     edited.add_(1)
-    with pytest.raises(cc.errors.StaleTensorError, match="'stale'"):
+    with pytest.raises(cc.errors.StaleTensorError) as info:
         cc.save([fresh, stale], tmp_path / "m.circ")
+    assert info.value.node is stale
     with pytest.raises(cc.errors.NodeTypeError, match="root 1 is a Tensor"):
         cc.save([fresh, edited], tmp_path / "m.circ")
     placeholder = cc.parse(fresh.repr())
-    with pytest.raises(cc.errors.MissingTensorError, match="'fresh'"):
+    with pytest.raises(cc.errors.MissingTensorError) as info:
         cc.save(placeholder, tmp_path / "m.circ")
+    assert info.value.node is placeholder
     assert os.listdir(tmp_path) == []

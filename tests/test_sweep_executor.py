@@ -45,11 +45,11 @@ def test_shards_in_order_give_the_local_table(split):
 
 
 def test_bad_executor_arguments_are_refused(split):
-    with pytest.raises(cc.CircuitError, match="shards must be a positive int"):
+    with pytest.raises(cc.errors.ExperimentError, match="shards must be a positive int"):
         ex.sweep(split, ["b0.a.head0"], executor=_InlineExecutor(), shards=0)
-    with pytest.raises(cc.CircuitError, match="cannot be shared"):
+    with pytest.raises(cc.errors.ExperimentError, match="cannot be shared"):
         ex.sweep(split, ["b0.a.head0"], executor=_InlineExecutor(), evaluator=cc.Evaluator(2**20))
-    with pytest.raises(cc.CircuitError, match="must be a concurrent.futures.Executor"):
+    with pytest.raises(cc.errors.ExperimentError, match="must be a concurrent.futures.Executor"):
         ex.sweep(split, ["b0.a.head0"], executor=object())
 
 
@@ -59,7 +59,7 @@ def test_a_process_pool_gives_the_local_table(split):
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(2, mp_context=context) as pool:
         _same_table(ex.sweep(split, ex.head_names(split), executor=pool), local)
-        with pytest.raises(cc.CircuitError, match="picklable"):
+        with pytest.raises(cc.errors.ExperimentError, match="picklable"):
             ex.sweep(split, ["b0.a.head0"], ablation=lambda c, t: ex.zero_ablate(c, t), executor=pool)
 
 
@@ -83,7 +83,7 @@ def test_head_grid_puts_each_heads_delta_at_its_layer_and_head(split):
     assert grid[1, 2].item() == pytest.approx(table["b1.a.head2"] - table.baseline, rel=1e-6)
     assert grid[0, 1].item() == pytest.approx(table["b0.a.head1"] - table.baseline, rel=1e-6)
     assert int(grid.isnan().sum()) == 4
-    with pytest.raises(cc.CircuitError, match="no target of this sweep is a single head"):
+    with pytest.raises(cc.errors.ExperimentError, match="no target of this sweep is a single head"):
         ex.sweep(split, {"tokens": "idxed_embeds"}, progress=False).head_grid()
 
 

@@ -37,10 +37,12 @@ def test_saving_an_edited_tensor_refuses_instead_of_writing_old_values(tmp_path)
     path = tmp_path / "c.circ"
     cc.save(c, path)
     w.mul_(5)
-    with pytest.raises(cc.errors.StaleTensorError, match="'w'"):
+    with pytest.raises(cc.errors.StaleTensorError) as info:
         cc.save(c, path)
-    with pytest.raises(cc.errors.StaleTensorError, match="'w'"):
+    assert info.value.node is c.children[0]
+    with pytest.raises(cc.errors.StaleTensorError) as info:
         cc.save(c, tmp_path / "fresh.circ")  # never a file under the old hash holding new values
+    assert info.value.node is c.children[0]
     assert torch.equal(cc.load(path).evaluate(), torch.ones(3))  # what was saved is intact
 
 
@@ -48,8 +50,9 @@ def test_requires_grad_set_after_wrapping_is_stale():
     w = torch.ones(3)
     node = cc.Array(w, name="w")
     w.requires_grad_()
-    with pytest.raises(cc.errors.StaleTensorError, match="requires_grad"):
+    with pytest.raises(cc.errors.StaleTensorError, match="requires_grad") as info:  # says what changed
         node.tensor()
+    assert info.value.node is node
 
 
 def test_the_evaluator_never_serves_a_value_computed_from_an_edited_tensor():
@@ -89,8 +92,9 @@ def test_an_index_keeps_its_own_copy_of_the_index_tensor():
 def test_an_index_tensor_edited_through_the_node_is_refused():
     node = cc.Index(cc.Array(torch.randn(3, 4), name="x"), (torch.tensor([0, 1]),), name="i")
     node.index[0][0] = 2
-    with pytest.raises(cc.errors.StaleTensorError, match="'i'"):
+    with pytest.raises(cc.errors.StaleTensorError) as info:
         node.evaluate()
+    assert info.value.node is node
 
 
 def test_editing_one_parse_result_does_not_reach_a_later_parse():
@@ -214,22 +218,26 @@ def test_a_shape_fn_that_raises_anything_is_a_function_spec_error():
         raise KeyError("boom")
 
     spec = cc.FunctionSpec("raises_key_error", 1, shape_fn, torch.exp)
-    with pytest.raises(cc.errors.FunctionSpecError, match="'f'.*KeyError"):
+    with pytest.raises(cc.errors.FunctionSpecError, match="'f'") as info:  # names the node being built
         cc.GeneralFunction(cc.Symbol((2,), name="x"), spec=spec, name="f")
+    assert isinstance(info.value.__cause__, KeyError)
 
 
 def test_a_function_returning_another_shape_than_declared_is_an_evaluation_error():
     spec = cc.FunctionSpec("lies_about_shape", 1, lambda shapes: shapes[0], lambda x: x.sum(-1))
     node = cc.GeneralFunction(cc.Array(torch.ones(2, 3), name="x"), spec=spec, name="f")
-    with pytest.raises(cc.errors.EvaluationError, match="'f'.*returned shape \\[2\\].*declared \\[2,3\\]"):
+    # the message gives both shapes
+    with pytest.raises(cc.errors.EvaluationError, match="returned shape \\[2\\].*declared \\[2,3\\]") as info:
         node.evaluate()
+    assert info.value.node is node
 
 
 def test_a_scalar_too_big_to_make_is_an_evaluation_error():
     huge = cc.Scalar(1.0, shape=(2**40, 2**40), name="huge")
     for root in (huge, cc.Add(huge, name="sum")):
-        with pytest.raises(cc.errors.EvaluationError, match="'huge'"):
+        with pytest.raises(cc.errors.EvaluationError) as info:
             root.evaluate()
+        assert info.value.node is huge
 
 
 # ---------------------------------------------------------- pickle, deepcopy

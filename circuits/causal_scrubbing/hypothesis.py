@@ -126,7 +126,8 @@ class InterpNode:
             parent, node = stack.pop()
             if id(node) in seen:
                 raise IllegalCorrespondenceError(
-                    f"interpretation node {node.name!r} is reached twice: an interpretation is a tree"
+                    f"interpretation node {node.name!r} is reached twice: an interpretation is a tree",
+                    i_node=node,
                 )
             seen.add(id(node))
             yield parent, node

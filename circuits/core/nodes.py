@@ -547,7 +547,8 @@ class Array(Circuit):
             f"{self.describe()} {shape_rules.format_shape(self.shape)} with hash "
             f"{self.content_hash[:PRINTED_HEX_DIGITS]}: {change}, so its hash and printed form no longer "
             "describe its tensor; make a new Array from the tensor as it is now (or clone it before "
-            "changing it)"
+            "changing it)",
+            node=self,
         )
 
     def tensor(self) -> torch.Tensor:
@@ -556,7 +557,8 @@ class Array(Circuit):
             raise MissingTensorError(
                 f"{self.describe()} {shape_rules.format_shape(self.shape)} with hash "
                 f"{self.content_hash[:PRINTED_HEX_DIGITS]} has no tensor: it was parsed "
-                "without a tensor store holding it (pass store= to parse)"
+                "without a tensor store holding it (pass store= to parse)",
+                node=self,
             )
         self.check_fresh()
         return self.value

@@ -474,7 +474,12 @@ def check_weights(
             continue
         tensors[name] = value if attach else value.detach()
     if problems:
-        raise ModelError(f"{family} weights do not fit the config:\n  " + "\n  ".join(problems))
+        raise ModelError(
+            f"{family} weights do not fit the config:\n  " + "\n  ".join(problems),
+            missing_keys=missing,
+            unexpected_keys=unknown,
+            mismatched_keys=[n for n in expected if n in weights and n not in tensors],
+        )
     dtypes = {t.dtype for t in tensors.values()}
     if len(dtypes) > 1:
         raise ModelError(

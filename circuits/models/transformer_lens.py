@@ -95,7 +95,8 @@ def _tl_dims(state: Mapping[str, Any], family: str) -> dict[str, int]:
         raise ModelError(
             f"TransformerLens {family}: missing {', '.join(repr(k) for k in missing)}, needed to read the "
             f"model's dimensions{hint}; accepted keys: "
-            f"{', '.join(f'{k} {s}' for k, s in TRANSFORMER_LENS_KEYS.items())}"
+            f"{', '.join(f'{k} {s}' for k, s in TRANSFORMER_LENS_KEYS.items())}",
+            missing_keys=missing,
         )
     for key, rank in ranks.items():
         if not isinstance(state[key], torch.Tensor) or state[key].ndim != rank:
