@@ -166,7 +166,7 @@ def test_delegating_methods_spell_out_the_parameters_they_forward(method, functi
     assert parameters(method) == parameters(function)
     keywords = [name for name, kind, _ in parameters(method) if kind is inspect.Parameter.VAR_KEYWORD]
     # print and repr take PrintOptions' fields as keyword overrides: defined once (issue 29 item 3);
-    # an unknown one is a PrintError (tests/test_print_options.py)
+    # an unknown one is a PrintError (tests/test_print_options_object.py)
     assert keywords == (["overrides"] if function is printing.repr_many else [])
 
 
