@@ -10,7 +10,8 @@ holds what a user types daily, by concept: the node classes; function specs
 sub-package (docs/api.md lists them): ``cc.passes`` (every rewrite pass),
 ``cc.errors`` (every exception class), ``cc.experiments`` (ablation,
 patching, sweeps, caches; ``from circuits import experiments as ex``) and
-``cc.models`` (builders and loaders).  A name is here only if ``__all__``
+``circuits.models`` (builders and loaders: ``from circuits import models``;
+not imported here, so that parsing and evaluating a file loads no model code).  A name is here only if ``__all__``
 lists it (0.2.0 moved the rest: CHANGELOG.md).
 """
 
@@ -64,7 +65,7 @@ from circuits.errors import CircuitError
 # convention with the matcher (circuits.rewriting.hints): the layer and head of a found node,
 # "split_heads first", and Point as a matcher form.
 from circuits import errors, passes, transformer  # noqa: F401 (transformer: imported to register)
-from circuits import experiments, models
+from circuits import experiments
 
 __all__ = [
     # Nodes
@@ -120,6 +121,5 @@ __all__ = [
     # Sub-packages
     "errors",
     "experiments",
-    "models",
     "passes",
 ]

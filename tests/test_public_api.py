@@ -18,10 +18,10 @@ import pytest
 
 import circuits as cc
 from circuits import experiments as ex
-from circuits import passes
+from circuits import models, passes
 from circuits.experiments import patching_grids
 
-ROOTS = [cc, ex, passes, cc.models, patching_grids]
+ROOTS = [cc, ex, passes, models, patching_grids]
 
 
 def _public(module: types.ModuleType) -> set[str]:
