@@ -8,6 +8,8 @@ thing, that a keyword overrides the object, and that a bad option is a typed err
 
 from __future__ import annotations
 
+import inspect
+
 import attrs
 import pytest
 import torch
@@ -46,6 +48,13 @@ X_HASH = small().get_unique("x").content_hash[:24]
 def test_the_fields_are_the_print_keywords_each_once():
     assert tuple(f.name for f in attrs.fields(cc.PrintOptions)) == KEYWORDS
     assert "PrintOptions" in cc.__all__
+    # help() shows them as keywords, with their defaults, after the options object
+    for function in (cc.Circuit.repr, cc.Circuit.print, repr_many):
+        params = list(inspect.signature(function).parameters.values())[2:]
+        assert [(p.name, p.kind, p.default) for p in params] == [
+            (f.name, inspect.Parameter.KEYWORD_ONLY, f.default) for f in attrs.fields(cc.PrintOptions)
+        ]
+    assert list(inspect.signature(to_html).parameters)[-3:] == ["comment", "color", "costs"]
 
 
 def test_the_object_and_the_keywords_print_the_same_text():

@@ -26,6 +26,7 @@ IPython): the FORMAT.md text, whole for a circuit of at most
 
 from __future__ import annotations
 
+import functools
 import html
 import io
 from collections import defaultdict
@@ -34,7 +35,7 @@ from typing import Any, Iterable
 from circuits.core.nodes import Circuit
 from circuits.errors import PrintError
 from circuits.evaluation.costs import cost
-from circuits.text.print_options import NodeText, PrintOptions
+from circuits.text.print_options import NodeText, PrintOptions, spells_out_print_options
 from circuits.text.printing import colour_of, comment_of, quote_name, repr_many
 from circuits.core.shapes import format_shape
 from circuits.core.traversal import unique_nodes
@@ -79,6 +80,7 @@ def pretty_text(circuit: Circuit) -> str:
 HTML_OPTIONS = ("comment", "color", "costs")
 
 
+@functools.partial(spells_out_print_options, fields=HTML_OPTIONS)
 def to_html(
     circuits: Circuit | Iterable[Circuit],
     options: PrintOptions | None = None,

@@ -205,13 +205,24 @@ class PrintOptions:
 
 FIELDS: tuple[attrs.Attribute, ...] = attrs.fields(PrintOptions)
 FIELD_NAMES: tuple[str, ...] = tuple(field.name for field in FIELDS)
+_FIELD_PARAMETERS = [
+    inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
+    for f in FIELDS
+]
 #: ``help(PrintOptions)`` and ``inspect.signature`` show every field with its default.
-PrintOptions.__signature__ = inspect.Signature(
-    [
-        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
-        for f in FIELDS
-    ]
-)
+PrintOptions.__signature__ = inspect.Signature(_FIELD_PARAMETERS)  # type: ignore[attr-defined]
+
+
+def spells_out_print_options(function: Callable, fields: Iterable[str] = FIELD_NAMES) -> Callable:
+    """``function`` (taking ``**overrides``, the print options) shown by ``help()`` and
+    ``inspect.signature`` with each of ``fields`` as a keyword-only parameter instead, with its
+    default: the signature says what the keywords are, though they are defined here only."""
+    signature = inspect.signature(function)
+    own = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    function.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=own + [p for p in _FIELD_PARAMETERS if p.name in fields]
+    )
+    return function
 
 
 def _check_fields(names: Iterable[str], where: str) -> None:
@@ -228,3 +239,8 @@ def _check_fields(names: Iterable[str], where: str) -> None:
 
 
 _DEFAULT = PrintOptions()
+
+# Circuit's print methods forward to repr_many; the core layer cannot import this one, so their
+# signatures are spelled out here, where the fields are.
+spells_out_print_options(Circuit.repr)
+spells_out_print_options(Circuit.print)

@@ -35,7 +35,7 @@ from circuits.evaluation.costs import cost
 from circuits.core.gcpause import gc_paused
 from circuits.core.nodes import Array, Circuit, Einsum, Index, Scalar, Scatter, Symbol
 from circuits.core.shapes import EINSUM_LETTERS, format_shape
-from circuits.text.print_options import NodeText, PrintOptions, Traversal
+from circuits.text.print_options import NodeText, PrintOptions, Traversal, spells_out_print_options
 from circuits.text.store import TensorStore
 
 # Variants whose shape FORMAT.md prints by default: it does not follow from children.
@@ -71,6 +71,7 @@ def quote_name(name: str) -> str:
     return f"'{escaped}'"
 
 
+@spells_out_print_options
 def repr_many(circuits: Iterable[Circuit], options: PrintOptions | None = None, /, **overrides: Any) -> str:
     """Print several circuits together, sharing references and serial numbers.
 
