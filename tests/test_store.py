@@ -152,7 +152,7 @@ def _run_python(script: str) -> subprocess.CompletedProcess:
 
 _LOAD_THEN_TRUNCATE = """
 import os, sys, torch
-import circuits as cc
+from circuits.text.store import TensorStore
 store = TensorStore(sys.argv[1], mmap={mmap})
 full = store.save(torch.arange(1_000_000, dtype=torch.float32))
 tensor = store.load(full[:24])
