@@ -11,8 +11,9 @@ sub-package (docs/api.md lists them): ``cc.passes`` (every rewrite pass),
 ``cc.errors`` (every exception class), ``cc.experiments`` (ablation,
 patching, sweeps, caches; ``from circuits import experiments as ex``) and
 ``circuits.models`` (builders and loaders: ``from circuits import models``;
-not imported here, so that parsing and evaluating a file loads no model code).  A name is here only if ``__all__``
-lists it (0.2.0 moved the rest: CHANGELOG.md).
+not imported here, so that parsing and evaluating a file loads no model
+code).  A name is here only if ``__all__`` lists it (0.2.0 moved the rest:
+CHANGELOG.md).
 """
 
 # Nodes: the frozen node classes a circuit is made of.
