@@ -164,7 +164,7 @@ def test_demo_model_points_equal_transformer_lens(masked):
     model = demo_transformer_lens(masked)
     tokens = repeated_tokens(2, 10)
     check_against_transformer_lens(
-        model, lambda: cm.load_demo_model(tokens), "attn_only", masked, tokens.to(torch.long)
+        model, lambda: cm.load_demo_model(tokens, causal=masked), "attn_only", masked, tokens.to(torch.long)
     )
 
 
