@@ -4,8 +4,8 @@ Token embedding by ``gen_index``, shortformer positions (added to the
 query/key input only), layer norm written out, attention with heads as an
 axis, a final layer norm, unembedding, log-softmax and the per-token loss.
 The builder writes attention *unsplit* and, by default, *causal* (masked, as
-every model is trained); built with ``causal=False`` (unmasked), ``cc.causal_mask``
-then ``cc.split_heads`` turn the 2-layer build at the golden dimensions into the
+every model is trained); built with ``causal=False`` (unmasked), ``cc.passes.causal_mask``
+then ``cc.passes.split_heads`` turn the 2-layer build at the golden dimensions into the
 golden file (all but the array hashes).
 """
 
