@@ -14,8 +14,10 @@ import math
 import re
 from collections import deque
 
+import factories
 import pytest
 import torch
+from factories import gemma, gemma2, mistral, neox, opt, qwen2, sorted_shifted, tl_model
 from hf_reference import hf_logits, logits_of, random_tokens
 
 import circuits as cc
@@ -23,6 +25,7 @@ import circuits.models as cm
 from circuits import experiments as ex
 from circuits.errors import ModelError
 from circuits.transformer import names
+from circuits.transformer.points import Point
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow  # importing TransformerLens takes seconds; each model a second
@@ -38,43 +41,20 @@ MEASURED: dict[str, float] = {}
 
 
 def odd_gpt2(seed: int = 0):
-    """A GPT-2 of odd dimensions: 3 heads of 5, d_mlp 23, vocab 19."""
-    torch.manual_seed(seed)
-    config = transformers.GPT2Config(
-        n_layer=2, n_head=3, n_embd=15, n_inner=23, vocab_size=19, n_positions=16
-    )
-    model = transformers.GPT2LMHeadModel(config).eval()
-    _tl().perturb(model, seed)
-    return model
+    """A GPT-2 of odd dimensions: 3 heads of 5, d_mlp 23, vocab 19, every weight moved."""
+    fields = dict(n_head=3, n_embd=15, n_inner=23, vocab_size=19, n_positions=16)
+    return factories.gpt2(seed=seed, perturb=sorted_shifted(0.3, seed), **fields)
 
 
 def odd_llama(seed: int = 0):
-    """A Llama with grouped-query attention (3 heads of 6, one key/value head), d_model 15."""
-    torch.manual_seed(seed)
-    config = transformers.LlamaConfig(
-        num_hidden_layers=2,
-        num_attention_heads=3,
-        num_key_value_heads=1,
-        head_dim=6,
-        hidden_size=15,
-        intermediate_size=23,
-        vocab_size=19,
-        max_position_embeddings=32,
-        rms_norm_eps=1e-5,
-    )
-    model = transformers.LlamaForCausalLM(config).eval()
-    _tl().perturb(model, seed)
-    return model
+    """A Llama with grouped-query attention (3 heads of 6, one key/value head), d_model 15, every
+    weight moved."""
+    fields = dict(num_attention_heads=3, head_dim=6, hidden_size=15, intermediate_size=23, vocab_size=19)
+    fields.update(max_position_embeddings=32, rms_norm_eps=1e-5)
+    return factories.llama(1, seed=seed, perturb=sorted_shifted(0.3, seed), **fields)
 
 
 def _family_models():
-    from test_models_gemma import gemma
-    from test_models_gemma2 import gemma2
-    from test_models_mistral import mistral
-    from test_models_neox import neox
-    from test_models_opt import opt
-    from test_models_qwen2 import qwen2
-
     return {
         "gpt2": odd_gpt2,
         "llama-gqa": odd_llama,
@@ -130,7 +110,7 @@ class Ours:
         self.n_heads = heads
         self.group = heads // (model.cfg.n_key_value_heads or heads)
         self.split = ex.run_with_cache(
-            cc.split_heads(circuit),
+            cc.passes.split_heads(circuit),
             [("head_out", layer, h) for layer in range(model.cfg.n_layers) for h in range(heads)],
         )
         self.parallel = family.startswith("neox-parallel")
@@ -140,7 +120,7 @@ class Ours:
 
     def node(self, kind, layer, name):
         """The node ``name`` inside the point ``(kind, layer)``."""
-        return _below(self.circuit.get_unique(ex.point(kind, layer)), name).evaluate()
+        return _below(self.circuit.get_unique(Point(kind, layer)), name).evaluate()
 
     def named(self, name):
         return self.circuit.get_unique(name).evaluate()
@@ -379,9 +359,9 @@ def test_every_hook_of_a_wrapped_model_equals_the_circuit(family, compat):
 @pytest.mark.parametrize("masked", [True, False], ids=["causal", "bidirectional"])
 def test_every_hook_of_a_native_model_equals_the_circuit(masked, compat):
     """``boot_native``'s GPT-2 layout, causal or bidirectional, read as family ``'gpt2'``."""
-    model = _with_attn_result(_tl().native(masked, compat=compat))
+    model = _with_attn_result(tl_model("gpt2", masked, compat=compat))
     tokens = random_tokens(17, True, length=9)
-    circuit = cm.from_transformer_lens(model, tokens)
+    circuit = cm.from_transformer_lens(model, tokens, causal=masked)
     assert (logits_of(circuit) - _tl().logits(model, tokens[:, :-1])).abs().max().item() < TOL
     label = f"native {'causal' if masked else 'bidirectional'} {'compat' if compat else 'raw'}"
     check_every_hook(model, circuit, "native", tokens, label)
@@ -391,9 +371,6 @@ def test_compatibility_mode_biases_the_builder_lacks_are_refused():
     """Compatibility mode's defaults fold Qwen2's value biases into ``b_O`` and GPT-NeoX's final norm bias
     into ``b_U``; the builders have no node for those, so the bridge is refused naming them (never a
     circuit without them)."""
-    from test_models_neox import neox
-    from test_models_qwen2 import qwen2
-
     tokens = random_tokens(97, True, length=9)
     with pytest.raises(ModelError, match=r"'blocks\.0\.attn\.b_O'.*fold_value_biases=False"):
         cm.from_transformer_lens(_tl().bridge(qwen2(2), compat=True), tokens)
@@ -404,7 +381,7 @@ def test_compatibility_mode_biases_the_builder_lacks_are_refused():
 def test_parameter_free_native_norms_are_unit_weights():
     """A native ``normalization_type='LNPre'`` (no weights) is the circuit's layer norm with unit scale
     and zero bias: TransformerLens's logits."""
-    model = _tl().native(normalization_type="LNPre")
+    model = tl_model(normalization_type="LNPre")
     tokens = random_tokens(17, True, length=9)
     circuit = cm.from_transformer_lens(model, tokens)
     assert (logits_of(circuit) - _tl().logits(model, tokens[:, :-1])).abs().max().item() < TOL
@@ -438,7 +415,7 @@ def test_tl_parameters_with_the_bridge_cfg_equal_the_bridge():
     """A native bridge's ``tl_parameters()`` with ``cfg=bridge.cfg`` (HookedTransformer's layout) build the
     bridge's circuit; a wrapped model's are refused (its own config holds what the cfg does not)."""
     tokens = random_tokens(17, True, length=9)
-    native = _tl().native(compat=True)
+    native = tl_model(compat=True)
     state = {k: v.detach() for k, v in native.tl_parameters().items()}
     assert cm.from_transformer_lens(state, tokens, cfg=native.cfg) == cm.from_transformer_lens(native, tokens)
     for model in (_tl().bridge(odd_gpt2()), _tl().bridge(odd_llama())):
@@ -448,7 +425,7 @@ def test_tl_parameters_with_the_bridge_cfg_equal_the_bridge():
 
 def test_what_cannot_be_read_is_refused_naming_it():
     tokens = random_tokens(17, True, length=9)
-    model = _tl().native()
+    model = tl_model()
     with pytest.raises(ModelError, match=r"cfg= is given with a TransformerBridge"):
         cm.from_transformer_lens(model, tokens, cfg=model.cfg)
     with pytest.raises(ModelError, match=r"'embed\.weight' is a TransformerBridge state-dict key"):
@@ -461,7 +438,10 @@ def test_what_cannot_be_read_is_refused_naming_it():
         cm.from_transformer_lens(model, tokens, act="relu")
     llama = _tl().bridge(odd_llama())
     with pytest.raises(ModelError, match=r"rotary TransformerBridge's tables need the number of positions"):
+        cm.from_transformer_lens(llama)  # no tokens, no seq_len
+    with pytest.raises(ModelError) as info:
         cm.from_transformer_lens(llama, seq_len=0)
+    assert info.value.field == "seq_len"
 
 
 @pytest.mark.parametrize(
@@ -482,7 +462,7 @@ def test_what_cannot_be_read_is_refused_naming_it():
     ],
 )
 def test_native_options_the_builder_lacks_are_refused(fields, fragment):
-    model = _tl().native(**fields)
+    model = tl_model(**fields)
     with pytest.raises(ModelError, match=re.escape(fragment)):
         cm.from_transformer_lens(model, random_tokens(17, True, length=9))
 

@@ -1,7 +1,7 @@
 """``from_transformer_lens`` for the rotary families, OPT and GPT-2, against TransformerLens 4's own forward.
 
 Nothing is downloaded: each family's random-weight Hugging Face model comes from an odd-dimension
-config (the family test modules' factories), and TransformerLens 4's ``TransformerBridge`` is built
+config (tests/factories.py), and TransformerLens 4's ``TransformerBridge`` is built
 around it offline (``tl_reference.bridge``: ``build_bridge_from_module``, what ``boot_transformers``
 does after loading), its compatibility mode (HookedTransformer's weight processing) where a test asks
 for it.  The references are TransformerLens's forward (logits, with hooks editing ``hook_z`` or
@@ -22,23 +22,20 @@ from __future__ import annotations
 
 import math
 
+import factories
 import pytest
 import torch
 from hf_reference import hf_logits, logits_of, random_tokens
-from test_models_gemma import gemma
-from test_models_gemma2 import WINDOW as GEMMA2_WINDOW
-from test_models_gemma2 import gemma2
-from test_models_hf import gpt2, llama
-from test_models_mistral import mistral
-from test_models_neox import neox
-from test_models_opt import opt
-from test_models_qwen2 import qwen2
+from factories import GEMMA2_WINDOW, gemma, gemma2, mistral, neox, opt, qwen2
+from factories import perturbed_gpt2 as gpt2
+from factories import perturbed_llama as llama
 
 import circuits as cc
 import circuits.models as cm
 from circuits import experiments as ex
 from circuits.transformer import names
 from circuits.errors import ModelError
+from circuits.transformer.points import HEAD_KINDS, POINT_KINDS, Point
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow  # TransformerLens takes seconds to import, each bridge about one to build
@@ -65,7 +62,7 @@ def tl_logits(model, inputs, hooks=()):
     return _tl().logits(model, inputs, hooks)
 
 
-#: family -> the Hugging Face model (from the family test modules' factories)
+#: family -> the Hugging Face model (tests/factories.py)
 MODELS = {
     "gpt2": lambda: gpt2(False),
     "opt": lambda: opt(word_embed_proj_dim=39),
@@ -106,7 +103,7 @@ def test_zero_ablated_head_equals_transformer_lens_hook_z(key):
     tokens = random_tokens(model.config.vocab_size, True, length=11, seed=2)
     bridge = tl_from_hf(model)
     circuit = cm.from_transformer_lens(bridge, tokens)
-    split = cc.split_heads(circuit)
+    split = cc.passes.split_heads(circuit)
     assert (logits_of(split) - logits_of(circuit)).abs().max().item() < 1e-5
     ablated = ex.zero_ablate(split, names.head(1, 2))
 
@@ -146,8 +143,9 @@ def test_family_and_options_are_checked_against_the_bridge():
 
 def test_processed_weights_are_exact_or_refused():
     """Compatibility mode's folded norms and centred writing weights and unembedding are still the model
-    TransformerLens runs, and the circuit gives its logits; value biases folded into ``b_O`` (Qwen2's),
-    for which the Llama builder has no node, are refused naming ``b_O``."""
+    TransformerLens runs, and the circuit gives its logits; a folded model's state dict without its cfg
+    is refused listing the missing norm keys (``missing_keys``) and naming the likely cause; value biases
+    folded into ``b_O`` (Qwen2's), for which the Llama builder has no node, are refused naming ``b_O``."""
     tokens = random_tokens(97, True)
     for model, processing in (
         (llama(2), {"fold_ln": True, "center_writing_weights": False, "center_unembed": False}),
@@ -157,6 +155,16 @@ def test_processed_weights_are_exact_or_refused():
         bridge = tl_from_hf(model, fold_value_biases=False, **processing)
         ours = logits_of(cm.from_transformer_lens(bridge, tokens))
         assert (ours - tl_logits(bridge, tokens[:, :-1])).abs().max().item() < TOL
+    folded = factories.tl_model(compat=True)  # TransformerLens 4 keeps folded norms as unit weights
+    state = {k: v.detach() for k, v in folded.tl_parameters().items()}
+    assert torch.equal(state["blocks.0.ln1.w"], torch.ones(12))
+    # TransformerLens 3's folded state dict has no norm weights at all: refused listing them
+    norms = [f"blocks.{i}.ln{j}.{p}" for i in (0, 1) for j in (1, 2) for p in "wb"]
+    norms += ["ln_final.w", "ln_final.b"]
+    with pytest.raises(ModelError, match="folded layer norms") as info:  # the likely cause
+        without = {k: v for k, v in state.items() if k not in norms}
+        cm.from_transformer_lens(without, random_tokens(17, True), family="gpt2")
+    assert info.value.missing_keys == norms
     value_folded = tl_from_hf(qwen2(2), fold_value_biases=True, fold_ln=False)
     with pytest.raises(ModelError, match=r"'blocks.0.attn.b_O'.*fold_value_biases=False"):
         cm.from_transformer_lens(value_folded, tokens)
@@ -266,13 +274,13 @@ def test_every_activation_point_equals_transformer_lens(key):
     wanted = {
         "unsplit": ex.run_with_cache(circuit),
         "split": ex.run_with_cache(
-            cc.split_heads(circuit),
-            [(kind, layer, h) for kind in ex.HEAD_KINDS for layer in range(2) for h in range(heads)],
+            cc.passes.split_heads(circuit),
+            [(kind, layer, h) for kind in HEAD_KINDS for layer in range(2) for h in range(heads)],
         ),
     }
     rotary = bridge.cfg.positional_embedding_type == "rotary"
     lacking = {"head_out"} | ({"pos_embed"} if rotary else set())  # head_out: split circuits only
-    assert {kind for kind, _, _ in wanted["unsplit"]} == set(ex.POINT_KINDS) - lacking
+    assert {kind for kind, _, _ in wanted["unsplit"]} == set(POINT_KINDS) - lacking
     compared = 0
     for variant, found in wanted.items():
         for (kind, layer, head), ours in found.items():
@@ -304,7 +312,7 @@ def test_patching_a_point_equals_transformer_lens_hook(key):
     with torch.no_grad():
         _, source = bridge.run_with_cache(corrupted[:, :-1])
     for kind, layer, hook in (("z", 1, "blocks.1.attn.hook_z"), ("mlp_post", 0, "blocks.0.mlp.hook_post")):
-        patched = ex.patch(circuit, ex.point(kind, layer), {names.TOKENS: corrupted})
+        patched = ex.patch(circuit, Point(kind, layer), {names.TOKENS: corrupted})
         want = tl_logits(bridge, clean[:, :-1], [(hook, lambda value, hook, name=hook: source[name])])
         assert (logits_of(patched) - want).abs().max().item() < TOL, kind
         assert (logits_of(circuit) - want).abs().max().item() > 1e-3, kind
@@ -334,7 +342,7 @@ def test_causal_scrubbing_runs_on_the_family(key):
     model = MODELS[key]()
     bridge = tl_from_hf(model)
     tokens = torch.randint(0, model.config.vocab_size, (24, 8), generator=torch.Generator().manual_seed(5))
-    circuit = cc.split_heads(cm.from_transformer_lens(bridge, tokens[:2]))
+    circuit = cc.passes.split_heads(cm.from_transformer_lens(bridge, tokens[:2]))
     values = {}
     for claim in ("all", "none", "head"):
         corr = Correspondence()
@@ -377,39 +385,43 @@ def test_attached_gradients_equal_transformer_lens_backward(key):
 
 @pytest.mark.parametrize("masked", [True, False])
 def test_native_model_family_and_mask_from_its_cfg(masked):
-    """TransformerLens 4's natively booted model (no Hugging Face architecture) reads as family ``gpt2``,
-    masked as its ``attention_dir`` says; its ``tl_parameters()`` with its cfg build the same circuit."""
-    bridge = _tl().native(masked)
+    """TransformerLens 4's natively booted model (no Hugging Face architecture) reads as family ``gpt2``;
+    built ``causal`` as its ``attention_dir`` says it gives TransformerLens's logits, and its
+    ``tl_parameters()`` with its cfg build the same circuit.  A bidirectional cfg is refused with the
+    default ``causal=True`` (the bridge and its state dict alike), naming the field."""
+    bridge = factories.tl_model("gpt2", masked)
     tokens = torch.randint(0, 17, (3, 9), generator=torch.Generator().manual_seed(1))
-    ours = logits_of(cm.from_transformer_lens(bridge, tokens))
+    circuit = cm.from_transformer_lens(bridge, tokens, causal=masked)
+    ours = logits_of(circuit)
     assert (ours - tl_logits(bridge, tokens[:, :-1])).abs().max().item() < TOL
-    unmasked = logits_of(cm.from_transformer_lens(bridge, tokens, causal=not masked))
-    assert (unmasked - ours).abs().max().item() > 1e-3  # the mask matters
+    if masked:
+        other = cm.from_transformer_lens(bridge, tokens, causal=False)
+    else:  # causal=True is refused for this cfg (below): the causal_mask pass masks it
+        other = cc.passes.causal_mask(circuit)
+    assert (logits_of(other) - ours).abs().max().item() > 1e-3  # the mask matters
     state = {k: v.detach() for k, v in bridge.tl_parameters().items()}
-    assert cm.from_transformer_lens(state, tokens, cfg=bridge.cfg) == cm.from_transformer_lens(
-        bridge, tokens, family="gpt2"
+    assert cm.from_transformer_lens(state, tokens, cfg=bridge.cfg, causal=masked) == cm.from_transformer_lens(
+        bridge, tokens, family="gpt2", causal=masked
     )
     assert cm.from_transformer_lens(state, tokens, family="gpt2", causal=masked) == cm.from_transformer_lens(
-        bridge, tokens
+        bridge, tokens, causal=masked
     )
+    if not masked:  # the default (causal) is refused for a bidirectional cfg, by name
+        for source, cfg in ((bridge, None), (state, bridge.cfg)):
+            with pytest.raises(ModelError) as info:
+                cm.from_transformer_lens(source, tokens, cfg=cfg)
+            assert info.value.field == "causal"
 
 
 def llama3(seed: int = 0):
     """A Llama with Llama 3's scaled rotary positions (NTK by parts), long wavelengths well scaled."""
-    torch.manual_seed(seed)
     rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
-    config = transformers.LlamaConfig(
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        hidden_size=32,
-        intermediate_size=48,
-        vocab_size=97,
-        max_position_embeddings=64,
+    return factories.llama(
+        2,
+        seed=seed,
         rms_norm_eps=1e-5,
         rope_scaling=dict(rope, original_max_position_embeddings=8, rope_theta=10000.0),
     )
-    return transformers.LlamaForCausalLM(config).eval()
 
 
 def test_llama3_scaled_rotary_uses_the_wrapped_models_tables():
@@ -435,9 +447,9 @@ def test_float64_native_model_equals_transformer_lens_exactly(masked):
     a Hugging Face model is not: its eager attention takes the softmax in float32 even in float64 models,
     so TransformerLens 3's exact float64 agreement on the rotary families has no TransformerLens 4
     equivalent.)"""
-    bridge = _tl().native(masked, dtype=torch.float64)
+    bridge = factories.tl_model("gpt2", masked, dtype=torch.float64)
     tokens = torch.randint(0, 17, (3, 9), generator=torch.Generator().manual_seed(1))
-    ours = logits_of(cm.from_transformer_lens(bridge, tokens))
+    ours = logits_of(cm.from_transformer_lens(bridge, tokens, causal=masked))
     assert ours.dtype == torch.float64
     theirs = tl_logits(bridge, tokens[:, :-1])
     MEASURED[f"native float64 masked={masked}: max |ours - TL|"] = (ours - theirs).abs().max().item()
