@@ -444,6 +444,58 @@ def test_what_cannot_be_read_is_refused_naming_it():
     assert info.value.field == "seq_len"
 
 
+class _NumberTokenizer:
+    """A tokenizer called as Hugging Face's is (``tokenizer(text)["input_ids"]``): word ``"w7"`` is id 7,
+    the beginning of sequence id 0."""
+
+    bos_token_id = 0
+
+    def __call__(self, text: str) -> dict:
+        return {"input_ids": [int(word[1:]) for word in text.split()]}
+
+
+def test_model_options_reach_a_bridge():
+    """A bridge takes ``models.ModelOptions`` as an object or as keywords, alike: ``causal`` is True by
+    default, so a bidirectional bridge is refused naming the field until ``causal=False`` builds
+    TransformerLens's model; ``attach`` makes the arrays the bridge's parameters (the circuit's backward
+    reaches them; without it the circuit has no graph); ``tokenizer`` reads text; ``rope``, which a bridge
+    brings itself, is refused naming it."""
+    tokens = random_tokens(17, True, length=9)
+    bidirectional = tl_model(masked=False)
+    for refused in (
+        lambda: cm.from_transformer_lens(bidirectional, tokens),
+        lambda: cm.from_transformer_lens(bidirectional, tokens, cm.ModelOptions(seq_len=8)),
+        lambda: cm.from_transformer_lens(bidirectional, tokens, cm.ModelOptions(causal=False), causal=True),
+    ):
+        with pytest.raises(ModelError) as info:
+            refused()
+        assert info.value.field == "causal"
+    unmasked = cm.from_transformer_lens(bidirectional, tokens, cm.ModelOptions(causal=False))
+    assert unmasked == cm.from_transformer_lens(bidirectional, tokens, causal=False)
+    theirs = _tl().logits(bidirectional, tokens[:, :-1])
+    assert (logits_of(unmasked) - theirs).abs().max().item() < TOL
+    model = tl_model()
+    assert not cc.evaluate(cm.from_transformer_lens(model, tokens)).requires_grad  # copies
+    cc.evaluate(cm.from_transformer_lens(model, tokens, cm.ModelOptions(attach=True))).mean().backward()
+    reached = [name for name, p in model.named_parameters() if p.grad is not None]
+    assert len(reached) == len(list(model.parameters())), reached
+    text = "w3 w5 w7 w1 w16 w2"
+    ids = torch.tensor([0, 3, 5, 7, 1, 16, 2])
+    by_text = cm.from_transformer_lens(model, text, cm.ModelOptions(tokenizer=_NumberTokenizer()))
+    assert by_text == cm.from_transformer_lens(model, ids)
+    assert by_text == cm.from_transformer_lens(model, text, tokenizer=_NumberTokenizer())
+    rotary = _tl().bridge(odd_llama())
+    for call in (
+        lambda: cm.from_transformer_lens(rotary, random_tokens(19, True), rope=(torch.ones(8, 6),) * 2),
+        lambda: cm.from_transformer_lens(
+            rotary, random_tokens(19, True), cm.ModelOptions(rope=(torch.ones(8, 6),) * 2)
+        ),
+    ):
+        with pytest.raises(ModelError) as info:
+            call()
+        assert info.value.field == "rope"
+
+
 @pytest.mark.parametrize(
     "fields, fragment",
     [
