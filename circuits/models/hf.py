@@ -35,13 +35,13 @@ from circuits.transformer.masks import NEG_INF
 from circuits.models.common import CONVENTIONS, checked_options
 from circuits.models.gpt2 import build_gpt2
 from circuits.models.hf_gpt2 import gpt2_config_from_hf, gpt2_weights_from_hf
-from circuits.models.hf_llama import (
-    FAMILY_NAMES,
-    hf_rope_tables,
-    llama_config_from_hf,
-    llama_weights_from_hf,
-    rope_from_transformers,
-    rope_type,
+from circuits.models.hf_llama import FAMILY_NAMES, FUSED, llama_config_from_hf, llama_weights_from_hf
+from circuits.models.hf_rope import (
+    PER_KIND,
+    module_tables,
+    rope_kinds,
+    scaled_kinds,
+    tables_from_transformers,
 )
 from circuits.models.hf_neox import neox_config_from_hf, neox_weights_from_hf
 from circuits.models.hf_opt import opt_config_from_hf, opt_weights_from_hf
@@ -55,9 +55,12 @@ SUPPORTED_HF = {
     "gpt2": "GPT2LMHeadModel",
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
     "mistral": "MistralForCausalLM",
     "gemma": "GemmaForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
     "gpt_neox": "GPTNeoXForCausalLM",
     "opt": "OPTForCausalLM",
 }
@@ -100,6 +103,20 @@ def _model_type(config: Any) -> str:
     return model_type
 
 
+def _refuse_quantized(config: Any) -> None:
+    """A quantised checkpoint or model (``quantization_config``: GPTQ, AWQ, bitsandbytes, fp8, ...) holds
+    packed or scaled tensors the builders cannot read as weights: refused, naming the field and method."""
+    quantization = get_field(config, "quantization_config")
+    if quantization is None:
+        return
+    method = get_field(quantization, "quant_method")  # a dict's key, or a QuantizationConfig's attribute
+    method = getattr(method, "value", method)  # transformers' QuantizationMethod enum
+    raise ModelError(
+        f"quantised models are not supported: the config's 'quantization_config' has quant_method "
+        f"{shown(repr(method))}; load the unquantised weights (or dequantise them) and build from those"
+    )
+
+
 def config_for(config: Any) -> tuple[str, Any]:
     """``(model_type, builder config)`` from a Hugging Face config, every field checked.
 
@@ -107,6 +124,7 @@ def config_for(config: Any) -> tuple[str, Any]:
     ``LlamaConfig`` (Qwen2, Mistral and the Gemmas are Llama variants).
     """
     model_type = _model_type(config)
+    _refuse_quantized(config)
     if model_type == "gpt2":
         return model_type, gpt2_config_from_hf(config)
     if model_type == "opt":
@@ -132,7 +150,48 @@ def hf_to_weights(
         return family, ours, opt_weights_from_hf(ours, state_dict, attach)
     if family == "gpt_neox":
         return family, ours, neox_weights_from_hf(ours, state_dict, attach)
-    return family, ours, llama_weights_from_hf(ours, state_dict, attach, FAMILY_NAMES[family])
+    weights = llama_weights_from_hf(ours, state_dict, attach, FAMILY_NAMES[family], fused=family in FUSED)
+    return family, ours, weights
+
+
+def _scaled_tables(
+    config: Any,
+    model_type: str,
+    tokens: Any,
+    seq_len: int | None,
+    convention: str,
+    dtype: torch.dtype,
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]] | None:
+    """The tables of the layer kinds with a scaled rotary variant, computed by transformers (None: none
+    has one, and the builder computes every table)."""
+    family = FAMILY_NAMES[model_type]
+    kinds = rope_kinds(family, config, model_type)
+    scaled = scaled_kinds(kinds)
+    if not scaled:
+        return None
+    seq = _positions(tokens, seq_len, convention)
+    if seq is None:
+        variants = ", ".join(repr(kinds[kind]["rope_type"]) for kind in scaled)
+        raise ModelError(
+            f"this {family} model's {variants} rotary tables need the number of positions: pass tokens "
+            "(an int tensor [S+1] or [B,S+1]) or seq_len= (a positive int), and a known convention"
+        )
+    config_dict = config if isinstance(config, Mapping) else config.to_dict()
+    return tables_from_transformers(family, config_dict, model_type, scaled, seq, dtype)
+
+
+def _own_tables(
+    model: Any, model_type: str, seq: int | None
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]] | None:
+    """A Llama-style model's own rotary tables for ``seq`` positions, per layer kind; None where the
+    positions are unknown (the builder then says what is wrong) or the model has no rotary module."""
+    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+    if seq is None or rotary is None:
+        return None
+    dtype = model.get_input_embeddings().weight.dtype
+    kinds = rope_kinds(FAMILY_NAMES[model_type], model.config, model_type)
+    per_kind = model_type in PER_KIND
+    return {kind: module_tables(rotary, seq, dtype, kind if per_kind else None) for kind in kinds}
 
 
 @checked_options()
@@ -146,7 +205,7 @@ def from_hf_state_dict(
     convention: str = "default",
     causal: bool = True,
     neg_inf: float = NEG_INF,
-    rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+    rope: tuple[torch.Tensor, torch.Tensor] | Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
     attach: bool = False,
     tokenizer: Any = None,
 ) -> Circuit:
@@ -170,21 +229,11 @@ def from_hf_state_dict(
     }
     if family in (*GPT2_LIKE, "gpt_neox"):
         if rope is not None:
-            raise ModelError(
-                "rope= applies to Llama-style models (llama, qwen2, mistral, gemma, gemma2) only"
-            )
+            raise ModelError(f"rope= applies to Llama-style models ({', '.join(FAMILY_NAMES)}) only")
         build = build_gpt2 if family in GPT2_LIKE else build_neox
         return build(ours, weights, tokens, **options)
-    if rope is None and rope_type(config) != "default":
-        seq = _positions(tokens, seq_len, convention)
-        if seq is None:
-            raise ModelError(
-                f"this Llama model's {rope_type(config)!r} rotary tables need the number of positions: pass "
-                "tokens (an int tensor [S+1] or [B,S+1]) or seq_len= (a positive int), and a known convention"
-            )
-        config_dict = config if isinstance(config, Mapping) else config.to_dict()
-        dtype = next(iter(weights.values())).dtype
-        rope = rope_from_transformers(config_dict, seq, dtype)
+    if rope is None:
+        rope = _scaled_tables(config, family, tokens, seq_len, convention, next(iter(weights.values())).dtype)
     return build_llama(ours, weights, tokens, rope=rope, **options)
 
 
@@ -227,13 +276,12 @@ def from_hf(
             f"from_hf: got a {type(model).__name__} ({model_type}); expected {expected} (a model with its LM head)"
         )
     rope = None
-    if model_type not in (*GPT2_LIKE, "gpt_neox"):
-        seq = _positions(tokens, seq_len, convention)
-        rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
-        if seq is not None and rotary is not None:
-            dtype = model.get_input_embeddings().weight.dtype
-            rope = hf_rope_tables(rotary, seq, dtype)
     state = model.state_dict(keep_vars=check_attach(attach))
+    if model_type not in (*GPT2_LIKE, "gpt_neox"):
+        rope = _own_tables(model, model_type, _positions(tokens, seq_len, convention))
+        embed_scale = getattr(model.get_input_embeddings(), "embed_scale", None)  # Gemmas: a buffer
+        if isinstance(embed_scale, torch.Tensor):
+            state = {**state, "model.embed_tokens.embed_scale": embed_scale}
     return from_hf_state_dict(
         config,
         state,

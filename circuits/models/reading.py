@@ -24,6 +24,11 @@ def get_field(config: Any, key: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
+#: The dtypes a weight may have: an int8, uint8 (packed 4-bit) or float8 tensor is a quantised one, whose
+#: values mean nothing without its scales, and is refused.
+WEIGHT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
 class Reader:
     """Takes tensors from a state dict, collecting every problem before raising.
 
@@ -54,6 +59,12 @@ class Reader:
             return None
         if tensor.is_meta:
             self.misshapen.append(f"{key!r} is a meta tensor, which has a shape but no values")
+            return None
+        if tensor.dtype not in WEIGHT_DTYPES:
+            self.misshapen.append(
+                f"{key!r} has dtype {str(tensor.dtype).removeprefix('torch.')}, not a weight dtype the builders "
+                f"compute with ({', '.join(str(t).removeprefix('torch.') for t in WEIGHT_DTYPES)}): a quantised tensor?"
+            )
             return None
         return tensor if self.attach else tensor.detach()
 
