@@ -231,6 +231,14 @@ def _rotary_dims(config: Any, rope: Mapping[str, Mapping[str, Any]]) -> int | No
     return None if dims == head_dim else dims
 
 
+def _max_positions(config: Any, family: str, rope: Mapping[str, Mapping[str, Any]]) -> int | None:
+    """The positions a circuit may have: ``max_position_embeddings``, except with the ``dynamic`` rotary
+    variant, which exists to go beyond it (transformers recomputes its frequencies for longer inputs)."""
+    if any(params["rope_type"] == "dynamic" for params in rope.values()):
+        return None
+    return optional_int(family, config, "max_position_embeddings")
+
+
 def llama_config_from_hf(config: Any, model_type: str = "llama") -> LlamaConfig:
     """Our ``LlamaConfig`` from a Hugging Face one (object or ``config.json`` dict), each field checked.
 
@@ -249,7 +257,7 @@ def llama_config_from_hf(config: Any, model_type: str = "llama") -> LlamaConfig:
         d_head=optional_int(family, config, "head_dim"),
         d_mlp=int_field(family, config, "intermediate_size"),
         vocab_size=int_field(family, config, "vocab_size"),
-        max_positions=optional_int(family, config, "max_position_embeddings"),
+        max_positions=_max_positions(config, family, rope),
         rms_eps=number_field(family, config, "rms_norm_eps", 1e-6),
         rope_theta=rope[FULL]["rope_theta"],
         act=_activation(config, model_type),

@@ -56,7 +56,7 @@ def rope_kinds(family: str, config: Any, model_type: str) -> dict[str, dict[str,
         key, params = hf_rope_parameters(family, config)
         theta = params if "rope_theta" in params else config
         params = dict(params, rope_theta=number_field(family, theta, "rope_theta", 10000.0, positive=True))
-        kinds = {FULL: (key, params)}
+        kinds = {FULL: (repr(key), params)}
     out = {}
     for kind, (key, params) in kinds.items():
         variant = rope_kind(family, params)
