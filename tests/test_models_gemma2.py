@@ -162,7 +162,8 @@ def test_split_heads_and_points_and_a_zeroed_head(monkeypatch):
 
 
 def test_unsupported_options_name_the_field():
-    config = gemma2().config.to_dict()  # query_pre_attn_scalar != head_dim: tests/test_models_families_2026.py
+    # (query_pre_attn_scalar other than head_dim is supported: tests/test_models_families_2026.py)
+    config = gemma2().config.to_dict()
     with pytest.raises(ModelError, match="attention_bias=True"):
         cm.from_hf_state_dict(dict(config, attention_bias=True), {})
     with pytest.raises(ModelError, match="'layer_types' is"):

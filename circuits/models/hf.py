@@ -1,15 +1,15 @@
 """Hugging Face models in memory and state dicts: ``from_hf``, ``from_hf_state_dict``, ``hf_to_weights``.
 
 - ``from_hf(model, tokens)``: an in-memory ``GPT2LMHeadModel``,
-  ``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``MistralForCausalLM``,
-  ``GemmaForCausalLM``, ``Gemma2ForCausalLM`` (these five are ``build_llama`` circuits), ``GPTNeoXForCausalLM`` (Pythia,
-  ``build_neox``) or ``OPTForCausalLM`` (a ``build_gpt2`` circuit: ``hf_opt``);
-  the config is read from the model.
+  ``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``, ``MistralForCausalLM``,
+  ``GemmaForCausalLM``, ``Gemma2ForCausalLM``, ``Gemma3ForCausalLM``, ``Phi3ForCausalLM`` (these
+  eight are ``build_llama`` circuits), ``GPTNeoXForCausalLM`` (Pythia, ``build_neox``) or
+  ``OPTForCausalLM`` (a ``build_gpt2`` circuit: ``hf_opt``); the config is read from the model.
 - ``from_hf_state_dict(config, state_dict, tokens)``: the same from a config
   (object or ``config.json`` dict) and a state dict.
 
-The per-family conversions are in ``hf_gpt2``, ``hf_llama`` (Qwen2,
-Mistral and the Gemmas too), ``hf_neox`` and ``hf_opt``; a checkpoint directory is read by ``checkpoint.load_hf_checkpoint``.  Weights are copied
+The per-family conversions are in ``hf_gpt2``, ``hf_llama`` (Qwen2, Qwen3,
+Mistral, the Gemmas and Phi-3 too; their rotary variants: ``hf_rope``), ``hf_neox`` and ``hf_opt``; a checkpoint directory is read by ``checkpoint.load_hf_checkpoint``.  Weights are copied
 (so later changes to the model do not make the circuit's array hashes stale)
 and converted to the builders' layouts.  With ``attach=True`` they are not
 copied: every weight array holds a view of the model's parameter (a transpose,
@@ -20,7 +20,10 @@ optimizer step) changes the arrays' tensors, so evaluating the circuit raises
 ``StaleTensorError``; rebuild it after each step.
 
 Every mistake (an unknown option, a config field of the wrong kind, weights
-that do not fit) is a ``ModelError`` naming the option, field or key at fault.
+that do not fit) is a ``ModelError`` naming the option, field or key at fault;
+so is what the builders cannot reproduce (an unknown architecture or rotary
+variant, a ``quantization_config``, a quantised tensor), never a circuit that
+computes something else.
 """
 
 from __future__ import annotations
@@ -121,7 +124,8 @@ def config_for(config: Any) -> tuple[str, Any]:
     """``(model_type, builder config)`` from a Hugging Face config, every field checked.
 
     ``'gpt2'`` and ``'opt'`` have a ``GPT2Config``, ``'gpt_neox'`` a ``NeoXConfig``, every other model_type a
-    ``LlamaConfig`` (Qwen2, Mistral and the Gemmas are Llama variants).
+    ``LlamaConfig`` (Qwen2, Qwen3, Mistral, the Gemmas and Phi-3 are Llama variants).  A
+    ``quantization_config`` is refused, naming it.
     """
     model_type = _model_type(config)
     _refuse_quantized(config)
@@ -214,8 +218,9 @@ def from_hf_state_dict(
     The options are the builder's (``build_gpt2``, ``build_llama`` or ``build_neox``, whose
     defaults agree), as in ``from_hf``; with ``attach`` the arrays are views
     of the state dict's tensors (see the module docstring).  ``rope``
-    (Llama only): the rotary ``(cos, sin)`` tables; by default the builder
-    computes them, or, for a scaled rotary variant, ``transformers`` does.
+    (Llama-style only): the rotary ``(cos, sin)`` tables, or a mapping from layer kinds to them
+    (as ``build_llama`` takes it); by default the builder computes them, or, for a scaled rotary
+    variant, ``transformers`` does (``hf_rope``).
     """
     tokens = token_ids(tokens, tokenizer)
     family, ours, weights = hf_to_weights(config, state_dict, check_attach(attach))
@@ -250,8 +255,10 @@ def from_hf(
     attach: bool = False,
     tokenizer: Any = None,
 ) -> Circuit:
-    """A circuit equal to an in-memory ``GPT2LMHeadModel``, ``LlamaForCausalLM``, ``Qwen2ForCausalLM``,
-    ``MistralForCausalLM``, ``GemmaForCausalLM``, ``Gemma2ForCausalLM``, ``GPTNeoXForCausalLM`` or ``OPTForCausalLM``.
+    """A circuit equal to an in-memory model of ``SUPPORTED_HF`` (``GPT2LMHeadModel``,
+    ``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``, ``MistralForCausalLM``,
+    ``GemmaForCausalLM``, ``Gemma2ForCausalLM``, ``Gemma3ForCausalLM``, ``Phi3ForCausalLM``,
+    ``GPTNeoXForCausalLM`` or ``OPTForCausalLM``).
 
     ``tokens``: an int tensor ``[S+1]`` or ``[B,S+1]`` (inputs all but the
     last, targets all but the first; copied), or None with ``seq_len=`` (and
@@ -262,7 +269,8 @@ def from_hf(
     every weight array a view of the model's parameter, so that a backward
     pass through the circuit fills ``model.parameters()``'s ``.grad``
     (rebuild the circuit after an optimizer step: see the module docstring).
-    A Llama-style model's rotary tables are its own.  The root is the per-token
+    A Llama-style model's rotary tables are its own (a copy of its module computes them, so the
+    model is left as it was), and so is a Gemma's embedding scale.  The root is the per-token
     loss ``'t.loss'``; the logits are ``'t.call'``.
     """
     tokens = token_ids(tokens, tokenizer)
