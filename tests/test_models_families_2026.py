@@ -525,6 +525,7 @@ def _config(variant: str, **changes) -> dict:
         ("qwen3", {"attention_bias": True}, "attention_bias=True"),
         ("gemma3", {"use_bidirectional_attention": True}, "use_bidirectional_attention=True"),
         ("gemma3", {"layer_types": ["full_attention"]}, "'layer_types' is"),
+        ("gemma3", {"sliding_window": None}, "sliding-window layers [0] but no window"),
         (
             "qwen3",
             {"layer_types": ["full_attention", "sliding_attention"]},
@@ -605,3 +606,28 @@ def test_the_builders_rope_tables_are_checked_per_layer_kind():
         cm.build_llama(dataclasses.replace(phi3, rotary_dims=5), cm.llama_random_weights(phi3), seq_len=4)
     with pytest.raises(ModelError, match="query_pre_attn_scalar=0"):
         dataclasses.replace(config, query_pre_attn_scalar=0)
+
+
+def test_every_name_of_a_built_circuit_with_the_new_fields_parses_back():
+    """The builder's new nodes keep the naming convention: built and split, every name parses back."""
+    config = cm.LlamaConfig(
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        d_model=24,
+        d_head=6,
+        d_mlp=30,
+        vocab_size=VOCAB,
+        qk_norm=True,
+        query_pre_attn_scalar=5.0,
+        rope_local_theta=100.0,
+        sliding_window=3,
+        sliding_layers=(0,),
+        rotary_dims=4,
+    )
+    built = cm.build_llama(config, cm.llama_random_weights(config), seq_len=5)
+    for circuit in (built, cc.split_heads(built)):
+        for node in cc.unique_nodes([circuit]):
+            if node.name is not None:
+                parsed = names.parse(node.name)
+                assert parsed is not None and parsed.text == node.name, node.name

@@ -164,7 +164,7 @@ def _sliding_layers(config: Any, model_type: str, window: int | None) -> tuple[i
             f"{family} config: 'layer_types' is {shown(repr(layer_types))}; expected {n_layers} of {kinds}"
         )
     sliding = tuple(layer for layer, kind in enumerate(layer_types) if kind == SLIDING)
-    if sliding and window is None and model_type == "qwen3":  # transformers: no window for the mask
+    if sliding and window is None and model_type in ("qwen3", "gemma3_text"):  # transformers has no mask
         raise ModelError(
             f"{family} config: 'layer_types' has sliding-window layers {list(sliding)} but no window "
             "('sliding_window' is null or 'use_sliding_window' is false)"

@@ -22,7 +22,13 @@ also hides keys ``sliding_window`` or more positions back), Gemma
 a gelu gate, GeGLU) and Gemma 2 (also ``sandwich_norms``: ``'b{L}.a.post_norm'`` and
 ``'b{L}.m.post_norm'`` join the residual; ``attn_softcap`` and ``final_softcap``:
 ``cap * tanh(x / cap)`` of the masked raw scores and of the logits; ``sliding_layers``:
-which layers the window masks, the others plain causal).
+which layers the window masks, the others plain causal; ``query_pre_attn_scalar``: the
+scores' scale ``'a.c.div_query_scalar'`` is ``1/sqrt`` of it).  Three more: Qwen3
+(``qk_norm``: ``'a.q_norm'``/``'a.k_norm'`` are RMSNorms of each head's unrotated queries and
+keys over ``d_head``, with the weights ``'a{L}.w.q_norm'``/``'a{L}.w.k_norm'``), Gemma 3 (Gemma 2
+with ``qk_norm`` and ``rope_local_theta``: the ``sliding_layers`` rotate with the tables
+``'t.a.c.rope_cos_local'``/``'t.a.c.rope_sin_local'`` of that base, see ``rotary``) and Phi-3
+(``rotary_dims``: only each head's first ``rotary_dims`` entries are rotated).
 """
 
 from __future__ import annotations
@@ -177,8 +183,10 @@ def llama_random_weights(config: LlamaConfig, seed: int = 0, dtype: torch.dtype 
     shapes.pop(EMBED_SCALE, None)
     if config.tie_word_embeddings:
         del shapes[names.UNEMBED_WEIGHT]
-    qk_norms = (names.attn_weight(0, "q_norm")[2:], names.attn_weight(0, "k_norm")[2:])  # '.w.q_norm'
-    scales = [n for n in shapes if n.endswith((names.norm_weight("", "scale", names.RMS), *qk_norms))]
+    qk_norms = {
+        names.attn_weight(layer, f"{which}_norm") for layer in range(config.n_layers) for which in "qk"
+    }
+    scales = [n for n in shapes if n.endswith(names.norm_weight("", "scale", names.RMS)) or n in qk_norms]
     weights = common.random_weights(shapes, seed=seed, dtype=dtype, ones=scales)
     if config.rms_unit_offset:  # the weights are offsets from one: keep the effective scales near one
         for name in scales:
