@@ -626,7 +626,7 @@ def test_every_name_of_a_built_circuit_with_the_new_fields_parses_back():
         rotary_dims=4,
     )
     built = cm.build_llama(config, cm.llama_random_weights(config), seq_len=5)
-    for circuit in (built, cc.split_heads(built)):
+    for circuit in (built, cc.passes.split_heads(built)):
         for node in cc.unique_nodes([circuit]):
             if node.name is not None:
                 parsed = names.parse(node.name)
