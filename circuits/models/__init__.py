@@ -26,7 +26,8 @@ from circuits.transformer.masks import NEG_INF
 from circuits.models.common import CONVENTIONS
 from circuits.models.demo_model import load_demo_model
 from circuits.models.gpt2 import GPT2Config, build_gpt2, gpt2_random_weights
-from circuits.models.llama import LlamaConfig, build_llama, llama_random_weights, rope_cos_sin
+from circuits.models.llama import LlamaConfig, build_llama, llama_random_weights
+from circuits.models.rotary import rope_cos_sin
 from circuits.models.neox import NeoXConfig, build_neox
 from circuits.models.options import ModelOptions
 from circuits.models.checkpoint import load_hf_checkpoint

@@ -61,6 +61,7 @@ Q, K, V = "a.q", "a.k", "a.v"  #: queries, keys, values, heads as an axis ``[h, 
 Q_NOBIAS, K_NOBIAS, V_NOBIAS = "a.q_nobias", "a.k_nobias", "a.v_nobias"  #: GPT-2, before the bias
 Q_UNROTATED, K_UNROTATED = "a.q_unrot", "a.k_unrot"  #: Llama, before the rotary embedding
 K_KV, V_KV = "a.k_kv", "a.v_kv"  #: Llama with grouped-query attention: the key/value heads
+Q_NORM, K_NORM = "a.q_norm", "a.k_norm"  #: Qwen3, Gemma 3: each head's RMSNormed queries and keys, unrotated
 SCORES = "a.attn_scores"  #: ``[h, q, k]``, masked (when masked) and scaled
 RAW_SCORES = "a.attn_scores_raw"  #: the masked form's scores before the bias
 PROBS = "a.attn_probs"
@@ -68,6 +69,8 @@ COMB_V = "a.comb_v"  #: the probabilities applied to the values (``z``), ``[h, q
 BIAS_FOR_HEAD_SIZE = "a.c.bias_for_head_size"
 HEAD_SIZE = "a.c.head_size"
 DIV_HEAD_SIZE = "a.c.div_head_size"  #: ``1/sqrt(d_head)`` per head
+QUERY_SCALE_FACTOR = "a.c.query_scale_factor"  #: Gemma 2/3: ``sqrt(d_head / query_pre_attn_scalar)``
+QUERY_SCALE = "a.c.div_query_scalar"  #: Gemma 2/3: ``1/sqrt(query_pre_attn_scalar)`` per head
 
 # The masked form (the golden file's): raw scores + (1 - mask) * neg_inf.
 CAUSAL_MASK = "t.a.c.causal_mask"
@@ -79,6 +82,8 @@ ONE = "one"
 NEG_ONE = "neg_one"  #: the Scalar -1 (mask flip, rotate_half)
 
 ROPE_COS, ROPE_SIN = "t.a.c.rope_cos", "t.a.c.rope_sin"  #: Llama's rotary tables ``[S, d_head]``
+#: Gemma 3's tables of its local (sliding-window) layers, another rotary base
+ROPE_COS_LOCAL, ROPE_SIN_LOCAL = "t.a.c.rope_cos_local", "t.a.c.rope_sin_local"
 ROPE_PARTS = ("cos", "sin", "rot_half")
 
 
@@ -407,6 +412,8 @@ FIXED = frozenset(
         K_UNROTATED,
         K_KV,
         V_KV,
+        Q_NORM,
+        K_NORM,
         SCORES,
         RAW_SCORES,
         PROBS,
@@ -414,6 +421,8 @@ FIXED = frozenset(
         BIAS_FOR_HEAD_SIZE,
         HEAD_SIZE,
         DIV_HEAD_SIZE,
+        QUERY_SCALE_FACTOR,
+        QUERY_SCALE,
         CAUSAL_MASK,
         SCORE_BIAS,
         NOT_MASK,
@@ -423,6 +432,8 @@ FIXED = frozenset(
         NEG_ONE,
         ROPE_COS,
         ROPE_SIN,
+        ROPE_COS_LOCAL,
+        ROPE_SIN_LOCAL,
         MLP_PROJ_IN,
         MLP_PRE,
         MLP_ACT,
