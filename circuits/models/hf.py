@@ -2,14 +2,15 @@
 
 - ``from_hf(model, tokens)``: an in-memory ``GPT2LMHeadModel``,
   ``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``MistralForCausalLM``,
-  ``GemmaForCausalLM``, ``Gemma2ForCausalLM`` (these five are ``build_llama`` circuits), ``GPTNeoXForCausalLM`` (Pythia,
+  ``GemmaForCausalLM``, ``Gemma2ForCausalLM``, ``MixtralForCausalLM`` (these six are ``build_llama`` circuits),
+  ``GPTNeoXForCausalLM`` (Pythia,
   ``build_neox``) or ``OPTForCausalLM`` (a ``build_gpt2`` circuit: ``hf_opt``);
   the config is read from the model.
 - ``from_hf_state_dict(config, state_dict, tokens)``: the same from a config
   (object or ``config.json`` dict) and a state dict.
 
 The per-family conversions are in ``hf_gpt2``, ``hf_llama`` (Qwen2,
-Mistral and the Gemmas too), ``hf_neox`` and ``hf_opt``; a checkpoint directory is read by ``checkpoint.load_hf_checkpoint``.  Weights are copied
+Mistral, the Gemmas and Mixtral too, whose experts ``hf_mixtral`` reads), ``hf_neox`` and ``hf_opt``; a checkpoint directory is read by ``checkpoint.load_hf_checkpoint``.  Weights are copied
 (so later changes to the model do not make the circuit's array hashes stale)
 and converted to the builders' layouts.  With ``attach=True`` they are not
 copied: every weight array holds a view of the model's parameter (a transpose,
@@ -58,6 +59,7 @@ SUPPORTED_HF = {
     "mistral": "MistralForCausalLM",
     "gemma": "GemmaForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
     "gpt_neox": "GPTNeoXForCausalLM",
     "opt": "OPTForCausalLM",
 }
@@ -171,7 +173,7 @@ def from_hf_state_dict(
     if family in (*GPT2_LIKE, "gpt_neox"):
         if rope is not None:
             raise ModelError(
-                "rope= applies to Llama-style models (llama, qwen2, mistral, gemma, gemma2) only"
+                "rope= applies to Llama-style models (llama, qwen2, mistral, gemma, gemma2, mixtral) only"
             )
         build = build_gpt2 if family in GPT2_LIKE else build_neox
         return build(ours, weights, tokens, **options)
@@ -202,7 +204,8 @@ def from_hf(
     tokenizer: Any = None,
 ) -> Circuit:
     """A circuit equal to an in-memory ``GPT2LMHeadModel``, ``LlamaForCausalLM``, ``Qwen2ForCausalLM``,
-    ``MistralForCausalLM``, ``GemmaForCausalLM``, ``Gemma2ForCausalLM``, ``GPTNeoXForCausalLM`` or ``OPTForCausalLM``.
+    ``MistralForCausalLM``, ``GemmaForCausalLM``, ``Gemma2ForCausalLM``, ``MixtralForCausalLM``,
+    ``GPTNeoXForCausalLM`` or ``OPTForCausalLM``.
 
     ``tokens``: an int tensor ``[S+1]`` or ``[B,S+1]`` (inputs all but the
     last, targets all but the first; copied), or None with ``seq_len=`` (and

@@ -5,7 +5,8 @@ biases on the query, key and value projections) and ``MistralForCausalLM``
 (``mistral``: sliding-window attention) and ``GemmaForCausalLM`` (``gemma``: ``(1 + w)``
 RMSNorms, embeddings times ``sqrt(d_model)``, a GeGLU MLP, usually tied embeddings) and
 ``Gemma2ForCausalLM`` (``gemma2``: Gemma with sandwich norms, soft-capped scores and logits and
-alternating windowed layers) all become ``build_llama`` circuits.
+alternating windowed layers) and ``MixtralForCausalLM`` (``mixtral``: Mistral with a mixture of
+experts in each MLP, ``hf_mixtral``) all become ``build_llama`` circuits.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 
 from circuits.transformer import names
 from circuits.errors import ModelError, shown
+from circuits.models.hf_mixtral import moe_fields, moe_weights_from_hf
 from circuits.models.llama import LlamaConfig, post_norm_weight
 from circuits.models.reading import (
     Reader,
@@ -52,6 +54,7 @@ FAMILY_NAMES = {
     "mistral": "Mistral",
     "gemma": "Gemma",
     "gemma2": "Gemma 2",
+    "mixtral": "Mixtral",
 }
 
 # Options of each family's Hugging Face model that change its forward and that the builder lacks.
@@ -61,6 +64,7 @@ _UNSUPPORTED_FLAGS = {
     "mistral": (),
     "gemma": ("attention_bias", "use_bidirectional_attention"),
     "gemma2": ("attention_bias", "use_bidirectional_attention"),
+    "mixtral": (),  # its mixture-of-experts fields: hf_mixtral.moe_fields
 }
 GEMMAS = ("gemma", "gemma2")
 
@@ -87,6 +91,13 @@ HF_DEFAULTS: dict[str, dict[str, Any]] = {
         "sliding_window": 4096,
         "attn_logit_softcapping": 50.0,
         "final_logit_softcapping": 30.0,
+    },
+    "mixtral": {
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 1e6,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
     },
 }
 
@@ -170,11 +181,12 @@ def llama_config_from_hf(config: Any, model_type: str = "llama") -> LlamaConfig:
         tie_word_embeddings=typed_field(family, config, "tie_word_embeddings", False, bool),
         qkv_bias=model_type == "qwen2",
         sliding_window=optional_int(family, config, "sliding_window")
-        if model_type in ("mistral", "gemma2")
+        if model_type in ("mistral", "gemma2", "mixtral")
         else None,
         rms_unit_offset=model_type in GEMMAS,
         embed_scale=model_type in GEMMAS,
         **(_gemma2_fields(config) if model_type == "gemma2" else {}),
+        **(moe_fields(config) if model_type == "mixtral" else {}),
     )
     if heads % ours.kv_heads:
         raise ModelError(
@@ -229,6 +241,9 @@ def llama_weights_from_hf(
             )
         else:
             out[mlp_scale] = r.take(p + "post_attention_layernorm.weight", (d,))
+        if config.n_experts is not None:  # Mixtral
+            out.update(moe_weights_from_hf(r, p, layer, config.n_experts, d, m))
+            continue
         out[names.mlp_weight(layer, "gate")] = r.take(p + "mlp.gate_proj.weight", (m, d))
         out[names.mlp_weight(layer, "up")] = r.take(p + "mlp.up_proj.weight", (m, d))
         out[names.mlp_weight(layer, "down")] = r.take(p + "mlp.down_proj.weight", (d, m))
@@ -257,6 +272,7 @@ _ROTARY_CLASSES = {
     "mistral": "MistralRotaryEmbedding",
     "gemma": "GemmaRotaryEmbedding",
     "gemma2": "Gemma2RotaryEmbedding",
+    "mixtral": "MixtralRotaryEmbedding",
 }
 
 

@@ -22,7 +22,9 @@ also hides keys ``sliding_window`` or more positions back), Gemma
 a gelu gate, GeGLU) and Gemma 2 (also ``sandwich_norms``: ``'b{L}.a.post_norm'`` and
 ``'b{L}.m.post_norm'`` join the residual; ``attn_softcap`` and ``final_softcap``:
 ``cap * tanh(x / cap)`` of the masked raw scores and of the logits; ``sliding_layers``:
-which layers the window masks, the others plain causal).
+which layers the window masks, the others plain causal).  Mixtral is Mistral with
+``n_experts``: each MLP a mixture of experts, ``experts_per_token`` chosen per token
+(``circuits.models.moe``: ``'b{L}.m'`` the Add of the experts' ``'b{L}.m.expert{e}'``).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import torch
 from circuits.transformer import names
 from circuits.errors import ModelError, shown
 from circuits.transformer.masks import causal_mask_array
-from circuits.models import common
+from circuits.models import common, moe
 from circuits.models.text import token_ids
 from circuits.models.common import ACTIVATIONS, einsum, fn
 from circuits.core.nodes import Add, Array, Circuit, Index, Scalar
@@ -64,6 +66,8 @@ class LlamaConfig:
     attn_softcap: float | None = None  # Gemma 2: scores become cap * tanh(scores / cap)
     final_softcap: float | None = None  # Gemma 2: logits become cap * tanh(logits / cap)
     sliding_layers: tuple[int, ...] | None = None  # Gemma 2: the layers windowed (None: all, as Mistral)
+    n_experts: int | None = None  # Mixtral: each MLP a mixture of n_experts experts of d_mlp (None: one MLP)
+    experts_per_token: int = 2  # Mixtral: the experts each token is routed to (top-k)
 
     def __post_init__(self):
         common.check_config(
@@ -77,6 +81,8 @@ class LlamaConfig:
                 "d_head",
                 "max_positions",
                 "sliding_window",
+                "n_experts",
+                "experts_per_token",
             ),
             epsilons=("rms_eps",),
             flags=("tie_word_embeddings", "qkv_bias", "rms_unit_offset", "embed_scale", "sandwich_norms"),
@@ -96,6 +102,10 @@ class LlamaConfig:
         ):
             raise ModelError(
                 f"LlamaConfig: sliding_layers={shown(repr(layers))} is not None or a tuple of layer indices"
+            )
+        if self.n_experts is not None and self.experts_per_token > self.n_experts:
+            raise ModelError(
+                f"LlamaConfig: experts_per_token={self.experts_per_token} is more than n_experts={self.n_experts}"
             )
         theta = self.rope_theta
         if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta < float("inf"):
@@ -136,9 +146,12 @@ class LlamaConfig:
                 for which, count in (("q", h), ("k", g), ("v", g)):
                     shapes[names.attn_weight(layer, f"{which}_bias")] = (count, 1, c)
             shapes[names.norm_weight(names.mlp_prefix(layer), "scale", names.RMS)] = (d,)
-            shapes[names.mlp_weight(layer, "gate")] = (m, d)
-            shapes[names.mlp_weight(layer, "up")] = (m, d)
-            shapes[names.mlp_weight(layer, "down")] = (d, m)
+            if self.n_experts is not None:
+                shapes.update(moe.moe_weight_shapes(layer, self.n_experts, d, m))
+            else:
+                shapes[names.mlp_weight(layer, "gate")] = (m, d)
+                shapes[names.mlp_weight(layer, "up")] = (m, d)
+                shapes[names.mlp_weight(layer, "down")] = (d, m)
             if self.sandwich_norms:
                 shapes[post_norm_weight(names.attn_prefix(layer))] = (d,)
                 shapes[post_norm_weight(names.mlp_prefix(layer))] = (d,)
@@ -392,8 +405,11 @@ def _project(w: Mapping[str, Circuit], norm: Circuit, layer: int, which: str, na
 
 
 def _mlp(w: Mapping[str, Circuit], resid_mid: Circuit, layer: int, config: LlamaConfig, act: str) -> Circuit:
-    """``'b{L}.m'``: layer ``L``'s gated MLP (SwiGLU, or GeGLU with a gelu ``act``: Gemma)."""
+    """``'b{L}.m'``: layer ``L``'s gated MLP (SwiGLU, or GeGLU with a gelu ``act``: Gemma), or with
+    ``n_experts`` its mixture of experts (Mixtral: ``moe.moe_mlp``)."""
     norm = _rms_norm(config, resid_mid, w, names.mlp_prefix(layer), names.mlp_norm(layer))
+    if config.n_experts is not None:
+        return moe.moe_mlp(w, norm, layer, config.n_experts, config.experts_per_token, act)
     gate_in = einsum("sd,Md->sM", norm, w[names.mlp_weight(layer, "gate")], name=names.MLP_GATE)
     gate = fn(act, gate_in, name=names.MLP_ACT)
     up = einsum("sd,Md->sM", norm, w[names.mlp_weight(layer, "up")], name=names.MLP_UP)

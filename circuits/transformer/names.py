@@ -17,6 +17,10 @@ written once (as rust_circuit states its ``'x.w.y'`` rule once, and TransformerL
   ``parse_head``, ``parse_head_group``, ``parse_attn_out`` and ``parse_attn_weight`` are its
   common questions.  Layers and heads are decimal without leading zeros and ``parse`` reads
   nothing else, so ``parse(name).text == name``.
+- A mixture-of-experts MLP (Mixtral) names its router per layer (``router(3) == 'b3.m.router'``, the
+  logits; ``router(3, 'router_probs')``, their softmax; ``router(3, 'routing')``, the top-k weights)
+  and each expert's weighted output (``expert(3, 5) == 'b3.m.expert5'``); inside an expert the
+  names are shared (``EXPERT_OUT``, ``EXPERT_WEIGHT`` and the gated MLP's ``MLP_GATE`` etc.).
 - ``ACTIVATION_KINDS`` lists, per kind of activation (``resid_pre``, ``q``, ``attn_probs``, ``z``,
   ``mlp_post``, ``logits``, ...), the node each model family gives it today; ``activation_name``
   resolves one for a family, layer and head.
@@ -99,6 +103,12 @@ MLP_GATE = "m.gate"  #: Llama
 MLP_UP = "m.up"  #: Llama
 MLP_GATED = "m.gated"  #: Llama: act(gate) * up
 
+# ------------------------------------------- mixture of experts (every expert alike)
+
+EXPERT_OUT = "m.expert_out"  #: an expert's gated MLP output ``[s, d]``, before its routing weight
+EXPERT_WEIGHT = "m.expert_weight"  #: an expert's routing weight per token ``[s]`` (a column of ``routing``)
+ROUTER_PARTS = ("router", "router_probs", "routing")  #: the logits, their softmax, the top-k weights
+
 # -------------------------------------------------------------- norms (every norm alike)
 
 LN, RMS = "ln", "rms"  #: layer norm (attention-only, GPT-2) and RMSNorm (Llama)
@@ -170,6 +180,20 @@ def mlp_out(layer: int) -> str:
     return f"{block(layer)}.m"
 
 
+def router(layer: int, part: str = "router") -> str:
+    """``'b3.m.router'``: layer 3's router logits ``[s, experts]``; ``part`` ``'router_probs'`` their
+    softmax, ``'routing'`` each expert's weight (top-k of the softmax, zero for the experts not chosen)."""
+    if part not in ROUTER_PARTS:
+        raise ValueError(f"router part {part!r} is not one of {ROUTER_PARTS}")
+    return f"{mlp_out(layer)}.{part}"
+
+
+def expert(layer: int, index: int) -> str:
+    """``'b3.m.expert5'``: expert 5's output in layer 3, times its routing weight (zero where the
+    token is not routed to it); ``'b3.m'`` is the Add of every expert's."""
+    return f"{mlp_out(layer)}.expert{_index(index)}"
+
+
 def attn_prefix(layer: int) -> str:
     """``'a3'``: the prefix of layer 3's attention weights and norm."""
     return f"a{_index(layer)}"
@@ -237,9 +261,9 @@ class Name(NamedTuple):
 
     ``kind`` is one of ``KINDS``; ``layer`` the layer (None for a ``'fixed'`` name);
     ``part`` the weight's part (``'q'``, ``'proj_in'``), the norm weight's ``'ln.w.scale'``,
-    or the fixed name itself; ``heads`` is ``(first, last)`` for a head branch, or for the
-    heads' slice that ``split_heads`` takes of an attention weight or a mask (``first == last``
-    for one head).
+    the router's part (``'routing'``), the expert's number (``'5'``), or the fixed name itself;
+    ``heads`` is ``(first, last)`` for a head branch, or for the heads' slice that ``split_heads``
+    takes of an attention weight or a mask (``first == last`` for one head).
     """
 
     kind: str
@@ -266,6 +290,8 @@ _WRITERS = {
     "attn_norm_weight": lambda n: f"{attn_prefix(n.layer)}.{n.part}",
     "mlp_norm_weight": lambda n: f"{mlp_prefix(n.layer)}.{n.part}",
     "layer_mask": lambda n: layer_mask(n.layer),
+    "router": lambda n: router(n.layer, n.part),
+    "expert": lambda n: expert(n.layer, int(n.part)),
     "fixed": lambda n: n.part,
 }
 
@@ -288,6 +314,8 @@ _PATTERNS = [
         ("attn_norm_weight", rf"a{_NUM}\.{_NORM_WEIGHT}"),
         ("mlp_norm_weight", rf"m{_NUM}\.{_NORM_WEIGHT}"),
         ("layer_mask", rf"t\.a{_NUM}\.c\.mask"),
+        ("router", rf"b{_NUM}\.m\.({'|'.join(ROUTER_PARTS)})"),
+        ("expert", rf"b{_NUM}\.m\.expert{_NUM}"),
     )
 ]
 
@@ -368,6 +396,12 @@ def parse_attn_out(name: str | None) -> int | None:
     return parsed.layer if parsed is not None and parsed.kind == "attn_out" else None
 
 
+def parse_expert(name: str | None) -> tuple[int, int] | None:
+    """``(layer, expert)`` of an expert's output ``'b{L}.m.expert{e}'``, else None."""
+    parsed = parse(name)
+    return (parsed.layer, int(parsed.part)) if parsed is not None and parsed.kind == "expert" else None
+
+
 def parse_attn_weight(name: str | None) -> tuple[int, str] | None:
     """``(layer, part)`` of an attention weight ``'a{L}.w.{part}'`` (or its head slice), else None."""
     parsed = parse(name)
@@ -430,6 +464,8 @@ FIXED = frozenset(
         MLP_GATE,
         MLP_UP,
         MLP_GATED,
+        EXPERT_OUT,
+        EXPERT_WEIGHT,
     ]
     + [rope_part(name, part) for name in (Q, K, K_KV) for part in ROPE_PARTS]
     + [norm_node(norm, part) for norm, parts in NORM_PARTS.items() for part in parts]
