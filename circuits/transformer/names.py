@@ -21,6 +21,10 @@ written once (as rust_circuit states its ``'x.w.y'`` rule once, and TransformerL
   logits; ``router(3, 'router_probs')``, their softmax; ``router(3, 'routing')``, the top-k weights)
   and each expert's weighted output (``expert(3, 5) == 'b3.m.expert5'``); inside an expert the
   names are shared (``EXPERT_OUT``, ``EXPERT_WEIGHT`` and the gated MLP's ``MLP_GATE`` etc.).
+- An encoder (BERT) adds its token types, attention mask and position-wise pooling (``TOKEN_TYPES``,
+  ``ATTENTION_MASK``, ``POOLED``, ``SENTENCE_EMBEDDING``, ...) and, its norms coming after each
+  sublayer, names the sum a layer norm reads ``pre_norm(3) == 'b3.pre_norm'`` (``'b3'`` is the norm's
+  output, the stream the next layer reads).
 - ``ACTIVATION_KINDS`` lists, per kind of activation (``resid_pre``, ``q``, ``attn_probs``, ``z``,
   ``mlp_post``, ``logits``, ...), the node each model family gives it today; ``activation_name``
   resolves one for a family, layer and head.
@@ -109,6 +113,19 @@ EXPERT_OUT = "m.expert_out"  #: an expert's gated MLP output ``[s, d]``, before 
 EXPERT_WEIGHT = "m.expert_weight"  #: an expert's routing weight per token ``[s]`` (a column of ``routing``)
 ROUTER_PARTS = ("router", "router_probs", "routing")  #: the logits, their softmax, the top-k weights
 
+# ---------------------------------------------------------------- encoders (BERT)
+
+TOKEN_TYPES = "token_type_ids"  #: the segment ids, an int64 Array shaped like the tokens
+ATTENTION_MASK = "attention_mask"  #: 1 where a token is attended to (and pooled), 0 for padding
+KEY_BIAS = "a.key_bias"  #: ``(1 - ATTENTION_MASK) * neg_inf`` per key, added to every query's scores
+TOKEN_TYPE_EMBEDS_WEIGHT = "t.w.token_type_embeds"
+TOKEN_TYPE_EMBEDS = "t.w.token_type_embeds_idxed"  #: the token types' embeddings
+EMBEDS_PRE_NORM = "embeds.pre_norm"  #: the embeddings' sum, before the layer norm whose output is ``EMBEDS``
+POOLER_WEIGHT, POOLER_BIAS_WEIGHT = "t.w.pooler", "t.w.pooler_bias"  #: BERT's pooler (dense + tanh on [CLS])
+POOL_PARTS = ("cls", "sum", "count", "recip_count", "dense", "sq_norm", "rsqrt_norm")  #: ``'pool.sum'``, ...
+POOLED = "pooled"  #: the sequence as one vector: [CLS]'s, the pooler's or the mean
+SENTENCE_EMBEDDING = "sentence_embedding"  #: ``POOLED`` scaled to unit length (sentence-transformers)
+
 # -------------------------------------------------------------- norms (every norm alike)
 
 LN, RMS = "ln", "rms"  #: layer norm (attention-only, GPT-2) and RMSNorm (Llama)
@@ -192,6 +209,19 @@ def expert(layer: int, index: int) -> str:
     """``'b3.m.expert5'``: expert 5's output in layer 3, times its routing weight (zero where the
     token is not routed to it); ``'b3.m'`` is the Add of every expert's."""
     return f"{mlp_out(layer)}.expert{_index(index)}"
+
+
+def pool(part: str) -> str:
+    """``'pool.sum'``: a node of an encoder's pooling (``part`` one of ``POOL_PARTS``)."""
+    if part not in POOL_PARTS:
+        raise ValueError(f"pooling part {part!r} is not one of {POOL_PARTS}")
+    return f"pool.{part}"
+
+
+def pre_norm(layer: int) -> str:
+    """``'b3.pre_norm'``: in a post-norm layer (BERT), the sum of the MLP's output and its input that
+    the layer's last norm reads; that norm's output is ``'b3'``."""
+    return f"{block(layer)}.pre_norm"
 
 
 def attn_prefix(layer: int) -> str:
@@ -282,6 +312,7 @@ _WRITERS = {
     "attn_out": lambda n: attn_out(n.layer),
     "head": lambda n: head(n.layer, *n.heads),
     "resid_mid": lambda n: resid_mid(n.layer),
+    "pre_norm": lambda n: pre_norm(n.layer),
     "mlp_out": lambda n: mlp_out(n.layer),
     "attn_norm": lambda n: attn_norm(n.layer),
     "mlp_norm": lambda n: mlp_norm(n.layer),
@@ -306,6 +337,7 @@ _PATTERNS = [
         ("attn_out", rf"b{_NUM}\.a"),
         ("head", rf"b{_NUM}\.a\.{_HEADS}"),
         ("resid_mid", rf"b{_NUM}\.resid_mid"),
+        ("pre_norm", rf"b{_NUM}\.pre_norm"),
         ("mlp_out", rf"b{_NUM}\.m"),
         ("attn_norm", rf"a{_NUM}\.norm"),
         ("mlp_norm", rf"m{_NUM}\.norm"),
@@ -466,10 +498,26 @@ FIXED = frozenset(
         MLP_GATED,
         EXPERT_OUT,
         EXPERT_WEIGHT,
+        TOKEN_TYPES,
+        ATTENTION_MASK,
+        KEY_BIAS,
+        TOKEN_TYPE_EMBEDS_WEIGHT,
+        TOKEN_TYPE_EMBEDS,
+        EMBEDS_PRE_NORM,
+        POOLER_WEIGHT,
+        POOLER_BIAS_WEIGHT,
+        POOLED,
+        SENTENCE_EMBEDDING,
     ]
+    + [pool(part) for part in POOL_PARTS]
     + [rope_part(name, part) for name in (Q, K, K_KV) for part in ROPE_PARTS]
     + [norm_node(norm, part) for norm, parts in NORM_PARTS.items() for part in parts]
-    + [norm_weight(FINAL, which, norm) for norm in NORM_PARTS for which in ("scale", "bias")]
+    + [
+        norm_weight(prefix, which, norm)
+        for prefix in (FINAL, EMBEDS)
+        for norm in NORM_PARTS
+        for which in ("scale", "bias")
+    ]
 )
 
 
