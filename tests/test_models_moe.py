@@ -223,6 +223,23 @@ def test_ablating_one_expert_is_one_update(dtype, monkeypatch):
     assert (logits_of(ex.zero_ablate(circuit, target)) - want).abs().max().item() < TOL[dtype]
 
 
+def test_gradients_reach_the_experts_and_the_router_as_in_hugging_face(monkeypatch):
+    """With ``attach=True`` the circuit's loss fills the fused expert and router parameters' ``.grad``
+    as the model's own backward does (zero for an expert's rows on tokens not routed to it)."""
+    _no_float32_round_trips(monkeypatch)
+    model = mixtral(dtype=torch.float64)
+    tokens = tokens_for(True)
+    cm.from_hf(model, tokens, attach=True).evaluate().mean().backward()
+    ours = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    logits = model(input_ids=tokens[:, :-1]).logits
+    F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1)).backward()
+    for name in ("model.layers.1.mlp.gate.weight", "model.layers.0.mlp.experts.gate_up_proj"):
+        param = model.get_parameter(name)
+        assert param.grad.abs().max() > 0
+        torch.testing.assert_close(ours[name], param.grad, rtol=1e-9, atol=1e-12)
+
+
 def test_checkpoints_in_either_expert_layout(tmp_path):
     """``save_pretrained`` writes the per-expert layout (``block_sparse_moe.experts.{e}.w1``); the
     model in memory holds the fused one (``mlp.experts.gate_up_proj``): both give the same circuit."""
@@ -308,3 +325,4 @@ def test_the_builder_config_and_random_weights():
             parsed = names.parse(node.name)
             assert parsed is not None and parsed.text == node.name, node.name
     assert names.parse_expert("b1.m.expert2") == (1, 2) and names.parse_expert("b1.m") is None
+    assert cc.parse(circuit.repr()) == circuit  # top_k_1_normalized prints and parses by name
