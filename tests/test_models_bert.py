@@ -221,6 +221,11 @@ def test_bad_options_are_refused_by_name(options, match):
         cm.build_bert(config, cm.bert_random_weights(config), torch.tensor([2, 7, 1]), **options)
 
 
+def test_the_decoder_loaders_point_to_the_encoder_ones():
+    with pytest.raises(ModelError, match="model_type 'bert'.*a BERT encoder: models.from_hf_bert"):
+        cm.from_hf_state_dict(bert().config.to_dict(), {})
+
+
 @pytest.mark.parametrize(
     "field,value",
     [("is_decoder", True), ("add_cross_attention", True), ("position_embedding_type", "relative_key")],

@@ -98,6 +98,11 @@ def _model_type(config: Any) -> str:
             f"unsupported architecture: model_type {shown(repr(model_type))}"
             + (f" ({shown(str(listed))})" if listed else "")
             + f"; supported: {', '.join(f'{t!r} ({c})' for t, c in SUPPORTED_HF.items())}"
+            + (
+                "; a BERT encoder: models.from_hf_bert or models.load_sentence_transformer"
+                if model_type == "bert"
+                else ""
+            )
         )
     return model_type
 
