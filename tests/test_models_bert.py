@@ -384,5 +384,56 @@ def test_a_patching_grid_on_minilm(minilm):
     # position 1 holds the same token in both runs and comes before the swapped ones: at layer 0 its
     # patch changes nothing, later it has read them (bidirectional; a causal model would leave it)
     assert not changed[0, 1] and changed[3, 1] and changed[5, 1]
-    heads = ex.act_patch_attn_head_out_all_pos(circuit, {names.TOKENS: bad_ids}, metric)
-    assert heads.values.shape == (6, 12) and (heads.values - corrupted).abs().max() > 1e-4
+
+
+def _hidden_with_head_patched(model, ids, types, mask, layer: int, head: int, clean_z: torch.Tensor):
+    """The model's last hidden state with one head's input to ``attention.output.dense`` (its ``z``,
+    every position) taken from ``clean_z``."""
+    d_head = clean_z.shape[-1] // model.config.num_attention_heads
+    part = slice(head * d_head, (head + 1) * d_head)
+
+    def patch(module, args):
+        x = args[0].clone()
+        x[..., part] = clean_z[..., part]
+        return (x,)
+
+    handle = model.encoder.layer[layer].attention.output.dense.register_forward_pre_hook(patch)
+    try:
+        return hf_run(model, ids, types, mask).last_hidden_state
+    finally:
+        handle.remove()
+
+
+def test_a_head_patching_grid_on_an_encoder():
+    """``act_patch_attn_head_out_all_pos`` on a small BERT, its metric a function of the last hidden
+    state: each cell is the model with that head's output patched from the clean run by a hook."""
+    model = bert(torch.float64)
+    ids, types, mask = inputs()
+    bad_ids = ids.clone()
+    bad_ids[:, 3] = (ids[:, 3] + 1) % VOCAB
+    circuit = cm.from_hf_bert(model, ids, token_type_ids=types, attention_mask=mask)
+    direction = torch.randn(21, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+
+    def metric(hidden):
+        return (hidden[:, 0] @ direction).mean()  # the [CLS] row along a direction
+
+    grid = ex.act_patch_attn_head_out_all_pos(circuit, {names.TOKENS: bad_ids}, metric)
+    assert grid.values.shape == (2, 3)
+    seen = {}
+    hooks = [
+        model.encoder.layer[layer].attention.output.dense.register_forward_pre_hook(
+            lambda module, args, layer=layer: seen.update({layer: args[0].clone()})
+        )
+        for layer in range(2)
+    ]
+    try:
+        hf_run(model, ids, types, mask)
+    finally:
+        for handle in hooks:
+            handle.remove()
+    for layer in range(2):
+        for head in range(3):
+            want = metric(_hidden_with_head_patched(model, bad_ids, types, mask, layer, head, seen[layer]))
+            assert abs(grid.values[layer, head].item() - want.item()) < 1e-12, (layer, head)
+    corrupted = metric(hf_run(model, bad_ids, types, mask).last_hidden_state)
+    assert (grid.values - corrupted).abs().min() > 1e-6  # every head moved it
