@@ -23,6 +23,7 @@ import torch.nn.functional as F
 import circuits as cc
 import circuits.models as cm
 from circuits import experiments as ex
+from circuits.experiments import patching_grids as grids
 from circuits.errors import ExperimentError, ModelError
 from circuits.transformer import names
 
@@ -141,7 +142,7 @@ def test_split_heads_points_and_a_zeroed_head():
     model = bert(torch.float64)
     ids, types, mask = inputs()
     circuit = cm.from_hf_bert(model, ids, token_type_ids=types, attention_mask=mask)
-    split = cc.split_heads(circuit)
+    split = cc.passes.split_heads(circuit)
     torch.testing.assert_close(split.evaluate(), circuit.evaluate(), rtol=1e-12, atol=1e-12)
     want = _hidden_with_head_zeroed(model, ids, types, mask, 1, 2, 7)
     assert (ex.zero_ablate(split, names.head(1, 2)).evaluate() - want).abs().max().item() < 1e-12
@@ -168,8 +169,8 @@ def test_split_heads_points_and_a_zeroed_head():
         "mlp_out",
     )
     for kind in kinds:
-        assert len(circuit.get(ex.point(kind, 1))) == 1, kind
-    assert len(split.get(ex.point("z", 1, 2))) == 1
+        assert len(circuit.get(ex.Point(kind, 1))) == 1, kind
+    assert len(split.get(ex.Point("z", 1, 2))) == 1
 
 
 def test_the_logit_analyses_refuse_an_encoder():
@@ -219,6 +220,40 @@ def test_bad_options_are_refused_by_name(options, match):
     config = cm.BertConfig(n_layers=1, n_heads=2, d_model=6, d_mlp=5, vocab_size=11, n_positions=8)
     with pytest.raises(ModelError, match=match):
         cm.build_bert(config, cm.bert_random_weights(config), torch.tensor([2, 7, 1]), **options)
+
+
+@pytest.mark.parametrize(
+    "options,field",
+    [
+        (dict(causal=False), "causal"),
+        (dict(convention="golden"), "convention"),
+        (dict(rope=(torch.ones(3, 3), torch.zeros(3, 3))), "rope"),
+        (dict(options=cm.ModelOptions(causal=False)), "causal"),
+    ],
+)
+def test_model_options_an_encoder_cannot_honour_are_refused_by_field(options, field):
+    config = cm.BertConfig(n_layers=1, n_heads=2, d_model=6, d_mlp=5, vocab_size=11, n_positions=8)
+    with pytest.raises(ModelError) as error:
+        cm.build_bert(config, cm.bert_random_weights(config), torch.tensor([2, 7, 1]), **options)
+    assert error.value.field == field
+
+
+def test_the_options_object_builds_what_its_keywords_build():
+    """``options=ModelOptions(...)`` and the same fields as keywords give equal circuits, and the
+    shared fields take effect: ``neg_inf`` is the padded keys' bias, ``seq_len``/``batch_size``
+    shape the placeholder."""
+    config = cm.BertConfig(n_layers=1, n_heads=2, d_model=6, d_mlp=5, vocab_size=11, n_positions=8)
+    weights = cm.bert_random_weights(config)
+    mask = torch.tensor([1, 1, 0])
+    by_object = cm.build_bert(
+        config, weights, torch.tensor([2, 7, 1]), cm.ModelOptions(neg_inf=-7.0), attention_mask=mask
+    )
+    by_keyword = cm.build_bert(config, weights, torch.tensor([2, 7, 1]), neg_inf=-7.0, attention_mask=mask)
+    assert by_object == by_keyword
+    bias = by_object.get_unique("a.key_bias").evaluate()
+    assert bias.flatten().unique().tolist() == [-7.0, 0.0]
+    placeholder = cm.build_bert(config, weights, options=cm.ModelOptions(seq_len=5, batch_size=2))
+    assert tuple(placeholder.get_unique(names.TOKENS).evaluate().shape) == (2, 5)
 
 
 def test_the_decoder_loaders_point_to_the_encoder_ones():
@@ -372,7 +407,7 @@ def test_a_patching_grid_on_minilm(minilm):
     circuit = cm.load_sentence_transformer(path, ids, token_type_ids=types, attention_mask=mask)
     clean = circuit.evaluate()
     metric = _similarity(clean)
-    grid = ex.act_patch_resid_pre(circuit, {names.TOKENS: bad_ids}, metric)
+    grid = grids.act_patch_resid_pre(circuit, {names.TOKENS: bad_ids}, metric)
     assert grid.values.shape == (6, ids.shape[1])
     clean_hidden = hf_run(module, ids, types, mask, output_hidden_states=True).hidden_states
     for layer, pos in [(0, 2), (3, 2), (5, 8), (2, 0)]:
@@ -417,7 +452,7 @@ def test_a_head_patching_grid_on_an_encoder():
     def metric(hidden):
         return (hidden[:, 0] @ direction).mean()  # the [CLS] row along a direction
 
-    grid = ex.act_patch_attn_head_out_all_pos(circuit, {names.TOKENS: bad_ids}, metric)
+    grid = grids.act_patch_attn_head_out_all_pos(circuit, {names.TOKENS: bad_ids}, metric)
     assert grid.values.shape == (2, 3)
     seen = {}
     hooks = [

@@ -187,7 +187,7 @@ def test_split_heads_and_points_and_a_zeroed_head(monkeypatch):
         kinds=("q", "k", "v", "attn_probs", "z", "resid_mid", "mlp_out", "ln2"),
     )
     for kind in ("mlp_pre", "mlp_post"):
-        assert len(circuit.get(ex.point(kind, 1))) == EXPERTS
+        assert len(circuit.get(ex.Point(kind, 1))) == EXPERTS
 
 
 def _logits_without_expert(model, inputs: torch.Tensor, layer: int, expert: int) -> torch.Tensor:

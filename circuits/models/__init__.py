@@ -17,6 +17,11 @@ Hugging Face models and state dicts, converted by ``hf_gpt2``,
 ``from_torch(module, example_inputs)`` imports any torch module through
 ``torch.export`` (``torch_import``; docs/from_torch.md): parameters named by
 module path, each op's nodes by the module that ran it.
+
+Every builder and loader takes one ``ModelOptions`` (``options.py``: ``seq_len``,
+``batch_size``, ``convention``, ``causal``, ``neg_inf``, ``rope``, ``attach``,
+``tokenizer``) after its tokens, its fields also keywords that override it;
+``causal`` is True everywhere, the demo model's too.
 """
 
 from circuits.errors import ModelError
@@ -30,6 +35,7 @@ from circuits.models.demo_model import load_demo_model
 from circuits.models.gpt2 import GPT2Config, build_gpt2, gpt2_random_weights
 from circuits.models.llama import LlamaConfig, build_llama, llama_random_weights, rope_cos_sin
 from circuits.models.neox import NeoXConfig, build_neox
+from circuits.models.options import ModelOptions
 from circuits.models.checkpoint import load_hf_checkpoint
 from circuits.models.hf import from_hf, from_hf_state_dict, hf_to_weights
 from circuits.models.torch_import import from_torch
@@ -45,6 +51,7 @@ __all__ = [
     "GPT2Config",
     "LlamaConfig",
     "ModelError",
+    "ModelOptions",
     "NeoXConfig",
     "attn_only_random_weights",
     "bert_random_weights",

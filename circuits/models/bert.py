@@ -32,12 +32,18 @@ from circuits.core.nodes import Add, Array, Circuit, Index, Scalar
 from circuits.errors import ModelError, shown
 from circuits.models import common
 from circuits.models.common import ACTIVATIONS, einsum, fn
+from circuits.models.options import DEFAULT, ModelOptions, takes_model_options
 from circuits.models.text import token_ids
 from circuits.transformer import names
-from circuits.transformer.masks import NEG_INF
 
 #: What ``build_bert``'s ``pooling`` takes (None: no pooling, the root is the last hidden state).
 POOLINGS = (None, "cls", "pooler", "mean")
+#: The ``ModelOptions`` fields a BERT entry point does not take, and why (``takes_model_options``).
+NOT_ENCODER_OPTIONS = {
+    "convention": "every token of an encoder is an input (the 'prompt' convention), none a target",
+    "causal": "an encoder attends both ways (padding is masked with attention_mask=)",
+    "rope": "its positions are learned embeddings, not rotary",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,52 +111,48 @@ def bert_random_weights(config: BertConfig, seed: int = 0, dtype: torch.dtype = 
     return common.random_weights(shapes, seed=seed, dtype=dtype, ones=scales)
 
 
-@common.checked_options()
+@takes_model_options(NOT_ENCODER_OPTIONS)
 def build_bert(
     config: BertConfig,
     weights: Mapping[str, Any],
     tokens: Any = None,
+    options: ModelOptions = DEFAULT,
     *,
-    seq_len: int | None = None,
-    batch_size: int | None = None,
     token_type_ids: Any = None,
     attention_mask: Any = None,
     pooling: str | None = None,
     normalize: bool = False,
-    neg_inf: float = NEG_INF,
-    attach: bool = False,
-    tokenizer: Any = None,
 ) -> Circuit:
     """A BERT encoder as a circuit (see the module docstring for its nodes and root).
 
     ``tokens``: token ids ``[S]`` or ``[B,S]`` (every one an input), or None with ``seq_len=``
-    (and ``batch_size=``) for a placeholder, or text with ``tokenizer=``.  ``token_type_ids`` and
+    (and ``batch_size=``) for a placeholder, or text with ``tokenizer=``.  ``options``: a
+    ``models.ModelOptions`` (its fields also keywords), but for ``NOT_ENCODER_OPTIONS``.  ``token_type_ids`` and
     ``attention_mask``: tensors of the tokens' shape (zeros and ones when None), copied.
     ``pooling``: one of ``POOLINGS``; ``normalize``: the pooled vector scaled to unit length
     (needs ``pooling``).  ``weights`` as ``config.weight_shapes()`` names them; the pooler's two
     are needed only by ``pooling="pooler"``.
     """
-    tokens = token_ids(tokens, tokenizer)
+    tokens = token_ids(tokens, options.tokenizer)
     if not isinstance(config, BertConfig):
         raise ModelError(f"build_bert needs a BertConfig, got {type(config).__name__}")
     common.check_activation("BERT", config.act)
-    common.check_build_options(True, neg_inf, attach)
     _check_pooling(pooling, normalize)
     optional = () if pooling == "pooler" else _POOLER
-    tensors = common.check_weights("BERT", weights, config.weight_shapes(), optional=optional, attach=attach)
+    tensors = common.check_weights(
+        "BERT", weights, config.weight_shapes(), optional=optional, attach=options.attach
+    )
     dtype = common.weights_dtype(tensors)
     w = common.weight_arrays(tensors)
     toks = common.make_tokens(
         tokens,
-        seq_len=seq_len,
-        batch_size=batch_size,
-        convention="prompt",
+        options.evolve(convention="prompt"),
         vocab_size=config.vocab_size,
         max_positions=config.n_positions,
     )
     types = _input_ids(token_type_ids, toks, config.type_vocab_size)
     mask = _mask(attention_mask, toks, dtype)
-    key_bias = _key_bias(mask, config.n_heads, toks.seq_len, neg_inf)
+    key_bias = _key_bias(mask, config.n_heads, toks.seq_len, options.neg_inf)
     act = ACTIVATIONS[config.act]
 
     resid = _embed(w, toks, types, config.ln_eps)

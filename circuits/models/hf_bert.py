@@ -16,12 +16,11 @@ import torch
 
 from circuits.core.nodes import Circuit
 from circuits.errors import ModelError, shown
-from circuits.models.bert import BertConfig, build_bert
-from circuits.models.common import checked_options
-from circuits.models.reading import Reader, check_attach, get_field, int_field, number_field, typed_field
+from circuits.models.bert import NOT_ENCODER_OPTIONS, BertConfig, build_bert
+from circuits.models.options import DEFAULT, ModelOptions, takes_model_options
+from circuits.models.reading import Reader, get_field, int_field, number_field, typed_field
 from circuits.models.text import token_ids
 from circuits.transformer import names
-from circuits.transformer.masks import NEG_INF
 
 FAMILY = "BERT"
 #: Buffers some checkpoints hold that carry no weight (positions 0..n-1, zero token types).
@@ -107,20 +106,16 @@ def _norm(r: Reader, key: str, prefix: str, d: int) -> dict[str, torch.Tensor | 
     }
 
 
-@checked_options()
+@takes_model_options(NOT_ENCODER_OPTIONS)
 def from_hf_bert(
     model: Any,
     tokens: Any = None,
+    options: ModelOptions = DEFAULT,
     *,
-    seq_len: int | None = None,
-    batch_size: int | None = None,
     token_type_ids: Any = None,
     attention_mask: Any = None,
     pooling: str | None = None,
     normalize: bool = False,
-    neg_inf: float = NEG_INF,
-    attach: bool = False,
-    tokenizer: Any = None,
 ) -> Circuit:
     """A circuit equal to an in-memory ``BertModel`` (or the encoder ``.bert`` of a ``BertFor*`` model).
 
@@ -129,7 +124,8 @@ def from_hf_bert(
     (``last_hidden_state``); ``pooling="pooler"`` gives ``pooler_output``, ``"mean"`` with
     ``normalize=True`` a sentence-transformers embedding.
     """
-    tokens = token_ids(tokens, tokenizer)
+    tokens = token_ids(tokens, options.tokenizer)
+    options = options.evolve(tokenizer=None)  # the tokens are ids from here on
     config = getattr(model, "config", None)
     if config is None or not hasattr(model, "state_dict"):
         raise ModelError(f"from_hf_bert needs a Hugging Face BERT model, got {type(model).__name__}")
@@ -140,17 +136,14 @@ def from_hf_bert(
         )
     encoder = getattr(model, "bert", model)
     ours = bert_config_from_hf(config)
-    weights = bert_weights_from_hf(ours, encoder.state_dict(keep_vars=check_attach(attach)), attach)
+    weights = bert_weights_from_hf(ours, encoder.state_dict(keep_vars=options.attach), options.attach)
     return build_bert(
         ours,
         weights,
         tokens,
-        seq_len=seq_len,
-        batch_size=batch_size,
+        options,
         token_type_ids=token_type_ids,
         attention_mask=attention_mask,
         pooling=pooling,
         normalize=normalize,
-        neg_inf=neg_inf,
-        attach=attach,
     )

@@ -23,11 +23,10 @@ import torch
 
 from circuits.core.nodes import Circuit
 from circuits.errors import ModelError, shown
-from circuits.models.bert import build_bert
-from circuits.models.common import checked_options
+from circuits.models.bert import NOT_ENCODER_OPTIONS, build_bert
 from circuits.models.hf_bert import bert_config_from_hf, bert_weights_from_hf
+from circuits.models.options import DEFAULT, ModelOptions, takes_model_options
 from circuits.models.text import token_ids
-from circuits.transformer.masks import NEG_INF
 
 _MODULES = "sentence_transformers.models."
 #: Pooling modes we build, by the field of ``1_Pooling/config.json`` that selects them.
@@ -141,21 +140,20 @@ def _state_dict(files: _Files, folder: str) -> dict[str, torch.Tensor]:
         ) from error
 
 
-@checked_options()
+@takes_model_options({**NOT_ENCODER_OPTIONS, "attach": "the weights read are the circuit's own"})
 def load_sentence_transformer(
     path: Any,
     tokens: Any = None,
+    options: ModelOptions = DEFAULT,
     *,
-    seq_len: int | None = None,
-    batch_size: int | None = None,
     token_type_ids: Any = None,
     attention_mask: Any = None,
-    neg_inf: float = NEG_INF,
-    tokenizer: Any = None,
 ) -> Circuit:
     """The sentence-transformers model at ``path`` (a directory or a zip of one) as a circuit whose
-    root is its embedding of ``tokens`` (see the module docstring); options as ``build_bert``'s."""
-    tokens = token_ids(tokens, tokenizer)
+    root is its embedding of ``tokens`` (see the module docstring); options as ``build_bert``'s
+    (the pooling and normalizing are the model's own)."""
+    tokens = token_ids(tokens, options.tokenizer)
+    options = options.evolve(tokenizer=None)  # the tokens are ids from here on
     files = _Files(path)
     folder, pooling_folder, normalize = _modules(files)
     pooling = None if pooling_folder is None else _pooling_mode(files, pooling_folder)
@@ -172,13 +170,11 @@ def load_sentence_transformer(
         ours,
         bert_weights_from_hf(ours, _state_dict(files, folder)),
         tokens,
-        seq_len=seq_len,
-        batch_size=batch_size,
+        options,
         token_type_ids=token_type_ids,
         attention_mask=attention_mask,
         pooling=pooling,
         normalize=normalize and pooling is not None,
-        neg_inf=neg_inf,
     )
 
 
