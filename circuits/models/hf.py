@@ -2,14 +2,16 @@
 
 - ``from_hf(model, tokens)``: an in-memory ``GPT2LMHeadModel``,
   ``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``, ``MistralForCausalLM``,
-  ``GemmaForCausalLM``, ``Gemma2ForCausalLM``, ``Gemma3ForCausalLM``, ``Phi3ForCausalLM`` (these
-  eight are ``build_llama`` circuits), ``GPTNeoXForCausalLM`` (Pythia, ``build_neox``) or
-  ``OPTForCausalLM`` (a ``build_gpt2`` circuit: ``hf_opt``); the config is read from the model.
+  ``GemmaForCausalLM``, ``Gemma2ForCausalLM``, ``Gemma3ForCausalLM``, ``Phi3ForCausalLM``,
+  ``MixtralForCausalLM`` (these nine are ``build_llama`` circuits), ``GPTNeoXForCausalLM`` (Pythia,
+  ``build_neox``) or ``OPTForCausalLM`` (a ``build_gpt2`` circuit: ``hf_opt``); the config is read
+  from the model.
 - ``from_hf_state_dict(config, state_dict, tokens)``: the same from a config
   (object or ``config.json`` dict) and a state dict.
 
-The per-family conversions are in ``hf_gpt2``, ``hf_llama`` (Qwen2, Qwen3,
-Mistral, the Gemmas and Phi-3 too; their rotary variants: ``hf_rope``), ``hf_neox`` and ``hf_opt``; a checkpoint directory is read by ``checkpoint.load_hf_checkpoint``.  Weights are copied
+The per-family conversions are in ``hf_gpt2``, ``hf_llama`` (Qwen2, Qwen3, Mistral, the Gemmas,
+Phi-3 and Mixtral too; their rotary variants: ``hf_rope``; Mixtral's experts: ``hf_mixtral``),
+``hf_neox`` and ``hf_opt``; a checkpoint directory is read by ``checkpoint.load_hf_checkpoint``.  Weights are copied
 (so later changes to the model do not make the circuit's array hashes stale)
 and converted to the builders' layouts.  With ``attach=True`` they are not
 copied: every weight array holds a view of the model's parameter (a transpose,
@@ -64,6 +66,7 @@ SUPPORTED_HF = {
     "gemma2": "Gemma2ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
     "gpt_neox": "GPTNeoXForCausalLM",
     "opt": "OPTForCausalLM",
 }
@@ -102,6 +105,11 @@ def _model_type(config: Any) -> str:
             f"unsupported architecture: model_type {shown(repr(model_type))}"
             + (f" ({shown(str(listed))})" if listed else "")
             + f"; supported: {', '.join(f'{t!r} ({c})' for t, c in SUPPORTED_HF.items())}"
+            + (
+                "; a BERT encoder: models.from_hf_bert or models.load_sentence_transformer"
+                if model_type == "bert"
+                else ""
+            )
         )
     return model_type
 
@@ -230,7 +238,7 @@ def from_hf(model: Any, tokens: Any = None, options: ModelOptions = DEFAULT) -> 
     """A circuit equal to an in-memory model of ``SUPPORTED_HF`` (``GPT2LMHeadModel``,
     ``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``, ``MistralForCausalLM``,
     ``GemmaForCausalLM``, ``Gemma2ForCausalLM``, ``Gemma3ForCausalLM``, ``Phi3ForCausalLM``,
-    ``GPTNeoXForCausalLM`` or ``OPTForCausalLM``).
+    ``MixtralForCausalLM``, ``GPTNeoXForCausalLM`` or ``OPTForCausalLM``).
 
     ``tokens``: an int tensor ``[S+1]`` or ``[B,S+1]`` (inputs all but the
     last, targets all but the first; copied), or None with ``seq_len=`` (and

@@ -7,9 +7,10 @@ attention), ``GemmaForCausalLM`` (``gemma``: ``(1 + w)`` RMSNorms, embeddings ti
 a GeGLU MLP, usually tied embeddings), ``Gemma2ForCausalLM`` (``gemma2``: Gemma with sandwich norms,
 soft-capped scores and logits, alternating windowed layers and the scores' scale
 ``1/sqrt(query_pre_attn_scalar)``), ``Gemma3ForCausalLM`` (``gemma3_text``: Gemma 2 with query/key
-norms, no soft-caps by default, and local layers rotating with their own base) and
+norms, no soft-caps by default, and local layers rotating with their own base),
 ``Phi3ForCausalLM`` (``phi3``: fused ``qkv_proj`` and ``gate_up_proj``, an optional partial rotary
-embedding and window) all become ``build_llama`` circuits.  The rotary parameters are read by
+embedding and window) and ``MixtralForCausalLM`` (``mixtral``: Mistral with a mixture of experts in
+each MLP, ``hf_mixtral``) all become ``build_llama`` circuits.  The rotary parameters are read by
 ``hf_rope``.
 """
 
@@ -22,6 +23,7 @@ import torch
 
 from circuits.transformer import names
 from circuits.errors import ModelError, shown
+from circuits.models.hf_mixtral import moe_fields, moe_weights_from_hf
 from circuits.models.hf_rope import rope_kinds
 from circuits.models.llama import EMBED_SCALE, LlamaConfig, post_norm_weight
 from circuits.models.reading import (
@@ -46,6 +48,7 @@ FAMILY_NAMES = {
     "gemma2": "Gemma 2",
     "gemma3_text": "Gemma 3",
     "phi3": "Phi-3",
+    "mixtral": "Mixtral",
 }
 
 # Options of each family's Hugging Face model that change its forward and that the builder lacks.
@@ -58,6 +61,7 @@ _UNSUPPORTED_FLAGS = {
     "gemma2": ("attention_bias", "use_bidirectional_attention"),
     "gemma3_text": ("attention_bias", "use_bidirectional_attention"),
     "phi3": (),
+    "mixtral": (),  # its mixture-of-experts fields: hf_mixtral.moe_fields
 }
 GEMMAS = ("gemma", "gemma2", "gemma3_text")
 SANDWICHED = ("gemma2", "gemma3_text")  #: Gemma 2 and 3: sandwich norms, soft-caps, windowed layer kinds
@@ -96,6 +100,13 @@ HF_DEFAULTS: dict[str, dict[str, Any]] = {
         "sliding_window": 4096,
     },
     "phi3": {"rms_norm_eps": 1e-5},
+    "mixtral": {
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 1e6,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+    },
 }
 
 
@@ -190,6 +201,8 @@ def _family_fields(config: Any, model_type: str, rope: Mapping[str, Mapping[str,
         return dict(qkv_bias=True)
     if model_type == "mistral":
         return dict(sliding_window=optional_int(family, config, "sliding_window"))
+    if model_type == "mixtral":
+        return dict(sliding_window=optional_int(family, config, "sliding_window"), **moe_fields(config))
     if model_type == "qwen3":
         window = _qwen3_window(config)
         return dict(
@@ -339,7 +352,8 @@ def _attention_weights(config: LlamaConfig, r: Reader, layer: int, fused: bool) 
 
 
 def _mlp_weights(config: LlamaConfig, r: Reader, layer: int, fused: bool) -> dict[str, Any]:
-    """Layer ``layer``'s norms after the attention (Gemma 2 and 3: three of them) and MLP weights."""
+    """Layer ``layer``'s norms after the attention (Gemma 2 and 3: three of them) and MLP weights (Mixtral:
+    its router and experts)."""
     d, m = config.d_model, config.d_mlp
     p = f"model.layers.{layer}."
     out: dict[str, Any] = {}
@@ -350,6 +364,9 @@ def _mlp_weights(config: LlamaConfig, r: Reader, layer: int, fused: bool) -> dic
         out[post_norm_weight(names.mlp_prefix(layer))] = r.take(p + "post_feedforward_layernorm.weight", (d,))
     else:
         out[mlp_scale] = r.take(p + "post_attention_layernorm.weight", (d,))
+    if config.n_experts is not None:  # Mixtral
+        out.update(moe_weights_from_hf(r, p, layer, config.n_experts, d, m))
+        return out
     if fused:  # Phi3MLP: gate, up = gate_up_proj(x).chunk(2)
         gate_up = r.take(p + "mlp.gate_up_proj.weight", (2 * m, d))
         gate, up = (None, None) if gate_up is None else gate_up.split(m)

@@ -40,6 +40,7 @@ ROTARY_CLASSES = {
     "gemma2": ("gemma2", "Gemma2RotaryEmbedding"),
     "gemma3_text": ("gemma3", "Gemma3RotaryEmbedding"),
     "phi3": ("phi3", "Phi3RotaryEmbedding"),
+    "mixtral": ("mixtral", "MixtralRotaryEmbedding"),
 }
 PER_KIND = ("gemma3_text",)  #: the model_types whose rotary parameters are per layer kind
 _GEMMA3_THETAS = {FULL: ("rope_theta", 1_000_000.0), SLIDING: ("rope_local_base_freq", 10_000.0)}

@@ -28,7 +28,9 @@ scores' scale ``'a.c.div_query_scalar'`` is ``1/sqrt`` of it).  Three more: Qwen
 keys over ``d_head``, with the weights ``'a{L}.w.q_norm'``/``'a{L}.w.k_norm'``), Gemma 3 (Gemma 2
 with ``qk_norm`` and ``rope_local_theta``: the ``sliding_layers`` rotate with the tables
 ``'t.a.c.rope_cos_local'``/``'t.a.c.rope_sin_local'`` of that base, see ``rotary``) and Phi-3
-(``rotary_dims``: only each head's first ``rotary_dims`` entries are rotated).
+(``rotary_dims``: only each head's first ``rotary_dims`` entries are rotated).  Mixtral is Mistral
+with ``n_experts``: each MLP a mixture of experts, ``experts_per_token`` chosen per token
+(``circuits.models.moe``: ``'b{L}.m'`` the Add of the experts' ``'b{L}.m.expert{e}'``).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ import torch
 from circuits.transformer import names
 from circuits.errors import ModelError, shown
 from circuits.transformer.masks import causal_mask_array
-from circuits.models import common
+from circuits.models import common, moe
 from circuits.models.rotary import layer_kinds, rope_arrays, rotated_dims
 from circuits.models.text import token_ids
 from circuits.models.common import ACTIVATIONS, einsum, fn
@@ -77,6 +79,8 @@ class LlamaConfig:
     query_pre_attn_scalar: float | None = None  # Gemma 2/3: scores scale by its 1/sqrt (None: d_head's)
     rope_local_theta: float | None = None  # Gemma 3: the sliding_layers' rotary base (None: rope_theta)
     rotary_dims: int | None = None  # Phi-3: only each head's first rotary_dims are rotated (None: all)
+    n_experts: int | None = None  # Mixtral: each MLP a mixture of n_experts experts of d_mlp (None: one MLP)
+    experts_per_token: int = 2  # Mixtral: the experts each token is routed to (top-k)
 
     def __post_init__(self):
         common.check_config(
@@ -91,6 +95,8 @@ class LlamaConfig:
                 "max_positions",
                 "sliding_window",
                 "rotary_dims",
+                "n_experts",
+                "experts_per_token",
             ),
             epsilons=("rms_eps",),
             flags=(
@@ -117,6 +123,10 @@ class LlamaConfig:
         ):
             raise ModelError(
                 f"LlamaConfig: sliding_layers={shown(repr(layers))} is not None or a tuple of layer indices"
+            )
+        if self.n_experts is not None and self.experts_per_token > self.n_experts:
+            raise ModelError(
+                f"LlamaConfig: experts_per_token={self.experts_per_token} is more than n_experts={self.n_experts}"
             )
         theta = self.rope_theta
         if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta < float("inf"):
@@ -160,9 +170,12 @@ class LlamaConfig:
                 shapes[names.attn_weight(layer, "q_norm")] = (c,)
                 shapes[names.attn_weight(layer, "k_norm")] = (c,)
             shapes[names.norm_weight(names.mlp_prefix(layer), "scale", names.RMS)] = (d,)
-            shapes[names.mlp_weight(layer, "gate")] = (m, d)
-            shapes[names.mlp_weight(layer, "up")] = (m, d)
-            shapes[names.mlp_weight(layer, "down")] = (d, m)
+            if self.n_experts is not None:
+                shapes.update(moe.moe_weight_shapes(layer, self.n_experts, d, m))
+            else:
+                shapes[names.mlp_weight(layer, "gate")] = (m, d)
+                shapes[names.mlp_weight(layer, "up")] = (m, d)
+                shapes[names.mlp_weight(layer, "down")] = (d, m)
             if self.sandwich_norms:
                 shapes[post_norm_weight(names.attn_prefix(layer))] = (d,)
                 shapes[post_norm_weight(names.mlp_prefix(layer))] = (d,)
@@ -405,8 +418,11 @@ def _project(w: Mapping[str, Circuit], norm: Circuit, layer: int, which: str, na
 
 
 def _mlp(w: Mapping[str, Circuit], resid_mid: Circuit, layer: int, config: LlamaConfig, act: str) -> Circuit:
-    """``'b{L}.m'``: layer ``L``'s gated MLP (SwiGLU, or GeGLU with a gelu ``act``: Gemma)."""
+    """``'b{L}.m'``: layer ``L``'s gated MLP (SwiGLU, or GeGLU with a gelu ``act``: Gemma), or with
+    ``n_experts`` its mixture of experts (Mixtral: ``moe.moe_mlp``)."""
     norm = _rms_norm(config, resid_mid, w, names.mlp_prefix(layer), names.mlp_norm(layer))
+    if config.n_experts is not None:
+        return moe.moe_mlp(w, norm, layer, config.n_experts, config.experts_per_token, act)
     gate_in = einsum("sd,Md->sM", norm, w[names.mlp_weight(layer, "gate")], name=names.MLP_GATE)
     gate = fn(act, gate_in, name=names.MLP_ACT)
     up = einsum("sd,Md->sM", norm, w[names.mlp_weight(layer, "up")], name=names.MLP_UP)
