@@ -37,7 +37,12 @@ from circuits.errors import (
     shown,
 )
 from circuits.core.functions import FunctionSpec, get_function
-from circuits.core.hashing import PRINTED_HEX_DIGITS, node_hash, tensor_content_hash
+from circuits.core.hashing import (
+    PRINTED_HEX_DIGITS,
+    content_hashes,
+    node_hash_of_digests,
+    tensor_content_hash,
+)
 
 if TYPE_CHECKING:  # only annotations here
     from circuits.evaluation.costs import CircuitCost
@@ -107,13 +112,17 @@ class Circuit:
     the EXTRA text the printer writes for it.  ``_derive`` may read the
     children's shapes and nothing else of them, which is what lets
     ``with_children`` keep its result over children of the same shapes.
+
+    The structural hash waits (``_hash`` None) while an Array below has
+    not computed its content hash (see ``Array``); reading ``hash`` then
+    computes them all (``_hash_pending``).
     """
 
     children: tuple[Circuit, ...] = attrs.field(validator=_check_children)
     name: str | None = attrs.field(validator=_check_name)
     shape: Shape = attrs.field(init=False)
     extra: str = attrs.field(init=False)
-    hash: bytes = attrs.field(init=False)
+    _hash: bytes | None = attrs.field(init=False)
 
     def __attrs_post_init__(self):
         self._set_derived(*self._derive())
@@ -125,17 +134,22 @@ class Circuit:
         """Set every derived field, given ``_derive``'s result (a subclass with more sets them here)."""
         _set_shape(self, shape)
         _set_extra(self, extra)
-        _set_hash(self, node_hash(self.kind, self.name, shape, extra, self.children))
+        _set_hash(self, _hash_if_known(self.kind, self.name, shape, extra, self.children))
 
     # ------------------------------------------------------------ identity
+
+    @property
+    def hash(self) -> bytes:
+        """The structural hash (``hashing.node_hash``): equal exactly when two circuits print alike."""
+        return self._hash or _hash_pending(self)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Circuit):
             return NotImplemented
-        return self.hash == other.hash
+        return (self._hash or _hash_pending(self)) == (other._hash or _hash_pending(other))
 
     def __hash__(self) -> int:
-        return int.from_bytes(self.hash[:8], "little")
+        return int.from_bytes((self._hash or _hash_pending(self))[:8], "little")
 
     def __init_subclass__(cls, **kwargs: Any):
         super().__init_subclass__(**kwargs)
@@ -162,7 +176,7 @@ class Circuit:
         computed afresh.  (A class whose constructor takes other arguments
         than its parent's overrides ``_from_fields``.)
         """
-        fields = {name: getattr(self, name) for name in _init_fields(type(self))}
+        fields = self._fields()
         unknown = set(changes) - set(fields)
         if unknown:
             raise NodeTypeError(
@@ -171,6 +185,10 @@ class Circuit:
             )
         fields.update(changes)
         return type(self)._from_fields(fields, self)
+
+    def _fields(self) -> dict[str, Any]:
+        """The fields this node is made of, by name (``_init_fields``)."""
+        return {name: getattr(self, name) for name in _init_fields(type(self))}
 
     @classmethod
     def _from_fields(cls, fields: dict[str, Any], old: Circuit | None) -> Circuit:
@@ -324,8 +342,16 @@ class Circuit:
 # Setting a frozen node's field through its slot's bound __set__ takes two thirds of the time of
 # object.__setattr__ (which looks the slot up each time); construction and rebuilt_like set so.
 _set_children, _set_name, _set_shape, _set_extra, _set_hash = (
-    getattr(Circuit, field).__set__ for field in ("children", "name", "shape", "extra", "hash")
+    getattr(Circuit, field).__set__ for field in ("children", "name", "shape", "extra", "_hash")
 )
+
+
+def _hash_if_known(
+    kind: str, name: str | None, shape: Shape, extra: str, children: Sequence[Circuit], identity: str = ""
+) -> bytes | None:
+    """``hashing.node_hash``, or None while a child's hash waits for an Array's content hash."""
+    digests = [child._hash for child in children]
+    return None if None in digests else node_hash_of_digests(kind, name, shape, extra, digests, identity)
 
 
 def _shapes_of(nodes: Sequence[Any]) -> list:
@@ -392,7 +418,7 @@ def rebuilt_like(prototype: Circuit, children: tuple[Circuit, ...], name: str | 
     _set_name(node, name)
     _set_shape(node, shape)
     _set_extra(node, extra)
-    _set_hash(node, node_hash(cls.kind, name, shape, extra, children))
+    _set_hash(node, _hash_if_known(cls.kind, name, shape, extra, children))
     return node
 
 
@@ -418,6 +444,13 @@ def _one_child(cls: type, fields: Mapping[str, Any], error: type[CircuitError]) 
     return children[0]
 
 
+#: An Array of a tensor of more than this many bytes computes its content hash when it is first
+#: needed (see ``Array``); a smaller one at once, when it is made.
+EAGER_HASH_BYTES = 1 << 20
+
+_WAITING = ""  # an Array's content_hash slot while its content hash waits to be computed
+
+
 @attrs.frozen(init=False, eq=False, repr=False)
 class Array(Circuit):
     """A tensor leaf.  Its identity is its content hash, not the tensor object.
@@ -435,6 +468,16 @@ class Array(Circuit):
     describe.  Writes the counter cannot see (through ``.data`` or a numpy
     view) are the one way around this: do not use them on wrapped tensors.
 
+    The content hash of a tensor of more than ``EAGER_HASH_BYTES`` (a model's
+    weight matrix) is computed when first needed, so that building a circuit
+    over a model's weights costs nothing in their size: when the Array's
+    ``content_hash``, ``extra`` or ``hash`` is read, or the ``hash`` of a node
+    above it (printing, comparing, finding nodes, evaluating, saving do).  A
+    tensor edited in place before then raises ``StaleTensorError`` there: its
+    bytes are no longer the ones the Array was made of.  The hashes computed
+    are those an eager hash gives (the printed text and stored hashes do not
+    depend on when).
+
     A tensor that requires grad is a variable, not only a value: two such
     tensors with equal contents are two nodes (their hashes differ), so each
     gets its own gradient, as torch's backward would give it.
@@ -449,11 +492,12 @@ class Array(Circuit):
     def __init__(self, value: Any, name: str | None = None):
         where = shape_rules.describe("Array", name)
         value = _leaf_tensor(value, where)
+        eager = value.numel() * value.element_size() <= EAGER_HASH_BYTES
         self.__attrs_init__(
             children=(),
             name=name,
             value=value,
-            content_hash=tensor_content_hash(value),
+            content_hash=tensor_content_hash(value) if eager else _WAITING,
             declared_shape=tuple(value.shape),
         )
 
@@ -480,10 +524,19 @@ class Array(Circuit):
         value = self.value
         object.__setattr__(self, "tensor_version", None if value is None else value._version)
         object.__setattr__(self, "tensor_requires_grad", value is not None and value.requires_grad)
-        super()._set_derived(shape, extra)
-        if self.tensor_requires_grad:  # a variable: told apart from an equal value by its tensor object
-            identity = f"grad:{id(value)}"  # unique among live tensors, and this node keeps its tensor alive
-            object.__setattr__(self, "hash", node_hash(self.kind, self.name, shape, extra, (), identity))
+        _set_shape(self, shape)
+        if _get_content_hash(self) == _WAITING:  # extra and hash wait for it: _hash_pending
+            _set_extra(self, _WAITING)
+            _set_hash(self, None)
+        else:
+            self._set_hash_fields(extra)
+
+    def _set_hash_fields(self, extra: str) -> None:
+        """``extra`` (the content hash's printed prefix) and the structural hash that follows."""
+        _set_extra(self, extra)
+        # a variable is told apart from an equal value by its tensor object, which this node keeps alive
+        identity = f"grad:{id(self.value)}" if self.tensor_requires_grad else ""
+        _set_hash(self, node_hash_of_digests(self.kind, self.name, self.shape, extra, (), identity))
 
     def _derive(self):
         if self.children:
@@ -493,7 +546,11 @@ class Array(Circuit):
                 f"{self.describe()}: tensor shape {list(self.value.shape)} is not the declared "
                 f"{list(self.declared_shape)}"
             )
-        return self.declared_shape, self.content_hash[:PRINTED_HEX_DIGITS]
+        return self.declared_shape, _get_content_hash(self)[:PRINTED_HEX_DIGITS]
+
+    def _fields(self) -> dict[str, Any]:
+        fields = {name: getattr(self, name) for name in _init_fields(Array) if name != "content_hash"}
+        return {**fields, "content_hash": _get_content_hash(self)}  # a waiting hash stays so
 
     @classmethod
     def _from_fields(cls, fields: dict[str, Any], old: Array | None) -> Array:
@@ -503,17 +560,19 @@ class Array(Circuit):
             return cls.from_hash(fields["declared_shape"], fields["content_hash"], name=name)
         if old is None:  # unpickled: the hash was computed from these very bytes
             return cls._of_known_hash(value, fields["content_hash"], name)
-        if (fields["content_hash"], fields["declared_shape"]) != (old.content_hash, old.declared_shape):
+        known = _get_content_hash(old)
+        if (fields["content_hash"], fields["declared_shape"]) != (known, old.declared_shape):
             raise LeafError(
                 f"{old.describe()}: content_hash and declared_shape follow from the tensor; give value= instead"
             )
         if value is old.value and old.is_fresh():
-            return cls._of_known_hash(value, old.content_hash, name)  # a rename: nothing to rehash
+            return cls._of_known_hash(value, known, name)  # a rename: nothing to rehash (or still waiting)
         return cls(value, name=name)
 
     @classmethod
     def _of_known_hash(cls, value: torch.Tensor, content_hash: str, name: str | None) -> Array:
-        """An Array of a tensor whose content hash is known (attrs' init: checked, derived fields set)."""
+        """An Array of a tensor whose content hash is known, or waits (attrs' init: checked, derived
+        fields set)."""
         node = object.__new__(cls)
         node.__attrs_init__(
             children=(), name=name, value=value, content_hash=content_hash, declared_shape=tuple(value.shape)
@@ -544,24 +603,89 @@ class Array(Circuit):
                 f"now {value._version})"
             )
         raise StaleTensorError(
-            f"{self.describe()} {shape_rules.format_shape(self.shape)} with hash "
-            f"{self.content_hash[:PRINTED_HEX_DIGITS]}: {change}, so its hash and printed form no longer "
-            "describe its tensor; make a new Array from the tensor as it is now (or clone it before "
-            "changing it)",
+            f"{self.describe()} {shape_rules.format_shape(self.shape)} {self._hash_words()}: {change}, so "
+            "its hash and printed form no longer describe its tensor; make a new Array from the tensor as "
+            "it is now (or clone it before changing it)",
             node=self,
         )
+
+    def _hash_words(self) -> str:
+        """How a message names the content hash: its printed prefix, or that it was not computed."""
+        known = _get_content_hash(self)
+        return f"with hash {known[:PRINTED_HEX_DIGITS]}" if known else "(its content hash not computed yet)"
 
     def tensor(self) -> torch.Tensor:
         """The tensor, or a clear error if it was never loaded or was modified in place since."""
         if self.value is None:
             raise MissingTensorError(
-                f"{self.describe()} {shape_rules.format_shape(self.shape)} with hash "
-                f"{self.content_hash[:PRINTED_HEX_DIGITS]} has no tensor: it was parsed "
-                "without a tensor store holding it (pass store= to parse)",
+                f"{self.describe()} {shape_rules.format_shape(self.shape)} {self._hash_words()} has no "
+                "tensor: it was parsed without a tensor store holding it (pass store= to parse)",
                 node=self,
             )
         self.check_fresh()
         return self.value
+
+
+# An Array's ``content_hash`` and ``extra`` read through their slots, computing a waiting hash
+# first.  (Set here: attrs drops a class body's attribute named like a field.)
+_CONTENT_HASH_SLOT = Array.content_hash
+_get_content_hash = _CONTENT_HASH_SLOT.__get__
+_get_extra = Circuit.extra.__get__
+Array.content_hash = property(  # type: ignore[assignment,method-assign]
+    lambda self: _get_content_hash(self) or _hash_pending(self) and _get_content_hash(self),
+    _CONTENT_HASH_SLOT.__set__,
+    doc="The tensor's content hash in full (``hashing.tensor_content_hash``).",
+)
+Array.extra = property(  # type: ignore[assignment,method-assign]
+    lambda self: _get_extra(self) or _hash_pending(self) and _get_extra(self),
+    Circuit.extra.__set__,
+    doc="The printed prefix of the content hash.",
+)
+
+
+def _hash_pending(root: Circuit) -> bytes:
+    """Compute the hashes waiting below ``root`` (children first) and return ``root``'s.
+
+    Every waiting Array's tensor is checked first (one edited in place since its Array was made
+    no longer holds the bytes that Array stands for: ``StaleTensorError``), then hashed, each
+    distinct tensor once and several at once (``hashing.content_hashes``).
+    """
+    order = _waiting_below(root)
+    arrays = [node for node in order if isinstance(node, Array)]
+    try:
+        for array in arrays:
+            array.check_fresh()
+    except StaleTensorError as error:
+        error.add_note(
+            f"(found computing the content hashes {root.describe()} needs: an Array of a large tensor "
+            "hashes it when first needed, and it had changed by then)"
+        )
+        raise
+    tensors = {id(array.value): array.value for array in arrays}
+    digests = dict(zip(tensors, content_hashes(list(tensors.values()))))
+    for array in arrays:
+        _CONTENT_HASH_SLOT.__set__(array, digests[id(array.value)])
+        array._set_hash_fields(digests[id(array.value)][:PRINTED_HEX_DIGITS])
+    for node in order:
+        if node._hash is None:
+            _set_hash(node, _hash_if_known(node.kind, node.name, node.shape, node.extra, node.children))
+    return root._hash
+
+
+def _waiting_below(root: Circuit) -> list[Circuit]:
+    """The nodes at and below ``root`` whose hash waits, children before parents (iterative: any depth)."""
+    order: list[Circuit] = []
+    seen: set[int] = set()
+    stack: list[tuple[Circuit, bool]] = [(root, False)]
+    while stack:
+        node, ready = stack.pop()
+        if ready:
+            order.append(node)
+        elif id(node) not in seen:
+            seen.add(id(node))
+            stack.append((node, True))
+            stack.extend((child, False) for child in node.children if child._hash is None)
+    return order
 
 
 def _leaf_tensor(value: Any, where: str) -> torch.Tensor:
