@@ -74,7 +74,10 @@ def test_attached_arrays_are_views_of_parameters(make):
     attached = weight_arrays(cm.from_hf(model, tokens(), attach=True))
     assert attached and all(a.value.untyped_storage().data_ptr() in storages for a in attached)
     assert all(a.value.requires_grad for a in attached)
-    copied = weight_arrays(cm.from_hf(model, tokens()))
+    detached = weight_arrays(cm.from_hf(model, tokens()))  # the default: views too, out of autograd
+    assert all(a.value.untyped_storage().data_ptr() in storages for a in detached)
+    assert not any(a.value.requires_grad for a in detached)
+    copied = weight_arrays(cm.from_hf(model, tokens(), copy=True))
     assert not any(a.value.untyped_storage().data_ptr() in storages or a.value.requires_grad for a in copied)
 
 
@@ -144,9 +147,9 @@ def test_an_optimizer_step_makes_an_attached_circuit_stale():
     assert abs(rebuilt.item() - want.item()) < 1e-5
 
 
-def test_without_attach_the_circuit_keeps_its_copy():
+def test_with_copy_the_circuit_keeps_its_copy():
     model, toks = llama(), tokens()
-    circuit = cm.from_hf(model, toks)
+    circuit = cm.from_hf(model, toks, copy=True)
     before = cc.evaluate(circuit).clone()
     with torch.no_grad():
         for p in model.parameters():

@@ -44,7 +44,7 @@ ENTRY_POINTS = {
 FIELDS = attrs.fields(cm.ModelOptions)
 
 
-def test_the_options_are_the_eight_build_keywords():
+def test_the_options_are_the_nine_build_keywords():
     assert [f.name for f in FIELDS] == [
         "seq_len",
         "batch_size",
@@ -53,6 +53,7 @@ def test_the_options_are_the_eight_build_keywords():
         "neg_inf",
         "rope",
         "attach",
+        "copy",
         "tokenizer",
     ]
     assert cm.ModelOptions().causal is True

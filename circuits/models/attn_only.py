@@ -96,13 +96,18 @@ def build_attn_only(
     autograd, so ``cc.evaluate(c).mean().backward()`` fills their ``.grad``.
     Either way an in-place change to a weight (an optimizer step) makes the
     circuit stale: evaluating it raises ``StaleTensorError``, so rebuild it
-    after each step.
+    after each step (or build with ``copy=True``: copies, which it does not reach).
     """
     tokens = token_ids(tokens, options.tokenizer)
     if not isinstance(config, AttnOnlyConfig):
         raise common.ModelError(f"build_attn_only needs an AttnOnlyConfig, got {type(config).__name__}")
     tensors = common.check_weights(
-        "attention-only", weights, config.weight_shapes(), optional=_OPTIONAL, attach=options.attach
+        "attention-only",
+        weights,
+        config.weight_shapes(),
+        optional=_OPTIONAL,
+        attach=options.attach,
+        copy=options.copy,
     )
     w = {name: Array(tensor, name=name) for name, tensor in tensors.items()}
     toks = common.make_tokens(tokens, options, vocab_size=config.vocab_size, max_positions=config.n_ctx)

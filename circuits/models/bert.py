@@ -140,7 +140,7 @@ def build_bert(
     _check_pooling(pooling, normalize)
     optional = () if pooling == "pooler" else _POOLER
     tensors = common.check_weights(
-        "BERT", weights, config.weight_shapes(), optional=optional, attach=options.attach
+        "BERT", weights, config.weight_shapes(), optional=optional, attach=options.attach, copy=options.copy
     )
     dtype = common.weights_dtype(tensors)
     w = common.weight_arrays(tensors)

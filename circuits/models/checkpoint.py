@@ -121,7 +121,7 @@ def _read_checkpoint_tensors(directory: Path) -> dict[str, torch.Tensor]:
     bin_file = directory / "pytorch_model.bin"
     if bin_file.exists():
         try:
-            state = torch.load(bin_file, map_location="cpu", weights_only=True)
+            state = _torch_load(bin_file)
         except Exception as error:  # unpickling errors of every kind
             raise ModelError(f"{bin_file}: not a readable torch state dict ({shown(str(error))})") from error
         if not isinstance(state, Mapping):
@@ -131,6 +131,15 @@ def _read_checkpoint_tensors(directory: Path) -> dict[str, torch.Tensor]:
         f"{directory} has no weights: expected model.safetensors, sharded *.safetensors with "
         "model.safetensors.index.json, or pytorch_model.bin"
     )
+
+
+def _torch_load(path: Path) -> Any:
+    """``torch.load``'s state dict, memory-mapped where the file allows it (the zip format,
+    torch >= 1.6's): a legacy file cannot be mapped, and is read."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError:
+        return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def _config_dtype(config: Mapping[str, Any], config_file: Path) -> torch.dtype | None:
@@ -170,7 +179,10 @@ def load_hf_checkpoint(
     weights read are the circuit's own).  ``transformers`` is not needed (except for Llama
     checkpoints with a scaled rotary variant).  As ``from_pretrained`` does, the
     weights are converted to the config's ``dtype`` (``torch_dtype`` in 4.x) when
-    it names one.  A broken ``config.json``, weights file or shard index is a
+    it names one.  The files are memory-mapped, not read: the weight arrays hold
+    tensors backed by them (in the config's dtype: a converted one is in memory), whose
+    pages the system reads when they are used, so do not rewrite the files while the
+    circuit lives (``copy=True`` reads every weight into memory instead).  A broken ``config.json``, weights file or shard index is a
     ``ModelError`` naming the file; shards the index names outside the directory
     are refused.
     """

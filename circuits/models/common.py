@@ -437,13 +437,15 @@ def check_weights(
     expected: Mapping[str, tuple[int, ...]],
     optional: Iterable[str] = (),
     attach: bool = False,
+    copy: bool = False,
 ) -> dict[str, torch.Tensor]:
     """The weights as tensors, or one ModelError listing every problem.
 
     Missing names, names the model does not use, wrong shapes and
     non-floating tensors are all reported together, each with the shape
     that was expected.  The tensors are the caller's (no copy), detached
-    unless ``attach``, so that gradients reach them only when asked for.
+    unless ``attach``, so that gradients reach them only when asked for;
+    with ``copy``, private contiguous copies (the model may change after).
     """
     if not isinstance(weights, Mapping):
         raise ModelError(
@@ -477,7 +479,7 @@ def check_weights(
         if value.is_meta:
             problems.append(f"{name!r} is a meta tensor, which has a shape but no values")
             continue
-        tensors[name] = value if attach else value.detach()
+        tensors[name] = _own_copy(value) if copy else value if attach else value.detach()
     if problems:
         raise ModelError(
             f"{family} weights do not fit the config:\n  " + "\n  ".join(problems),
@@ -492,6 +494,11 @@ def check_weights(
             "(or evaluate with dtype=...) "
         )
     return tensors
+
+
+def _own_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy: the circuit shares no storage with a model that may change."""
+    return tensor.detach().clone(memory_format=torch.contiguous_format)
 
 
 def check_activation(family: str, act: Any) -> str:

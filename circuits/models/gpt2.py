@@ -114,7 +114,7 @@ def build_gpt2(
     common.check_activation("GPT-2", config.act)
     optional = (names.UNEMBED_BIAS_WEIGHT,) + ((names.UNEMBED_WEIGHT,) if config.tie_word_embeddings else ())
     tensors = common.check_weights(
-        "GPT-2", weights, config.weight_shapes(), optional=optional, attach=options.attach
+        "GPT-2", weights, config.weight_shapes(), optional=optional, attach=options.attach, copy=options.copy
     )
     w = common.weight_arrays(tensors)
     toks = common.make_tokens(tokens, options, vocab_size=config.vocab_size, max_positions=config.n_ctx)

@@ -11,15 +11,15 @@
 
 The per-family conversions are in ``hf_gpt2``, ``hf_llama`` (Qwen2, Qwen3, Mistral, the Gemmas,
 Phi-3 and Mixtral too; their rotary variants: ``hf_rope``; Mixtral's experts: ``hf_mixtral``),
-``hf_neox`` and ``hf_opt``; a checkpoint directory is read by ``checkpoint.load_hf_checkpoint``.  Weights are copied
-(so later changes to the model do not make the circuit's array hashes stale)
-and converted to the builders' layouts.  With ``attach=True`` they are not
-copied: every weight array holds a view of the model's parameter (a transpose,
-reshape or slice of it), so ``cc.evaluate(c).mean().backward()`` fills the
-parameters' ``.grad`` as the model's own backward would (a tied embedding gets
-both uses' gradients).  The caveat: an in-place update of a parameter (an
-optimizer step) changes the arrays' tensors, so evaluating the circuit raises
-``StaleTensorError``; rebuild it after each step.
+``hf_neox`` and ``hf_opt``; a checkpoint directory is read by ``checkpoint.load_hf_checkpoint``.  Weights are never
+copied unless asked: every weight array holds a view of the model's parameter (a transpose,
+reshape or slice of it), detached from autograd, and its content hash is computed when first
+needed (``Array``), so building costs nothing in the weights' size.  An in-place edit of a
+parameter after building (an optimizer step, ``load_state_dict``) makes the circuit stale:
+evaluating or hashing it raises ``StaleTensorError``; rebuild it.  ``copy=True`` gives the
+circuit copies instead, which later changes to the model do not reach.  With ``attach=True``
+the views stay in autograd, so ``cc.evaluate(c).mean().backward()`` fills the parameters'
+``.grad`` as the model's own backward would (a tied embedding gets both uses' gradients).
 
 Every mistake (an unknown option, a config field of the wrong kind, weights
 that do not fit) is a ``ModelError`` naming the option, field or key at fault;
@@ -151,7 +151,7 @@ def hf_to_weights(
 ) -> tuple[str, Any, dict[str, torch.Tensor]]:
     """``(model_type, builder config, weights)`` from a Hugging Face config (object or dict) and state dict.
 
-    The weights are copies, or views of the state dict's tensors with ``attach``.
+    The weights are views of the state dict's tensors: detached, or with ``attach`` in autograd.
     """
     family, ours = config_for(config)
     if not isinstance(state_dict, Mapping) or not all(isinstance(k, str) for k in state_dict):
@@ -213,8 +213,8 @@ def from_hf_state_dict(
     """A circuit from a Hugging Face config (object or ``config.json`` dict) and a state dict.
 
     The options are the builder's (``build_gpt2``, ``build_llama`` or ``build_neox``), as in
-    ``from_hf``; with ``attach`` the arrays are views of the state dict's tensors (see the
-    module docstring).  ``rope`` (Llama-style only): the rotary ``(cos, sin)`` tables, or a
+    ``from_hf``: the arrays are views of the state dict's tensors (``copy=True``: copies;
+    ``attach=True``: in autograd; see the module docstring).  ``rope`` (Llama-style only): the rotary ``(cos, sin)`` tables, or a
     mapping from layer kinds to them (as ``build_llama`` takes it); by default the builder
     computes them, or, for a scaled rotary variant, ``transformers`` does (``hf_rope``).
     """
@@ -245,10 +245,12 @@ def from_hf(model: Any, tokens: Any = None, options: ModelOptions = DEFAULT) -> 
     ``batch_size=``) for a placeholder, or text with ``tokenizer=``.  ``options``: a
     ``models.ModelOptions``, its fields also keywords that override it (the builders'
     options): ``convention="golden"`` for ``[S+2]`` tokens, ``causal`` (the masked form, as
-    the model computes it; the default), ``neg_inf`` (the masked scores' value), and
-    ``attach=True`` to make every weight array a view of the model's parameter, so that a
+    the model computes it; the default), ``neg_inf`` (the masked scores' value),
+    ``copy=True`` to give the circuit copies of the weights (by default its arrays are
+    views of the model's parameters: edit one in place and the circuit is stale, see the
+    module docstring), and ``attach=True`` to keep those views in autograd, so that a
     backward pass through the circuit fills ``model.parameters()``'s ``.grad`` (rebuild the
-    circuit after an optimizer step: see the module docstring).  A Llama-style model's rotary
+    circuit after an optimizer step).  A Llama-style model's rotary
     tables are its own (a copy of its module computes them, so the model is left as it was),
     and so is a Gemma's embedding scale.  The root is the per-token loss ``'t.loss'``; the
     logits are ``'t.call'``.

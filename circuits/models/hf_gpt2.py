@@ -55,7 +55,7 @@ def gpt2_weights_from_hf(
     """Hugging Face GPT-2 (Conv1D ``[in, out]`` weights, fused ``c_attn``) -> the builder's names and layouts.
 
     Every conversion is a view (reshape of a contiguous tensor, permute,
-    transpose), so that with ``attach`` no weight is copied.
+    transpose), so that no weight is copied.
     """
     lm_head = state_dict.get("lm_head.weight")
     state = strip_prefix({k: v for k, v in state_dict.items() if k != "lm_head.weight"}, "transformer.")

@@ -90,7 +90,7 @@ def neox_weights_from_hf(
     config: NeoXConfig, state_dict: Mapping[str, Any], attach: bool = False
 ) -> dict[str, torch.Tensor]:
     """Hugging Face GPT-NeoX (``nn.Linear`` ``[out, in]``, fused ``query_key_value``) -> the builder's
-    names and layouts, every one a view (so that with ``attach`` no weight is copied).
+    names and layouts, every one a view (so that no weight is copied).
 
     The fused projection's outputs are laid out per head as ``[q, k, v]`` blocks of
     ``d_head`` (transformers views them ``[heads, 3 * d_head]`` and chunks), so its

@@ -83,8 +83,8 @@ def opt_weights_from_hf(
 ) -> dict[str, torch.Tensor]:
     """Hugging Face OPT (``nn.Linear`` ``[out, in]`` weights) -> ``build_gpt2``'s names and layouts.
 
-    Every conversion is a view (reshape, permute, slice), so that with
-    ``attach`` no weight is copied.
+    Every conversion is a view (reshape, permute, slice), so that no
+    weight is copied.
     """
     lm_head = state_dict.get("lm_head.weight")
     # OPTForCausalLM keys start 'model.decoder.', a bare OPTModel's (some hub checkpoints) 'decoder.'

@@ -271,7 +271,7 @@ def build_llama(
     rotated_dims(config)
     optional = (names.UNEMBED_WEIGHT, EMBED_SCALE) if config.tie_word_embeddings else (EMBED_SCALE,)
     tensors = common.check_weights(
-        "Llama", weights, config.weight_shapes(), optional=optional, attach=options.attach
+        "Llama", weights, config.weight_shapes(), optional=optional, attach=options.attach, copy=options.copy
     )
     dtype = common.weights_dtype(tensors)
     w = common.weight_arrays(tensors)

@@ -150,7 +150,12 @@ def build_neox(
     common.check_activation("GPT-NeoX", config.act)
     optional = (names.UNEMBED_WEIGHT,) if config.tie_word_embeddings else ()
     tensors = common.check_weights(
-        "GPT-NeoX", weights, config.weight_shapes(), optional=optional, attach=options.attach
+        "GPT-NeoX",
+        weights,
+        config.weight_shapes(),
+        optional=optional,
+        attach=options.attach,
+        copy=options.copy,
     )
     dtype = common.weights_dtype(tensors)
     w = common.weight_arrays(tensors)

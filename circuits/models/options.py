@@ -103,9 +103,12 @@ class ModelOptions:
     multiplies it by 0).  ``rope``: a Llama-style model's rotary ``(cos, sin)`` tables
     ``[S, d_head]``, or a mapping from layer kinds (``'full_attention'``,
     ``'sliding_attention'``: Gemma 3's local layers) to such pairs (None: computed from the
-    config; ``build_llama`` checks them).  ``attach``: keep the weight arrays in
-    autograd (views of the given tensors) rather than detached.  ``tokenizer``: any Hugging
-    Face tokenizer, to give the tokens as text (``models.to_tokens``).
+    config; ``build_llama`` checks them).  The weight arrays hold the given tensors (or
+    views of them, or a checkpoint's memory-mapped file), never copies, detached from
+    autograd; ``attach``: keep them in autograd, so that gradients reach the given tensors;
+    ``copy``: give each its own copy instead, so that the model may change afterwards (not
+    with ``attach``).  ``tokenizer``: any Hugging Face tokenizer, to give the tokens as text
+    (``models.to_tokens``).
     """
 
     seq_len: int | None = attrs.field(default=None, validator=_positive_or_none)
@@ -117,11 +120,20 @@ class ModelOptions:
         attrs.field(default=None, eq=attrs.cmp_using(eq=_same_tables), hash=False)
     )
     attach: bool = attrs.field(default=False, validator=_flag)
+    copy: bool = attrs.field(default=False, validator=_flag)
     tokenizer: Any = attrs.field(default=None, eq=attrs.cmp_using(eq=lambda a, b: a is b), hash=False)
 
     def __init__(self, **fields: Any) -> None:
         _check_fields(fields, "ModelOptions")  # an unknown keyword is a ModelError, not a TypeError
         self.__attrs_init__(**fields)
+
+    def __attrs_post_init__(self) -> None:
+        if self.attach and self.copy:
+            raise ModelError(
+                "copy=True with attach=True: an attached weight array is a view of the given tensor, so "
+                "that gradients reach it, and a copy is not; choose one",
+                "copy",
+            )
 
     def evolve(self, **changes: Any) -> ModelOptions:
         """These options with some fields changed (checked as a new object is)."""

@@ -32,8 +32,9 @@ WEIGHT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 class Reader:
     """Takes tensors from a state dict, collecting every problem before raising.
 
-    Detached unless ``attach``: then the tensors are the state dict's own
-    (a model's parameters with ``state_dict(keep_vars=True)``).
+    The tensors are the state dict's, never copies (the builders copy with
+    ``copy=True``): detached views of them, or with ``attach`` the tensors
+    themselves (a model's parameters with ``state_dict(keep_vars=True)``).
     """
 
     def __init__(self, family: str, state_dict: Mapping[str, Any], attach: bool = False):
@@ -91,8 +92,8 @@ class Reader:
             )
 
     def weights(self, out: Mapping[str, torch.Tensor | None]) -> dict[str, torch.Tensor]:
-        """The converted weights: views of the state dict's tensors if attached, private copies if not."""
-        return {name: t if self.attach else own_copy(t) for name, t in out.items() if t is not None}
+        """The converted weights (views of the state dict's tensors), those that were there."""
+        return {name: t for name, t in out.items() if t is not None}
 
 
 def stored_unembedding(
@@ -121,11 +122,6 @@ def _same_matrix(a: torch.Tensor, b: torch.Tensor, attach: bool) -> bool:
     if a.data_ptr() == b.data_ptr() and a.stride() == b.stride():
         return True
     return not attach and torch.equal(a, b)
-
-
-def own_copy(tensor: torch.Tensor) -> torch.Tensor:
-    """A contiguous copy: the circuit must not share storage with a model that may change."""
-    return tensor.detach().clone(memory_format=torch.contiguous_format)
 
 
 def strip_prefix(state_dict: Mapping[str, Any], prefix: str) -> dict[str, Any]:

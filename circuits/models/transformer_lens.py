@@ -6,8 +6,8 @@ Families (``tl_config.TL_FAMILIES``): ``"gpt2"`` and ``"attn_only"`` from a
 state dict alone (keys: ``TRANSFORMER_LENS_KEYS``), ``"opt"`` (GPT-2's layout,
 ReLU), and, with the model's cfg, the rotary ones: ``"llama"``, ``"qwen2"``,
 ``"mistral"``, ``"gemma"``, ``"gemma2"`` and ``"neox"`` (``tl_families``).
-Weights are copied, or views of the state dict's tensors with ``attach=True``
-(see ``circuits.models.hf``).
+Weights are views of the state dict's tensors, detached (``copy=True``: copies;
+``attach=True``: in autograd; see ``circuits.models.hf``).
 """
 
 from __future__ import annotations

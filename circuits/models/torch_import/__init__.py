@@ -31,6 +31,7 @@ def from_torch(
     output: Any = None,
     strict: bool = False,
     attach: bool = False,
+    copy: bool = False,
 ) -> Circuit | list[Circuit]:
     """The circuit ``module(*example_inputs, **example_kwargs)`` computes, for these inputs' shapes.
 
@@ -45,17 +46,24 @@ def from_torch(
     ``last_hidden_state``), a key or index one, a list of them a list of
     circuits.  An op with no translation is kept as an aten GeneralFunction
     (``aten.OP.OVERLOAD(ARGS)``); ``strict=True`` refuses them instead, with
-    a ModelError listing each and where it ran.  Weights are copied unless
-    ``attach=True``, which keeps the parameters themselves (gradients reach them).
+    a ModelError listing each and where it ran.  The parameters' Arrays hold them, detached,
+    not copies (an in-place edit of one makes the circuit stale, see ``cc.Array``);
+    ``copy=True`` gives them copies instead, and ``attach=True`` keeps the parameters
+    themselves (gradients reach them).
     """
-    for what, flag in (("strict", strict), ("attach", attach)):
+    for what, flag in (("strict", strict), ("attach", attach), ("copy", copy)):
         if not isinstance(flag, bool):
             raise ModelError(f"from_torch: {what}={flag!r} is not a bool")
+    if attach and copy:
+        raise ModelError(
+            "from_torch: copy=True with attach=True: an attached parameter is not a copy; choose one",
+            "copy",
+        )
     args, kwargs = (
         exporting.inputs(module, example_inputs, example_kwargs) if _is_module(module) else ((), {})
     )
     program = exporting.export(module, args, kwargs)
-    leaves = exporting.leaves(program, args, kwargs, attach)
+    leaves = exporting.leaves(program, args, kwargs, attach, copy)
     positions = exporting.output_positions(exporting.output_structure(program), output)
     translator, outputs = _translate(program, leaves, type(module).__name__)
     if strict and translator.missing:

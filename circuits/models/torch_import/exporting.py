@@ -54,9 +54,12 @@ def inputs(module: torch.nn.Module, example_inputs: Any, example_kwargs: Any) ->
     return args, kwargs
 
 
-def leaves(program: torch.export.ExportedProgram, args: tuple, kwargs: dict, attach: bool) -> dict[str, Any]:
-    """Placeholder name -> its value: parameters as Arrays named by module path, buffers and lifted
-    constants as Consts of that name, user inputs as Arrays of their example values, named by argument."""
+def leaves(
+    program: torch.export.ExportedProgram, args: tuple, kwargs: dict, attach: bool, copy: bool = False
+) -> dict[str, Any]:
+    """Placeholder name -> its value: parameters as Arrays named by module path (detached unless
+    ``attach``, copied if ``copy``), buffers and lifted constants as Consts of that name, user inputs
+    as Arrays of their example values, named by argument."""
     values = list(pytree.tree_leaves((args, kwargs), is_leaf=lambda x: x is None))
     user = iter(values)
     result: dict[str, Any] = {}
@@ -64,7 +67,8 @@ def leaves(program: torch.export.ExportedProgram, args: tuple, kwargs: dict, att
         arg = spec.arg
         if spec.kind == InputKind.PARAMETER:
             tensor = program.state_dict[spec.target]
-            result[arg.name] = Array(tensor if attach else tensor.detach().clone(), name=spec.target)
+            tensor = tensor if attach else tensor.detach().clone() if copy else tensor.detach()
+            result[arg.name] = Array(tensor, name=spec.target)
         elif spec.kind in (InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
             tensor = program.state_dict.get(spec.target)
             tensor = program.constants[spec.target] if tensor is None else tensor
