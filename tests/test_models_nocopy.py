@@ -313,11 +313,14 @@ def test_waiting_hashes_under_a_deep_circuit(monkeypatch):
     assert late.hash == eager.hash
 
 
-def test_content_hashes_in_threads_are_tensor_content_hash():
+@pytest.mark.parametrize("block", [hashing.HASH_BLOCK_BYTES, 1000], ids=["whole", "by-blocks-of-rows"])
+def test_content_hashes_in_threads_are_the_documented_bytes(block, monkeypatch):
+    monkeypatch.setattr(hashing, "HASH_BLOCK_BYTES", block)
     base = torch.randn(64, 48, dtype=torch.float64)
     tensors = [
         base,
         base.T,  # not contiguous
+        base.reshape(4, 16, 48).permute(1, 2, 0),  # rows of 1,536 bytes: one a block
         base[:, 5],  # a strided column
         base.to(torch.bfloat16),
         torch.zeros(0, 3),

@@ -33,13 +33,30 @@ def tensor_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return flat.view(torch.uint8)
 
 
+#: A tensor whose bytes are not at hand as they are (one on another device, or a transposed
+#: view) is hashed by blocks of rows of about this size, each copied in turn, never all at once.
+HASH_BLOCK_BYTES = 64 << 20
+
+
 def tensor_content_hash(tensor: torch.Tensor) -> str:
     """Hex digest of a tensor's dtype, shape and bytes (device-independent)."""
     hasher = hashlib.blake2b(digest_size=DIGEST_SIZE)
     hasher.update(f"{tensor.dtype}|{list(tensor.shape)}|".encode())
-    if tensor.numel():
-        hasher.update(tensor_bytes(tensor).numpy().data)
+    for block in _row_blocks(tensor):
+        hasher.update(tensor_bytes(block).numpy().data)
     return hasher.hexdigest()
+
+
+def _row_blocks(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """``tensor`` as consecutive slices of its first axis whose row-major bytes, one after the
+    other, are its own: itself where they need no copy, else slices of ``HASH_BLOCK_BYTES``."""
+    tensor = tensor.detach()
+    if not tensor.numel():
+        return []
+    if tensor.dim() == 0 or (tensor.device.type == "cpu" and tensor.is_contiguous()):
+        return [tensor]
+    row_bytes = tensor[0].numel() * tensor.element_size()
+    return list(tensor.split(max(1, HASH_BLOCK_BYTES // row_bytes)))
 
 
 def content_hashes(tensors: Sequence[torch.Tensor]) -> list[str]:
