@@ -156,6 +156,37 @@ def test_transformer_lens_state_dict_is_held_not_copied():
     )
 
 
+def test_a_transformer_bridge_is_held_not_copied():
+    model = factories.tl_model()
+    toks = factories.token_ids(17, (1, 6), seed=2)
+    circuit = cm.from_transformer_lens(model, toks)
+    arrays = weight_arrays(circuit)
+    assert arrays and all(a.value.untyped_storage().data_ptr() in storages(model) for a in arrays.values())
+    copied = weight_arrays(cm.from_transformer_lens(model, toks, copy=True))
+    assert not any(a.value.untyped_storage().data_ptr() in storages(model) for a in copied.values())
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)
+    with pytest.raises(cc.errors.StaleTensorError):
+        cc.evaluate(circuit)
+
+
+def test_a_bert_is_held_not_copied():
+    model = transformers.BertModel(
+        transformers.BertConfig(
+            vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=24
+        )
+    ).eval()
+    ids = factories.token_ids(VOCAB, (1, 5), seed=3)
+    circuit = cm.from_hf_bert(model, ids)
+    arrays = weight_arrays(circuit)
+    assert arrays and all(a.value.untyped_storage().data_ptr() in storages(model) for a in arrays.values())
+    torch.testing.assert_close(cc.evaluate(circuit), model(input_ids=ids).last_hidden_state.detach())
+    with torch.no_grad():
+        model.embeddings.word_embeddings.weight.mul_(2.0)
+    with pytest.raises(cc.errors.StaleTensorError):
+        cc.evaluate(circuit)
+
+
 def test_from_torch_holds_the_parameters():
     layer = torch.nn.Linear(3, 2)
     x = torch.randn(4, 3)
