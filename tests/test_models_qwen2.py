@@ -32,7 +32,7 @@ tokens_for = functools.partial(random_tokens, VOCAB)
 def test_the_biases_are_in_the_circuit_and_matter():
     model = qwen2()
     tokens = tokens_for(True)
-    circuit = cm.from_hf(model, tokens)
+    circuit = cm.from_hf(model, tokens, copy=True)  # a copy: the edit below does not reach it
     for which in ("q", "k", "v"):
         bias = circuit.get_unique(names.attn_weight(1, f"{which}_bias"))
         assert tuple(bias.shape) == ((4 if which == "q" else 2), 1, 10)
