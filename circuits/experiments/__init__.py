@@ -33,6 +33,8 @@
 ``act_patch_resid_pre(c, corrupted, metric)`` TransformerLens's patching grids, one per
 and every ``act_patch_*`` (``patch_grid``)    function of its ``patching`` module
                                               (docs/patching.md)
+``detect_head(c, "induction_head")``          TransformerLens's head detector: each head's
+                                              share of attention where a kind of head puts it
 ``overview(c)``                               the model circuit at a glance, one line per
                                               component (like torch's ``print(model)``)
 ``plot_attention``, ``plot_grid``             attention patterns per head; grids (sweep
@@ -52,6 +54,7 @@ from circuits.experiments.attribution import ATTRIBUTION_KINDS, AttributionResul
 from circuits.experiments.ablation import mean_ablate, resample_ablate, zero_ablate
 from circuits.errors import ExperimentError, MissingPointError
 from circuits.experiments.gradients import Gradients, gradients
+from circuits.experiments.head_detector import HEAD_PATTERNS, detect_head, detection_pattern
 from circuits.experiments.inputs import with_inputs
 from circuits.experiments.logit_attribution import (
     LogitAttribution,
@@ -101,6 +104,7 @@ __all__ = [
     "GRIDS",
     "Gradients",
     "HEAD_KINDS",
+    "HEAD_PATTERNS",
     "LogitAttribution",
     "LogitLens",
     "Metric",
@@ -129,6 +133,8 @@ __all__ = [
     "act_patch_resid_mid",
     "act_patch_resid_pre",
     "attribution_patching",
+    "detect_head",
+    "detection_pattern",
     "direct_logit_attribution",
     "gradients",
     "head_names",
