@@ -409,3 +409,26 @@ def test_the_causal_suffix_changes_no_value():
         suffixed = causal_suffix.from_position(circuit, position, prefixes)
         assert torch.equal(suffixed.evaluate(), circuit.evaluate())
         assert circuit.get_unique("b1").shape == suffixed.get_unique("b1").shape
+
+
+@pytest.mark.parametrize("grid", ["resid_pre", "attn_head_out_all_pos", "block_every"])
+def test_a_grid_of_some_layers_is_those_rows_of_the_whole_grid(grid):
+    """``layers=``: the whole grid's rows, in the order asked for, and records naming the true layer."""
+    circuit, corrupted = _small_gpt2()
+    metric = ex.metrics.logit_diff(-1, GOOD, BAD)
+    whole = grids.patch_grid(circuit, {"toks_int_var": corrupted}, metric, grid)
+    part = grids.patch_grid(circuit, {"toks_int_var": corrupted}, metric, grid, layers=iter([1, 0]))
+    layer_axis = 1 if grid in grids.EVERY else 0
+    assert torch.equal(part.values, whole.values.index_select(layer_axis, torch.tensor([1, 0])))
+    assert sorted(map(str, part.records)) == sorted(map(str, whole.records))
+    only = grids.patch_grid(circuit, {"toks_int_var": corrupted}, metric, grid, layers=[1])
+    assert {record["layer"] for record in only.records} == {1}
+
+
+@pytest.mark.parametrize("layers", [[], [2], [0, 0], [-1], [True], "01", 1])
+def test_bad_layers_are_named(layers):
+    circuit, corrupted = _small_gpt2()
+    with pytest.raises(ex.ExperimentError, match=r"layers=.*distinct layer numbers in \[0, 2\)"):
+        grids.act_patch_resid_pre(
+            circuit, {"toks_int_var": corrupted}, ex.metrics.logit_diff(-1, GOOD, BAD), layers=layers
+        )

@@ -36,6 +36,7 @@ from circuits.core.nodes import Circuit
 from circuits.errors import ModelError, shown
 from circuits.models.common import checked_options
 from circuits.models.hf import from_hf_state_dict
+from circuits.models.hf_llama import llama_config_from_hf
 from circuits.models.text import is_text, to_str_tokens, to_tokens
 from circuits.transformer.masks import NEG_INF
 
@@ -290,7 +291,23 @@ def _llama_config(
         raise ModelError(
             f"{path}: {arch + '.attention.value_length'!r} is {value_dim}, not the key size {head_dim}"
         )
+    _check_with_builder(path, config, arch)
     return config
+
+
+def _check_with_builder(path: Path, config: Mapping[str, Any], arch: str) -> None:
+    """The Llama loader's own checks of the config (heads that divide, ...), its field names
+    followed by the GGUF keys they were read from."""
+    try:
+        llama_config_from_hf(config, SUPPORTED_GGUF[arch])
+    except ModelError as error:
+        keys = [
+            f"{hf_key} = {f'{arch}.{suffix}'!r}"
+            for hf_key, (suffix, _) in _LLAMA_FIELDS.items()
+            if f"'{hf_key}'" in str(error)
+        ]
+        read = f" (read from {', '.join(keys)})" if keys else ""
+        raise ModelError(f"{path}: {error}{read}") from error
 
 
 def _refuse_llama_options(path: Path, metadata: Mapping[str, Any], arch: str) -> None:
