@@ -23,6 +23,8 @@ pytestmark = [pytest.mark.real_model, pytest.mark.slow]
 
 BLOCK = 30  # random tokens, repeated once
 ROWS = 2
+LOW, HIGH = 1000, 20000  # token ids drawn from: common word pieces (the highest ids are rare ones)
+HEAD = 64  # SmolLM2's head size
 TEMPLATES = [  # every one 14 tokens: the names at positions 1, 3 and 9, the prediction at 13
     "When {A} and {B} went to the store, {S} gave a drink to",
     "When {A} and {B} went to the park, {S} gave a ball to",
@@ -30,7 +32,7 @@ TEMPLATES = [  # every one 14 tokens: the names at positions 1, 3 and 9, the pre
     "While {A} and {B} were at the house, {S} gave a key to",
     "Then {A} and {B} went to the school, {S} handed a pen to",
 ]
-NAME_PAIRS = [("Mary", "John"), ("Alice", "Bob")]
+NAME_PAIRS = [("Mary", "John")]  # both as the answer: 20 prompts (notebook 07 takes more names)
 S2, END = 9, 13
 
 
@@ -51,14 +53,16 @@ def hf(smol):
 
 @pytest.fixture(scope="module")
 def induction(smol, hf):
-    """Rows of 30 random tokens twice (no special tokens), our circuit and transformers' outputs."""
-    block = torch.randint(
-        17, smol.config["vocab_size"], (ROWS, BLOCK), generator=torch.Generator().manual_seed(0)
-    )
+    """Rows of 30 common tokens twice: the tokens, our circuit's run (loss, logits, attention) and
+    transformers' outputs (logits, attention)."""
+    generator = torch.Generator().manual_seed(0)
+    block = torch.randint(LOW, HIGH, (ROWS, BLOCK), generator=generator)
     tokens = torch.cat([block, block], dim=1)
+    circuit = smol.circuit(tokens)
+    cache = ex.run_with_cache(circuit, ["logits", *[("attn_probs", layer) for layer in range(30)]])
     with torch.no_grad():
         out = hf(tokens[:, :-1], output_attentions=True)
-    return tokens, smol.circuit(tokens), out
+    return tokens, cache, out
 
 
 def ioi_prompts(tokenizer):
@@ -101,8 +105,8 @@ def test_weights_and_logits_equal_transformers_reading_the_same_file(smol, hf, i
     hf_state = hf.state_dict()
     for key, tensor in smol.state_dict.items():
         assert torch.equal(tensor, hf_state[key]), key
-    tokens, circuit, out = induction
-    logits = circuit.get_unique("t.call").evaluate()
+    tokens, cache, out = induction
+    logits = cache["logits"]
     difference = (logits - out.logits).abs().max().item()
     print(
         f"max |logits - transformers' logits| = {difference:.2e} (float32, logits up to {logits.abs().max():.1f})"
@@ -111,13 +115,13 @@ def test_weights_and_logits_equal_transformers_reading_the_same_file(smol, hf, i
 
 
 def test_induction_losses_fall_on_the_second_copy(induction):
-    tokens, circuit, out = induction
-    loss = circuit.evaluate()  # [rows, 59]: loss[:, i] predicts token i + 1
+    tokens, cache, out = induction
+    loss = cache.value  # [rows, 59]: loss[:, i] predicts token i + 1
     expected = torch.nn.functional.cross_entropy(out.logits.transpose(1, 2), tokens[:, 1:], reduction="none")
-    torch.testing.assert_close(loss, expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(loss, expected, rtol=1e-4, atol=5e-4)  # logits within 1e-4: losses 5e-4
     first, second = loss[:, : BLOCK - 1].mean().item(), loss[:, BLOCK - 1 :].mean().item()
     print(f"loss on the first copy {first:.2f}, on the second {second:.2f}")
-    assert first > 11 and second < 4, (first, second)
+    assert first > 12 and second < 3, (first, second)
 
 
 def _induction_scores(attentions, tokens):
@@ -137,8 +141,8 @@ def _induction_scores(attentions, tokens):
 
 
 def test_induction_scores_equal_transformers_attention(induction):
-    tokens, circuit, out = induction
-    ours = ex.detect_head(circuit, "induction_head")
+    tokens, cache, out = induction
+    ours = ex.detect_head(cache, "induction_head")
     expected = _induction_scores(out.attentions, tokens)
     torch.testing.assert_close(ours, expected, rtol=0, atol=1e-4)
     top = ours.flatten().topk(5)
@@ -159,7 +163,7 @@ def _hf_loss_without(hf, tokens, heads):
             (x,) = args
             x = x.clone()
             for h in dropped:
-                x[..., h * 64 : (h + 1) * 64] = 0
+                x[..., h * HEAD : (h + 1) * HEAD] = 0
             return (x,)
 
         hooks.append(hf.model.layers[layer].self_attn.o_proj.register_forward_pre_hook(zero))
@@ -173,24 +177,25 @@ def _hf_loss_without(hf, tokens, heads):
 
 
 def test_ablating_the_top_induction_heads_raises_the_second_copy_loss_more_than_random_heads(hf, induction):
-    tokens, circuit, _ = induction
-    scores = ex.detect_head(circuit, "induction_head").flatten()
-    split = cc.split_heads(circuit)
+    tokens, cache, _ = induction
+    scores = ex.detect_head(cache, "induction_head").flatten()
     second = slice(BLOCK - 1, None)
-    clean = split.evaluate()[:, second].mean().item()
+    clean = cache.value[:, second].mean().item()
 
-    def increase(flat_heads):
-        heads = [(i // 9, i % 9) for i in flat_heads]
-        ablated = ex.zero_ablate(split, {f"b{l}.a.head{h}" for l, h in heads})
-        return ablated.evaluate()[:, second].mean().item() - clean, ablated, heads
+    def without(flat_heads):
+        heads = sorted((i // 9, i % 9) for i in flat_heads)
+        split = cc.split_heads(cache.circuit, layers=sorted({layer for layer, _ in heads}))
+        loss = ex.zero_ablate(split, {f"b{l}.a.head{h}" for l, h in heads}).evaluate()
+        return loss, heads
 
-    top, ablated, heads = increase(scores.topk(5).indices.tolist())
-    expected = _hf_loss_without(hf, tokens, heads)
-    torch.testing.assert_close(ablated.evaluate(), expected, rtol=1e-4, atol=1e-4)
+    loss, heads = without(scores.topk(5).indices.tolist())
+    torch.testing.assert_close(loss, _hf_loss_without(hf, tokens, heads), rtol=1e-4, atol=5e-4)
+    top = loss[:, second].mean().item() - clean
     generator = torch.Generator().manual_seed(0)
-    random = [increase(torch.randperm(270, generator=generator)[:5].tolist())[0] for _ in range(3)]
+    random = [without(torch.randperm(270, generator=generator)[:5].tolist())[0] for _ in range(2)]
+    random = [loss[:, second].mean().item() - clean for loss in random]
     print(
-        f"second-copy loss {clean:.2f}: +{top:.2f} without the top 5 induction heads, {random} without 5 random"
+        f"second-copy loss {clean:.2f}: {top:+.2f} without the top 5 induction heads {heads}, {random} without 5 random"
     )
     assert top > 1.0 and top > 3 * max(random), (top, random)
 
@@ -213,19 +218,19 @@ def test_ioi_logit_difference_and_one_heads_direct_attribution(smol, hf, ioi):
         for hook in hooks:
             hook.remove()
     expected = logits[rows, answers] - logits[rows, wrong]
-    ours = ex.logit_diff(-1, good=answers, bad=wrong)(circuit)
-    assert abs(ours - expected.mean().item()) < 1e-4
+    dla = ex.direct_logit_attribution(circuit, answers, wrong)  # its total: the circuit's logit difference
+    torch.testing.assert_close(dla.total, expected, rtol=1e-4, atol=1e-4)
+    ours = dla.total.mean().item()
     print(f"IOI mean logit difference {ours:.2f} over {len(tokens)} prompts")
     assert ours > 3 and (expected > 0).all()
     # head 23.3's direct share: its output at the last position through the final norm's (clean) scale
     with torch.no_grad():
-        z = captured["z"][:, -1, head * 64 : (head + 1) * 64]
-        out = z @ o_proj.weight[:, head * 64 : (head + 1) * 64].T
+        z = captured["z"][:, -1, head * HEAD : (head + 1) * HEAD]
+        out = z @ o_proj.weight[:, head * HEAD : (head + 1) * HEAD].T
         final = captured["final"][:, -1]
         scale = torch.rsqrt(final.pow(2).mean(-1, keepdim=True) + hf.config.rms_norm_eps)
         direction = (hf.lm_head.weight[answers] - hf.lm_head.weight[wrong]) * hf.model.norm.weight
         share = (out * scale * direction).sum(-1)
-    dla = ex.direct_logit_attribution(circuit, answers, wrong)
     torch.testing.assert_close(dla.values[dla.labels.index(f"L{layer}H{head}")], share, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(dla.values.sum(0), dla.total, rtol=1e-4, atol=1e-4)
 
@@ -260,8 +265,8 @@ def test_patching_grid_rows_equal_patching_transformers(smol, hf, ioi):
     tokens, corrupted, answers, wrong = (t[:2] for t in ioi)  # one ABBA and one BABA prompt
     circuit = smol.circuit(tokens, convention="prompt")
     metric = ex.logit_diff(-1, good=answers, bad=wrong)
-    resid = ex.act_patch_resid_pre(circuit, {"toks_int_var": corrupted}, metric, layers=[21])
-    block = hf.model.layers[21]
+    resid = ex.act_patch_resid_pre(circuit, {"toks_int_var": corrupted}, metric, layers=[24])
+    block = hf.model.layers[24]
     clean_in = _hf_inputs(hf, tokens, block)[0][0]
 
     def patched_at(pos):
@@ -286,12 +291,12 @@ def test_patching_grid_rows_equal_patching_transformers(smol, hf, ioi):
 
         def patch_head(module, args, head=head):
             z = args[0].clone()
-            z[..., head * 64 : (head + 1) * 64] = clean_z[..., head * 64 : (head + 1) * 64]
+            z[..., head * HEAD : (head + 1) * HEAD] = clean_z[..., head * HEAD : (head + 1) * HEAD]
             return (z,)
 
         expected = _hf_logit_diff(hf, corrupted, answers, wrong, [(o_proj, patch_head)])
         assert abs(heads.values[0, head].item() - expected) < 1e-3, (head, heads.values[0, head], expected)
-    print("resid_pre row 21:", [round(v, 2) for v in resid.values[0].tolist()])
+    print("resid_pre row 24:", [round(v, 2) for v in resid.values[0].tolist()])
     print("head-output row 23:", [round(v, 2) for v in heads.values[0].tolist()])
 
 
@@ -313,8 +318,8 @@ def test_path_patching_into_queries_equals_transformers_with_the_query_recompute
     route = _into_queries(["b23.a.head3", "b23.a.head0"], "b20.a.head0")
     ours = metric(ex.patch(split, route, {"toks_int_var": corrupted}))
     sender, layer = hf.model.layers[20].self_attn.o_proj, hf.model.layers[23]
-    z_clean, z_corrupted = (_hf_inputs(hf, t, sender)[0][0][..., :64] for t in (tokens, corrupted))
-    change = (z_corrupted - z_clean) @ sender.weight[:, :64].T  # head 0's output, corrupted - clean
+    z_clean, z_corrupted = (_hf_inputs(hf, t, sender)[0][0][..., :HEAD] for t in (tokens, corrupted))
+    change = (z_corrupted - z_clean) @ sender.weight[:, :HEAD].T  # head 0's output, corrupted - clean
     resid = _hf_inputs(hf, tokens, layer)
     resid = resid[0][0] if resid[0] else resid[1]["hidden_states"]
     with torch.no_grad():
@@ -324,7 +329,7 @@ def test_path_patching_into_queries_equals_transformers_with_the_query_recompute
     def recomputed(module, args, output):
         output = output.clone()
         for head in (3, 0):
-            output[..., head * 64 : (head + 1) * 64] = queries[..., head * 64 : (head + 1) * 64]
+            output[..., head * HEAD : (head + 1) * HEAD] = queries[..., head * HEAD : (head + 1) * HEAD]
         return output
 
     handle = layer.self_attn.q_proj.register_forward_hook(recomputed)
@@ -332,7 +337,7 @@ def test_path_patching_into_queries_equals_transformers_with_the_query_recompute
         expected = _hf_logit_diff(hf, tokens, answers, wrong)
     finally:
         handle.remove()
-    clean = metric(split)
+    clean = _hf_logit_diff(hf, tokens, answers, wrong)
     print(f"logit difference {clean:.2f}; head 20.0 patched into the queries of 23.3 and 23.0: {ours:.2f}")
     assert abs(ours - expected) < 1e-3, (ours, expected)
     assert ours < clean - 0.3  # the sender matters through these queries

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from importlib import metadata as package_metadata
+from types import MappingProxyType
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
@@ -103,7 +105,7 @@ class GGUFModel:
         return (
             f"GGUFModel({self.path.name}: {c['model_type']}, {c['num_hidden_layers']} layers, d_model "
             f"{c['hidden_size']}, {c['num_attention_heads']} heads ({c['num_key_value_heads']} key/value), "
-            f"vocab {c['vocab_size']}; tensors {types}; tokenizer {'yes' if self.tokenizer else 'none'})"
+            f"vocab {c['vocab_size']}; tensors {types}; tokenizer {'none' if self.tokenizer is None else 'yes'})"
         )
 
     @checked_options()
@@ -162,19 +164,19 @@ def from_gguf(path: str | Path, *, tokenizer: bool = True) -> GGUFModel:
     if not isinstance(tokenizer, bool):
         raise ModelError(f"from_gguf: tokenizer={shown(repr(tokenizer))} is not a bool (True or False)")
     reader = _reader(gguf, path)
-    metadata = _metadata(gguf, reader)
-    architecture = _architecture(path, metadata)
+    fields = _metadata(gguf, reader)
+    architecture = _architecture(path, fields)
     tensors = {t.name: t for t in reader.tensors}
     _check_tensor_types(gguf, path, tensors)
-    config = _llama_config(path, metadata, tensors, architecture)
+    config = _llama_config(path, fields, tensors, architecture)
     state_dict = _llama_state_dict(gguf, path, tensors, config)
     has_vocabulary = "tokenizer.ggml.model" in reader.fields
-    return GGUFModel(
+    return GGUFModel(  # read-only views: every circuit built shares them
         path=path,
-        config=config,
-        state_dict=state_dict,
-        tensor_types={name: t.tensor_type.name for name, t in tensors.items()},
-        metadata=metadata,
+        config=MappingProxyType(config),
+        state_dict=MappingProxyType(state_dict),
+        tensor_types=MappingProxyType({name: t.tensor_type.name for name, t in tensors.items()}),
+        metadata=MappingProxyType(fields),
         tokenizer=_tokenizer(path) if tokenizer and has_vocabulary else None,
     )
 
@@ -187,6 +189,13 @@ def _gguf_package() -> Any:
     return gguf
 
 
+def _version() -> str:
+    try:
+        return package_metadata.version("gguf")
+    except package_metadata.PackageNotFoundError:  # pragma: no cover - imported, so installed
+        return "?"
+
+
 def _reader(gguf: Any, path: Path) -> Any:
     if not path.is_file():
         raise ModelError(f"{path}: no such GGUF file")
@@ -194,8 +203,7 @@ def _reader(gguf: Any, path: Path) -> Any:
         return gguf.GGUFReader(path)
     except Exception as error:  # bad magic, truncated, an unknown ggml type id, a duplicate tensor
         raise ModelError(
-            f"{path}: not a GGUF file the gguf package ({getattr(gguf, '__version__', '?')}) can read: "
-            f"{shown(str(error))}"
+            f"{path}: not a GGUF file the gguf package ({_version()}) can read: {shown(str(error))}"
         ) from error
 
 
@@ -233,7 +241,7 @@ def _check_tensor_types(gguf: Any, path: Path, tensors: Mapping[str, Any]) -> No
         more = f", ... ({len(unreadable)} in all)" if len(unreadable) > 6 else ""
         raise ModelError(
             f"{path}: tensor type not readable: {listed}{more}; the gguf package "
-            f"({getattr(gguf, '__version__', '?')}) dequantizes none of these to float weights"
+            f"({_version()}) dequantizes none of these to float weights"
         )
 
 
@@ -241,10 +249,10 @@ def _readable(gguf: Any, kind: Any) -> bool:
     """Whether ``gguf.dequantize`` reads this type as float weights: tried on one block of zeros."""
     if kind in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
         return True
-    block, size = gguf.GGML_QUANT_SIZES[kind]
     try:
+        _, size = gguf.GGML_QUANT_SIZES[kind]
         values = gguf.dequantize(np.zeros((1, size), dtype=np.uint8), kind)
-    except (NotImplementedError, ValueError, TypeError):
+    except (KeyError, NotImplementedError, ValueError, TypeError):
         return False
     return np.asarray(values).dtype.kind == "f"
 
@@ -279,6 +287,7 @@ def _llama_config(
     if "vocab_size" not in config and embedding is not None:  # older files: the embedding's rows
         config["vocab_size"] = int(embedding.shape[-1])
     config["tie_word_embeddings"] = "output.weight" not in tensors
+    _check_with_builder(path, config, arch)
     head_dim = config.get("head_dim", config["hidden_size"] // config["num_attention_heads"])
     rotary = _field(path, metadata, f"{arch}.rope.dimension_count", False)
     if rotary is not None and rotary != head_dim:
@@ -291,7 +300,6 @@ def _llama_config(
         raise ModelError(
             f"{path}: {arch + '.attention.value_length'!r} is {value_dim}, not the key size {head_dim}"
         )
-    _check_with_builder(path, config, arch)
     return config
 
 
@@ -400,15 +408,21 @@ def _uninterleave(weight: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 def _tokenizer(path: Path) -> Any:
-    """``transformers``' tokenizer built from the file's vocabulary (nothing is downloaded)."""
+    """``transformers``' tokenizer built from the file's vocabulary (nothing is downloaded).
+
+    ``PreTrainedTokenizerFast`` rather than ``AutoTokenizer``: the same conversion of the file's
+    vocabulary, without the model config ``AutoTokenizer`` reads from the file first (half the time).
+    """
     try:
-        from transformers import AutoTokenizer
+        from transformers import PreTrainedTokenizerFast
     except ImportError as error:
         raise ModelError(
             f"the tokenizer of a GGUF file is read with transformers: {INSTALL}, or "
             f"from_gguf(path, tokenizer=False) ({error})"
         ) from error
     try:
-        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+        return PreTrainedTokenizerFast.from_pretrained(
+            str(path.parent), gguf_file=path.name, local_files_only=True
+        )
     except Exception as error:  # transformers' own complaint about the vocabulary
         raise ModelError(f"{path}: transformers cannot build the tokenizer: {shown(str(error))}") from error
