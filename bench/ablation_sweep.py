@@ -45,6 +45,7 @@ from benchtools import tl_gpt2_model
 from circuits import experiments as ex
 from circuits import models
 from circuits.passes import split_heads
+from circuits.evaluation.cache import Evaluator
 
 TARGET = 0.5
 
@@ -153,7 +154,7 @@ def main() -> None:
     budget = int(args.cache_gib * 2**30)
 
     def run_ours(round_: int):
-        evaluator = ex.Evaluator(budget)
+        evaluator = Evaluator(budget)
         with torch.no_grad():
             (t, cpu), result = timed(
                 lambda: ex.sweep(

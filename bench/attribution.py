@@ -99,7 +99,7 @@ def agreement(batch: int, block: int, corruption: str) -> float:
     corrupted[:, changed] = other[:, changed]
     mask = repeat_mask(block, batch, 2 * block).float()
     metric = repeated_half_loss(mask)
-    circuit = cc.split_heads(cc.causal_mask(load_demo_model(clean)))
+    circuit = cc.passes.split_heads(cc.passes.causal_mask(load_demo_model(clean)))
     result = ex.attribution_patching(circuit, {"toks_int_var": corrupted}, metric, ["head_out"])
     attributed = result["head_out"].sum(-1).flatten()
     on_corrupted = ex.patch(circuit, "toks_int_var", {"toks_int_var": corrupted})
@@ -124,11 +124,11 @@ def by_position(clean: torch.Tensor, corrupted: torch.Tensor, metric) -> None:
     from circuits import experiments as ex
     from circuits.models.demo_model import load_demo_model
 
-    circuit = cc.causal_mask(load_demo_model(clean))
+    circuit = cc.passes.causal_mask(load_demo_model(clean))
     inputs = {"toks_int_var": corrupted}
     result = ex.attribution_patching(circuit, inputs, metric, ["z", "resid_pre"])
-    heads = ex.act_patch_attn_head_out_by_pos(circuit, inputs, metric).values.permute(0, 2, 1)
-    resid = ex.act_patch_resid_pre(circuit, inputs, metric).values
+    heads = ex.patching_grids.act_patch_attn_head_out_by_pos(circuit, inputs, metric).values.permute(0, 2, 1)
+    resid = ex.patching_grids.act_patch_resid_pre(circuit, inputs, metric).values
     for name, estimate, exact in [
         ("(layer, head, pos)", result["z"], heads),
         ("resid_pre (layer, pos)", result["resid_pre"], resid),

@@ -1,4 +1,4 @@
-"""The (layer, position) ``resid_pre`` patching grid: ``ex.act_patch_resid_pre`` against TransformerLens.
+"""The (layer, position) ``resid_pre`` patching grid: ``ex.patching_grids.act_patch_resid_pre`` against TransformerLens.
 
 Issue 15's benchmark at GPT-2-small dimensions (12 layers, 12 heads, d_model 768, d_mlp 3072, vocab
 50257, n_ctx 1024), random weights, batch 4 x 24 tokens, CPU float32, 2 threads; metric = logit

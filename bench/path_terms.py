@@ -50,8 +50,8 @@ def main() -> None:
     tokens = torch.randint(
         0, args.vocab, (args.batch, args.seq + 1), generator=torch.Generator().manual_seed(1)
     )
-    circuit = cc.split_heads(build_gpt2(config, gpt2_random_weights(config, seed=0), tokens))
-    logits = circuit.get_unique(ex.point("logits"))
+    circuit = cc.passes.split_heads(build_gpt2(config, gpt2_random_weights(config, seed=0), tokens))
+    logits = circuit.get_unique(ex.Point("logits"))
     print(
         f"GPT-2 {args.layers} layers, {args.heads} heads, d_model {args.d_model}, vocab {args.vocab}; "
         f"batch {args.batch} x {args.seq}; order {args.order}; "

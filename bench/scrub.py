@@ -85,7 +85,7 @@ def main() -> None:
 
     tokens = repeated_tokens(4 * args.examples, args.block, seed=1)
     dataset = Dataset.from_tokens(tokens)
-    circuit = cc.split_heads(cc.causal_mask(models.load_demo_model(tokens[:2])))
+    circuit = cc.passes.split_heads(cc.passes.causal_mask(models.load_demo_model(tokens[:2])))
     seconds, scrubbed = timed(lambda: Experiment(circuit, dataset, hypothesis()).scrub(args.examples))
     clean_corr = Correspondence()
     clean_corr.add(InterpNode(ExactSampler(), "clean"), corr_root_matcher)

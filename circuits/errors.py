@@ -105,7 +105,13 @@ class StaleTensorError(CircuitError, RuntimeError):
     (``tensor._version``) tells when an in-place op changed them since.
     Reading such a tensor (evaluating, saving) raises this instead of
     computing with, or writing, values the node does not describe.
+    ``node`` is the node whose tensor changed (an Array, or an Index with a
+    tensor index).
     """
+
+    def __init__(self, message: str, *, node=None):
+        super().__init__(message)
+        self.node = node
 
 
 class CacheError(CircuitError, ValueError):
@@ -113,7 +119,11 @@ class CacheError(CircuitError, ValueError):
 
 
 class MissingTensorError(CircuitError):
-    """An Array parsed without its tensor was asked for its value."""
+    """An Array parsed without its tensor was asked for its value; ``node`` is that Array."""
+
+    def __init__(self, message: str, *, node=None):
+        super().__init__(message)
+        self.node = node
 
 
 class EvaluationError(CircuitError):
@@ -171,7 +181,27 @@ class ExpandError(RewriteError):
 class ModelError(CircuitError, ValueError):
     """A model that cannot be built or loaded: an unknown architecture or
     config option, or weights that are missing, unexpected or misshapen
-    (the message lists what was expected)."""
+    (the message lists what was expected).  ``field`` names the build option
+    at fault (``"causal"``, ``"options"``, ...), or is None.
+
+    Where weights do not fit, ``missing_keys``, ``unexpected_keys`` and
+    ``mismatched_keys`` (of the wrong shape or kind) name them, as Hugging
+    Face's loading info does; empty otherwise."""
+
+    def __init__(
+        self,
+        message: str,
+        field: str | None = None,
+        *,
+        missing_keys=(),
+        unexpected_keys=(),
+        mismatched_keys=(),
+    ):
+        super().__init__(message)
+        self.field = field
+        self.missing_keys = list(missing_keys)
+        self.unexpected_keys = list(unexpected_keys)
+        self.mismatched_keys = list(mismatched_keys)
 
 
 class PassError(CircuitError, ValueError):
@@ -205,7 +235,12 @@ class MissingPointError(CircuitError, KeyError):
 class PrintError(CircuitError, ValueError):
     """A printing or diff option that cannot be used: an unknown colour name or
     diff view, or a comment or colour function that returned something other
-    than text (the message names the node)."""
+    than text (the message names the node).  ``field`` names the print option
+    at fault (``"depth"``, ``"options"``, ...), or is None."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 class CausalScrubbingError(CircuitError, ValueError):
@@ -219,7 +254,12 @@ class IllegalCorrespondenceError(CausalScrubbingError):
     """A causal scrubbing hypothesis that does not fit the circuit (rust_circuit's name): an
     incomplete correspondence, a matcher that finds no node or several, a branch that does not
     reach the inputs or leaves its parent's, two interpretation nodes claiming one node.  The
-    message names the interpretation node and says what is wrong."""
+    message names the interpretation node and says what is wrong; ``i_node`` is that
+    ``InterpNode`` (None where no single one is at fault)."""
+
+    def __init__(self, message: str, *, i_node=None):
+        super().__init__(message)
+        self.i_node = i_node
 
 
 class RandomVariableError(CircuitError, ValueError):

@@ -1,11 +1,13 @@
 """What the tests of the Hugging Face model families share: random token rows, the model's own
-logits (the independent reference), and the circuit's logits node."""
+logits (the independent reference, in float64 without Hugging Face's float32 round trips), and
+the circuit's logits node."""
 
 from __future__ import annotations
 
 import torch
 
 from circuits.transformer import names
+from circuits.transformer.points import HEAD_KINDS, Point
 
 
 def random_tokens(vocab: int, batched: bool, length: int = 13, seed: int = 1) -> torch.Tensor:
@@ -48,7 +50,7 @@ def check_heads_and_points(model, circuit, tokens, projection, head: int, d_head
     that head's slice of ``projection`` (layer 1's output projection) zeroed; each point of ``kinds``
     finds one node of layer 1 (and of the head, after splitting)."""
     from circuits import experiments as ex
-    from circuits import split_heads
+    from circuits.passes import split_heads
 
     split = split_heads(circuit)
     torch.testing.assert_close(split.evaluate(), circuit.evaluate(), rtol=1e-10, atol=1e-10)
@@ -57,9 +59,9 @@ def check_heads_and_points(model, circuit, tokens, projection, head: int, d_head
     assert (logits_of(ablated) - want).abs().max().item() < 1e-10
     assert (logits_of(circuit) - want).abs().max().item() > 1e-3
     for kind in kinds:
-        assert len(circuit.get(ex.point(kind, 1))) == 1, kind
-        if kind in ex.HEAD_KINDS:
-            assert len(split.get(ex.point(kind, 1, head))) == 1, kind
+        assert len(circuit.get(Point(kind, 1))) == 1, kind
+        if kind in HEAD_KINDS:
+            assert len(split.get(Point(kind, 1, head))) == 1, kind
 
 
 def check_logits_and_loss(model, circuit, tokens: torch.Tensor, tol: float) -> float:
@@ -78,3 +80,52 @@ def check_logits_and_loss(model, circuit, tokens: torch.Tensor, tol: float) -> f
     ).reshape(targets.shape)
     assert (circuit.evaluate() - want_loss).abs().max().item() < 10 * tol
     return diff
+
+
+def _rmsnorm(self, hidden_states):
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+
+def _gemma_rmsnorm(self, x):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight)
+
+
+class _NnWith:
+    """``torch.nn`` as ``modeling_gemma2`` sees it, with its own ``functional.softmax``."""
+
+    def __init__(self, softmax):
+        self.functional = type(
+            "F", (), {"softmax": staticmethod(softmax), "dropout": torch.nn.functional.dropout}
+        )
+
+    def __getattr__(self, name):
+        return getattr(torch.nn, name)
+
+
+def without_float32_round_trips(monkeypatch, family: str) -> None:
+    """Hugging Face's float64 forward of ``family`` without its float32 round trips: the RMSNorm's
+    (Llama, Mistral, Qwen2, Gemma, Gemma 2) and Gemma 2's upcast softmax, so that a float64
+    reference is float64-exact."""
+    import importlib
+
+    if family == "gemma2":
+        from transformers.models.gemma2 import modeling_gemma2
+
+        original = modeling_gemma2.nn.functional.softmax
+
+        def softmax(x, dim, dtype=None):  # Hugging Face upcasts the scores to float32
+            return original(x, dim=dim)
+
+        monkeypatch.setattr(modeling_gemma2.Gemma2RMSNorm, "forward", _gemma_rmsnorm)
+        monkeypatch.setattr(modeling_gemma2, "nn", _NnWith(softmax))
+        return
+    norm = {
+        "llama": "LlamaRMSNorm",
+        "mistral": "MistralRMSNorm",
+        "qwen2": "Qwen2RMSNorm",
+        "gemma": "GemmaRMSNorm",
+    }
+    module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    forward = _gemma_rmsnorm if family == "gemma" else _rmsnorm
+    monkeypatch.setattr(getattr(module, norm[family]), "forward", forward)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+import factories
 import pytest
 import torch
 
@@ -110,14 +111,10 @@ def tokens(seed: int = 1) -> torch.Tensor:
 def hf_model(family: str, dtype: torch.dtype = torch.float32):
     """A random model of ``family`` with every parameter perturbed (biases and norms too)."""
     config_name, fields = HF_FAMILIES[family]
-    torch.manual_seed(0)
-    config = getattr(transformers, config_name)(**fields)
     model_class = CAUSAL_LM.get(config_name, config_name.replace("Config", "ForCausalLM"))
-    model = getattr(transformers, model_class)(config).eval()
-    with torch.no_grad():
-        for _, param in model.named_parameters():
-            param.add_(torch.randn_like(param) * 0.2)
-    return model.to(dtype)
+    return factories.hf_causal_lm(
+        model_class, config_name, fields, perturb=factories.shifted(0.2), dtype=dtype
+    )
 
 
 def _captured(model, path: str, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -174,7 +171,7 @@ def attn_only(dtype: torch.dtype = torch.float32) -> Model:
     for layer in range(attn_only_reference.CONFIG.n_layers):
         heads_out = sum(heads[(layer, h)] for h in range(attn_only_reference.CONFIG.n_heads))
         resid.append(resid[-1] + heads_out)
-    circuit = cc.causal_mask(cm.build_attn_only(attn_only_reference.CONFIG, weights, toks))
+    circuit = cc.passes.causal_mask(cm.build_attn_only(attn_only_reference.CONFIG, weights, toks))
 
     def lens(stream):
         final = attn_only_reference.layer_norm(

@@ -236,7 +236,7 @@ def test_a_traversal_giving_the_wrong_number_of_child_states_is_refused():
 
 
 def test_a_bad_traversal_form_is_a_matcher_error():
-    with pytest.raises(cc.MatcherError):
+    with pytest.raises(cc.errors.MatcherError):
         small().repr(traversal=2.5)
 
 

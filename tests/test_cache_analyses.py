@@ -19,7 +19,8 @@ import experiments_reference as reference
 from circuits.errors import ExperimentError
 from circuits.experiments.activations import run_with_cache
 from circuits.experiments.logit_attribution import direct_logit_attribution, logit_lens
-from test_points import LLAMA, llama_reference, tl_model
+from factories import tl_model
+from test_points import LLAMA, llama_reference
 
 TOL = 1e-4  # against TransformerLens and torch
 SUM_TOL = 1e-5  # components against the circuit's own logit (difference)
@@ -250,7 +251,7 @@ def test_split_heads_and_partial_caches_give_the_same_analyses(gpt2, monkeypatch
     compile_plan = activations.compile_plan
     monkeypatch.setattr(activations, "compile_plan", lambda *a: runs.append(a) or compile_plan(*a))
     cache = gpt2["cache"]
-    split = run_with_cache(cc.split_heads(gpt2["circuit"]), ["logits"])
+    split = run_with_cache(cc.passes.split_heads(gpt2["circuit"]), ["logits"])
     _close(split.stack_head_results(pos_slice=-1), cache.stack_head_results(pos_slice=-1), 1e-5)
     answers = gpt2["tokens"][:, -1]
     _close(
@@ -279,8 +280,8 @@ def test_attention_only_against_torch(split):
         for k, v in reference.weights(seed=3).items()
     }
     tokens = reference.tokens(seed=4, batch=3)
-    circuit = cc.causal_mask(cm.build_attn_only(reference.CONFIG, w, tokens))
-    cache = run_with_cache(cc.split_heads(circuit) if split else circuit)
+    circuit = cc.passes.causal_mask(cm.build_attn_only(reference.CONFIG, w, tokens))
+    cache = run_with_cache(cc.passes.split_heads(circuit) if split else circuit)
     _, logits, heads = reference.forward(w, tokens)
     n_layers, n_heads = reference.CONFIG.n_layers, reference.CONFIG.n_heads
     expected_heads = torch.stack([heads[L, h] for L in range(n_layers) for h in range(n_heads)])

@@ -360,10 +360,10 @@ def test_the_seeds_torch_takes_are_taken():
         torch.Generator().manual_seed(seed)  # torch agrees
     assert torch.equal(repeated_tokens(2, 3, seed=2**64 - 1), repeated_tokens(2, 3, seed=2**64 - 1))
     for bad in (2**64, -(2**63) - 1, 1.0, True, "3"):
-        with pytest.raises(cc.ModelError, match="is not a seed"):
+        with pytest.raises(cc.errors.ModelError, match="is not a seed"):
             check_seed(bad)
     for make in (lambda: repeated_tokens(2, 3, seed=2**64), lambda: parity_tokens(seed=2**64)):
-        with pytest.raises(cc.ModelError, match="seed=18446744073709551616 is not a seed"):
+        with pytest.raises(cc.errors.ModelError, match="seed=18446744073709551616 is not a seed"):
             make()
-    with pytest.raises(cc.ModelError, match="seed=-9223372036854775809 is not a seed"):
+    with pytest.raises(cc.errors.ModelError, match="seed=-9223372036854775809 is not a seed"):
         hf_model("gpt2", seed=-(2**63) - 1)

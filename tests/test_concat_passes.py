@@ -131,9 +131,9 @@ def test_zero_ablating_one_position_of_the_residual_stream():
 
 
 def test_exported_at_the_top_level():
-    assert cc.split_to_concat is split_to_concat and cc.concat_elim_split is concat_elim_split
-    assert cc.pull_concat is pull_concat and cc.push_down_concat is push_down_concat
-    assert cc.concat_drop_size_zero is concat_drop_size_zero
+    assert cc.passes.split_to_concat is split_to_concat and cc.passes.concat_elim_split is concat_elim_split
+    assert cc.passes.pull_concat is pull_concat and cc.passes.push_down_concat is push_down_concat
+    assert cc.passes.concat_drop_size_zero is concat_drop_size_zero
 
 
 def _einsum_with_split(string, split_at=0, sections=1, axis=0, seed=3):

@@ -71,9 +71,9 @@ def test_a_bad_child_is_refused_with_the_constructors_error(kind):
     node = build(*[x] * arity)
     # a tensor of the child's very shape: refused although its .shape matches
     bad = [torch.zeros(3, 4)] + [x] * (arity - 1)
-    with pytest.raises(cc.NodeTypeError) as built:
+    with pytest.raises(cc.errors.NodeTypeError) as built:
         build(*bad)
-    with pytest.raises(cc.NodeTypeError) as rebuilt:
+    with pytest.raises(cc.errors.NodeTypeError) as rebuilt:
         node.with_children(bad)
     assert str(rebuilt.value) == str(built.value)
     assert "while rebuilding" in "".join(rebuilt.value.__notes__)
@@ -81,12 +81,12 @@ def test_a_bad_child_is_refused_with_the_constructors_error(kind):
 
 def test_a_child_that_does_not_fit_is_refused_with_the_constructors_error():
     node = cc.Einsum.from_einsum_string("ab,ab->a", x, y, name="e")
-    with pytest.raises(cc.EinsumError) as built:
+    with pytest.raises(cc.errors.EinsumError) as built:
         cc.Einsum.from_einsum_string("ab,ab->a", x, wide, name="e")
-    with pytest.raises(cc.EinsumError) as rebuilt:
+    with pytest.raises(cc.errors.EinsumError) as rebuilt:
         node.with_children([x, wide])
     assert str(rebuilt.value) == str(built.value)
-    with pytest.raises(cc.EinsumError):
+    with pytest.raises(cc.errors.EinsumError):
         node.update("y", lambda n: wide)
 
 
@@ -133,9 +133,9 @@ def test_evolve_of_every_leaf_goes_through_its_constructor():
     for leaf in (z, cc.Array.from_hash((2,), "ab" * 12, name="h"), cc.Scalar(2.0, (3,), name="s"), x):
         same_node(leaf.evolve(), leaf)
         assert leaf.evolve(name="other").name == "other"
-        with pytest.raises(cc.LeafError, match="leaf"):
+        with pytest.raises(cc.errors.LeafError, match="leaf"):
             leaf.evolve(children=(x,))
-    with pytest.raises(cc.LeafError, match="not a real number"):
+    with pytest.raises(cc.errors.LeafError, match="not a real number"):
         cc.Scalar(1.0).evolve(value="one")
 
 
@@ -184,31 +184,33 @@ def test_check_node_names_what_was_expected_and_what_was_got():
     from circuits.core.nodes import check_node
 
     assert check_node(x, "here") is x
-    with pytest.raises(cc.NodeTypeError, match=r"^here is a int, not a circuit node$"):
+    with pytest.raises(cc.errors.NodeTypeError, match=r"^here is a int, not a circuit node$"):
         check_node(3, "here")
-    with pytest.raises(cc.RewriteError, match=r"^f returned a str for x, not a circuit node \(a hint\)$"):
-        check_node("s", "f returned {got} for x", cc.RewriteError, hint="a hint")
+    with pytest.raises(
+        cc.errors.RewriteError, match=r"^f returned a str for x, not a circuit node \(a hint\)$"
+    ):
+        check_node("s", "f returned {got} for x", cc.errors.RewriteError, hint="a hint")
 
 
 def test_every_entry_point_refuses_a_non_node_with_its_own_error_type(tmp_path):
     from circuits import experiments as ex
 
     cases = [
-        (cc.NodeTypeError, lambda: cc.save([x, 3], tmp_path / "c.circ"), "save: root 1 is a int"),
-        (cc.NodeTypeError, lambda: cc.Index(3, 0), "child is a int"),
-        (cc.NodeTypeError, lambda: cc.Concat(x, 3, axis=0), "child 1 is a int"),
-        (cc.ExpandError, lambda: cc.expand(3, {}), "expand: the circuit is a int"),
-        (cc.ExpandError, lambda: cc.expand(x, {"x": lambda n: 3}), "returned a int for Symbol 'x'"),
-        (cc.MatcherError, lambda: matching.get(3, "x"), "get: the circuit to search is a int"),
-        (cc.MatcherError, lambda: matching.are_any_found(3, "x"), "is a int"),
-        (cc.MatcherError, lambda: matching.walk(3, "x"), "is a int"),
-        (cc.RewriteError, lambda: cc.update(3, "x", lambda n: n), "update: the circuit is a int"),
-        (cc.RewriteError, lambda: cc.replace(x, {"x": y}), "key 'x' is a str"),
-        (cc.RewriteError, lambda: cc.substitute(x, {"x": 3}), "the value for Symbol 'x' is a int"),
-        (ex.ExperimentError, lambda: ex.zero_ablate(3, "x"), "zero_ablate: the circuit is a int"),
-        (ex.ExperimentError, lambda: ex.mean_ablate(3, "x", {}), "mean_ablate: the circuit is a int"),
-        (ex.ExperimentError, lambda: ex.patch(3, "x", {}), "patch: the circuit is a int"),
-        (ex.ExperimentError, lambda: ex.Metric(lambda c: None, "m").circuit(x), "returned a NoneType"),
+        (cc.errors.NodeTypeError, lambda: cc.save([x, 3], tmp_path / "c.circ"), "save: root 1 is a int"),
+        (cc.errors.NodeTypeError, lambda: cc.Index(3, 0), "child is a int"),
+        (cc.errors.NodeTypeError, lambda: cc.Concat(x, 3, axis=0), "child 1 is a int"),
+        (cc.errors.ExpandError, lambda: cc.expand(3, {}), "expand: the circuit is a int"),
+        (cc.errors.ExpandError, lambda: cc.expand(x, {"x": lambda n: 3}), "returned a int for Symbol 'x'"),
+        (cc.errors.MatcherError, lambda: matching.get(3, "x"), "get: the circuit to search is a int"),
+        (cc.errors.MatcherError, lambda: matching.are_any_found(3, "x"), "is a int"),
+        (cc.errors.MatcherError, lambda: matching.walk(3, "x"), "is a int"),
+        (cc.errors.RewriteError, lambda: cc.update(3, "x", lambda n: n), "update: the circuit is a int"),
+        (cc.errors.RewriteError, lambda: cc.replace(x, {"x": y}), "key 'x' is a str"),
+        (cc.errors.RewriteError, lambda: cc.substitute(x, {"x": 3}), "the value for Symbol 'x' is a int"),
+        (cc.errors.ExperimentError, lambda: ex.zero_ablate(3, "x"), "zero_ablate: the circuit is a int"),
+        (cc.errors.ExperimentError, lambda: ex.mean_ablate(3, "x", {}), "mean_ablate: the circuit is a int"),
+        (cc.errors.ExperimentError, lambda: ex.patch(3, "x", {}), "patch: the circuit is a int"),
+        (cc.errors.ExperimentError, lambda: ex.Metric(lambda c: None, "m").circuit(x), "returned a NoneType"),
     ]
     for error, call, text in cases:
         with pytest.raises(error) as info:

@@ -13,6 +13,7 @@ import importlib.util
 import math
 from pathlib import Path
 
+import factories
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -171,15 +172,14 @@ def test_a_view_keeps_its_base_alive():
 def _gpt2(n_embd: int, seq: int, batch: int, n_layer: int = 2):
     transformers = pytest.importorskip("transformers")
     transformers.logging.set_verbosity_error()
-    config = transformers.GPT2Config(
+    model = factories.gpt2(
+        seed=None,
         n_layer=n_layer,
-        n_head=4,
         n_embd=n_embd,
         vocab_size=101,
         n_positions=256,
         attn_implementation="eager",  # attention as matmuls, which the flop counter sees (not fused SDPA)
     )
-    model = transformers.GPT2LMHeadModel(config).eval()
     tokens = torch.randint(0, 101, (batch, seq))
     return model, tokens, cm.from_hf(model, tokens)
 
@@ -203,8 +203,8 @@ def test_an_imported_gpt2s_gelu_counts_its_pow():
     is an aten function, one ``pow`` per element of each layer's MLP input, none of unknown cost."""
     transformers = pytest.importorskip("transformers")
     transformers.logging.set_verbosity_error()
-    config = transformers.GPT2Config(n_layer=2, n_head=3, n_embd=15, vocab_size=41, n_positions=19)
-    model = transformers.GPT2LMHeadModel(config).eval()
+    model = factories.gpt2(seed=None, n_head=3, n_embd=15, vocab_size=41, n_positions=19)
+    config = model.config
     circuit = cm.from_torch(model, (torch.randint(0, 41, (2, 7)),))
     result = cc.cost(circuit)
     assert result.total.flops["pow"] == config.n_layer * 2 * 7 * 4 * config.n_embd
@@ -312,7 +312,7 @@ def test_table_by_subtree():
 
 def test_costs_and_comment_together_are_refused():
     x = _array(2, name="x")
-    with pytest.raises(cc.PrintError, match="costs=True"):
+    with pytest.raises(cc.errors.PrintError, match="costs=True"):
         x.repr(costs=True, comment=lambda node: "mine")
 
 

@@ -37,7 +37,7 @@ def repeat_loss(per_token: torch.Tensor) -> float:
 @pytest.fixture(scope="module")
 def setup():
     tokens = repeated_tokens(256, BLOCK, seed=1)
-    circuit = cc.split_heads(cc.causal_mask(models.load_demo_model(tokens[:2])))
+    circuit = cc.passes.split_heads(cc.passes.causal_mask(models.load_demo_model(tokens[:2])))
     return circuit, Dataset.from_tokens(tokens)
 
 
@@ -101,7 +101,7 @@ def test_the_report_is_each_hypothesis_scrubbed_by_hand(setup):
     )
     scrubbed = Experiment(circuit, dataset, induction(), random_seed=7).scrub(32)
     ref_tokens = scrubbed.ref_ds.toks_int_var.value
-    clean = cc.split_heads(cc.causal_mask(models.load_demo_model(ref_tokens))).evaluate()
+    clean = cc.passes.split_heads(cc.passes.causal_mask(models.load_demo_model(ref_tokens))).evaluate()
     assert report.clean == [repeat_loss(clean)]
     assert report.losses["induction"] == [repeat_loss(scrubbed.evaluate())]
     base = report.losses["scrambled"][0]

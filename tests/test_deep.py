@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import circuits as cc
+from circuits.core.traversal import postorder
 
 DEPTH = 50_000
 
@@ -29,7 +30,7 @@ def test_deep_chain_builds_hashes_compares_and_walks():
     assert first is not second and first == second and hash(first) == hash(second)
     assert first != chain(DEPTH - 1, with_leaf_operand=True)
     assert len(cc.unique_nodes([first])) == DEPTH + 1
-    order = cc.postorder([first])
+    order = postorder([first])
     assert len(order) == DEPTH + 1 and order[0].name == "leaf" and order[-1] is first
     shallow = first.repr(depth=3)
     # four Adds, the elision line under the deepest, then the leaf in full once and twice by reference

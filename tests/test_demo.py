@@ -26,7 +26,7 @@ def result() -> demo.DemoResult:
 @pytest.fixture(scope="module")
 def patterns(result) -> dict[int, torch.Tensor]:
     """Each layer's attention probabilities [B, head, query, key], from the circuit's 'a.attn_probs'."""
-    masked = cc.causal_mask(load_demo_model(result.tokens))
+    masked = cc.passes.causal_mask(load_demo_model(result.tokens))
     nodes = {layer_of(node): node for node in masked.get("a.attn_probs")}
     return {layer: node.evaluate() for layer, node in nodes.items()}
 

@@ -144,5 +144,5 @@ def test_the_unified_view_stays_the_default():
 )
 def test_bad_options_are_refused(options, message):
     new, old = small_pair()
-    with pytest.raises(cc.PrintError, match=message):
+    with pytest.raises(cc.errors.PrintError, match=message):
         cc.diff(new, old, **options)

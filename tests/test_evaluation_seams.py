@@ -36,7 +36,7 @@ def test_nothing_below_a_known_value_is_visited():
     top = cc.Add(node, cc.Scalar(1.0, shape=(2,)), name="top")
     got = compile_plan([top], known={node: torch.tensor([1.0, 2.0])}).run()[0]
     torch.testing.assert_close(got, torch.tensor([2.0, 3.0]), rtol=0, atol=0)
-    with pytest.raises(cc.MissingTensorError):
+    with pytest.raises(cc.errors.MissingTensorError):
         cc.evaluate(top)
 
 
@@ -66,18 +66,22 @@ def test_a_known_value_counts_for_the_scalars_dtype():
 
 def test_bad_known_values_are_refused_naming_the_node(parts):
     out, prod, *_ = parts
-    with pytest.raises(cc.EvaluationError, match="known value of Einsum 'prod' \\[3,4\\] is shape \\[4,3\\]"):
+    # the message says what was given instead
+    with pytest.raises(cc.errors.EvaluationError, match="is shape \\[4,3\\]") as info:
         compile_plan([out], known={prod: torch.zeros(4, 3)})
-    with pytest.raises(cc.EvaluationError, match="known value of Einsum 'prod' \\[3,4\\] is list"):
+    assert info.value.node is prod
+    with pytest.raises(cc.errors.EvaluationError, match="is list") as info:
         compile_plan([out], known={prod: [0.0]})
-    with pytest.raises(cc.EvaluationError, match="keyed by circuit nodes"):
+    assert info.value.node is prod
+    with pytest.raises(cc.errors.EvaluationError, match="keyed by circuit nodes"):
         compile_plan([out], known={"prod": torch.zeros(3, 4)})
 
     def broken(node):
         raise KeyError("oops")
 
-    with pytest.raises(cc.EvaluationError, match="known\\(GeneralFunction 'out'\\) raised KeyError"):
+    with pytest.raises(cc.errors.EvaluationError) as info:
         compile_plan([out], known=broken)
+    assert info.value.node is out and isinstance(info.value.__cause__, KeyError)
 
 
 def test_on_value_sees_every_computed_value_once(parts):
@@ -110,8 +114,9 @@ def test_an_error_in_on_value_propagates_as_it_is(parts):
     def on_value(node, value):
         raise KeyError(node.name)
 
-    with pytest.raises(KeyError, match="prod"):
+    with pytest.raises(KeyError) as info:
         compile_plan([out]).run(on_value=on_value)
+    assert info.value.args == ("prod",)
 
 
 def test_a_kernel_override_replaces_or_wraps_the_default(parts):
@@ -145,9 +150,10 @@ def test_default_kernel_is_what_a_step_runs(parts):
 
 def test_bad_kernel_overrides_are_refused_naming_the_node(parts):
     out, *_ = parts
-    with pytest.raises(cc.EvaluationError, match="kernel\\(Einsum 'prod', default\\) returned int"):
+    with pytest.raises(cc.errors.EvaluationError, match="returned int") as info:  # says what it returned
         compile_plan([out], kernel=lambda node, default: 3)
-    with pytest.raises(cc.EvaluationError, match="kernel must be a function"):
+    assert info.value.node.name == "prod"
+    with pytest.raises(cc.errors.EvaluationError, match="kernel must be a function"):
         compile_plan([out], kernel=3)
 
 
@@ -160,11 +166,10 @@ def test_a_failing_overridden_kernel_is_blamed_on_its_node(parts):
 
         return run if node.name == "total" else default
 
-    with pytest.raises(
-        cc.EvaluationError, match="evaluating Add 'total' .* failed: RuntimeError: boom"
-    ) as info:
+    with pytest.raises(cc.errors.EvaluationError) as info:
         compile_plan([out], kernel=fails).run()
     assert info.value.node.name == "total"
+    assert isinstance(info.value.__cause__, RuntimeError) and info.value.__cause__.args == ("boom",)
 
 
 def test_a_plan_runs_once(parts):
@@ -173,7 +178,7 @@ def test_a_plan_runs_once(parts):
     assert plan.computed == 3 and [n.name for n in plan.nodes] == ["x", "w", "prod", "b", "total", "out"]
     assert {node.name for node, _ in plan.initial_values()} == {"x", "w", "b"}
     plan.run()
-    with pytest.raises(cc.EvaluationError, match="runs once"):
+    with pytest.raises(cc.errors.EvaluationError, match="runs once"):
         plan.run()
 
 

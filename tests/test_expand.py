@@ -144,7 +144,7 @@ def test_multi_input_function_with_declared_batchability():
     root = cc.GeneralFunction(x, s, spec=frozen, name="g")
     per_element(root, "x", randn(2, 3, 4, seed=4))  # s is not batchable: passed as is
     refused = r"GeneralFunction 'g': input 1 of function 'test_expand.scaled_frozen'"
-    with pytest.raises(cc.ExpandError, match=refused):
+    with pytest.raises(cc.errors.ExpandError, match=refused):
         cc.expand(root, {"s": cc.Array(randn(2, 3))})
 
 
@@ -212,9 +212,11 @@ def _looked_up_axis(node: cc.GeneralFunction) -> int:
 def test_replacement_must_keep_the_trailing_shape():
     x = cc.Array(randn(3, 4), name="x")
     root = cc.Add(x, name="root")
-    with pytest.raises(cc.ExpandError, match=r"Array 'x' \[3,4\] cannot be replaced by Array 'x2' \[2,4,3\]"):
+    with pytest.raises(
+        cc.errors.ExpandError, match=r"Array 'x' \[3,4\] cannot be replaced by Array 'x2' \[2,4,3\]"
+    ):
         cc.expand(root, {"x": cc.Array(randn(2, 4, 3), name="x2")})
-    with pytest.raises(cc.ExpandError, match=r"cannot be replaced by .* \[4\]"):
+    with pytest.raises(cc.errors.ExpandError, match=r"cannot be replaced by .* \[4\]"):
         cc.expand(root, {"x": cc.Array(randn(4))})
 
 
@@ -222,16 +224,16 @@ def test_batch_shapes_must_agree_and_functions_must_declare_batching():
     x = cc.Array(randn(3), name="x")
     y = cc.Array(randn(3), name="y")
     root = cc.Add(x, y, name="root")
-    with pytest.raises(cc.ExpandError, match=r"different batch shapes: \[2\] .* and \[5\]"):
+    with pytest.raises(cc.errors.ExpandError, match=r"different batch shapes: \[2\] .* and \[5\]"):
         cc.expand(root, {"x": cc.Array(randn(2, 3)), "y": cc.Array(randn(5, 3))})
     opaque = register_function(
         FunctionSpec("test_expand.opaque", 1, lambda s: s[0], lambda t: t), replace=True
     )
     root = cc.GeneralFunction(x, spec=opaque, name="f")
     refused = r"GeneralFunction 'f' cannot carry batch axes: its function 'test_expand.opaque'"
-    with pytest.raises(cc.ExpandError, match=refused):
+    with pytest.raises(cc.errors.ExpandError, match=refused):
         cc.expand(root, {"x": cc.Array(randn(2, 3))})
-    with pytest.raises(cc.ExpandError, match="path-restricted"):
+    with pytest.raises(cc.errors.ExpandError, match="path-restricted"):
         cc.expand(root, {cc.IterativeMatcher("x"): cc.Array(randn(2, 3))})
 
 

@@ -45,7 +45,7 @@ def test_zero_ablating_a_regex_of_heads(setup):
 
 def test_a_target_that_matches_nothing_is_an_error(setup):
     _, _, split = setup
-    with pytest.raises(ex.ExperimentError, match="finds no node"):
+    with pytest.raises(cc.errors.ExperimentError, match="finds no node"):
         ex.zero_ablate(split, "b0.a.head9")
 
 
@@ -73,7 +73,7 @@ def test_mean_ablation_unbatched_circuit_expands_over_the_dataset():
     ablated = ex.mean_ablate(split, "b1.a.head0", {"toks_int_var": dataset})
     torch.testing.assert_close(ablated.evaluate(), expected[0], **TOL)
     assert ablated.get_unique("b1.a.head0").kind == "Array"
-    with pytest.raises(ex.ExperimentError, match="no batch axis"):
+    with pytest.raises(cc.errors.ExperimentError, match="no batch axis"):
         ex.mean_ablate(split, "b1.a.head0", {"toks_int_var": tokens(5, batch=None)})
 
 
@@ -90,7 +90,7 @@ def test_resample_ablation_takes_each_row_from_the_other_inputs(setup):
     expected, _, _ = forward(w, toks, override={(1, 1): other_heads[(1, 1)]})
     ablated = ex.resample_ablate(split, "b1.a.head1", {"toks_int_var": other})
     torch.testing.assert_close(ablated.evaluate(), expected, **TOL)
-    with pytest.raises(ex.ExperimentError, match="shape of the inputs"):
+    with pytest.raises(cc.errors.ExperimentError, match="shape of the inputs"):
         ex.resample_ablate(split, "b1.a.head1", {"toks_int_var": tokens(9, batch=3)})
 
 
@@ -159,7 +159,7 @@ def test_logit_difference(setup, push_down):
     per_row = ex.logit_diff(2, good=torch.tensor([1, 4]), bad=[0, 0], push_down=push_down)
     expected = ((logits[0, 2, 1] - logits[0, 2, 0]) + (logits[1, 2, 4] - logits[1, 2, 0])) / 2
     assert per_row(split) == pytest.approx(float(expected), abs=1e-10)
-    with pytest.raises(ex.ExperimentError, match="token ids"):
+    with pytest.raises(cc.errors.ExperimentError, match="token ids"):
         ex.logit_diff(0, good=[1, 2, 3], bad=0)(split)
 
 
@@ -176,14 +176,14 @@ def test_logit_difference(setup, push_down):
 )
 def test_logit_difference_refuses_ids_that_are_not_integers(good, shown):
     """A float id would be read as its integer part (3.7 as token 3): refused when the metric is made."""
-    with pytest.raises(ex.ExperimentError, match=shown):
+    with pytest.raises(cc.errors.ExperimentError, match=shown):
         ex.logit_diff(-1, good=good, bad=2)
-    with pytest.raises(ex.ExperimentError, match=shown.replace("good", "bad")):
+    with pytest.raises(cc.errors.ExperimentError, match=shown.replace("good", "bad")):
         ex.logit_diff(-1, good=2, bad=good)
 
 
 def test_logit_difference_refuses_a_position_that_is_not_an_int():
-    with pytest.raises(ex.ExperimentError, match="position must be an int, got 2.0"):
+    with pytest.raises(cc.errors.ExperimentError, match="position must be an int, got 2.0"):
         ex.logit_diff(2.0, good=1, bad=2)
 
 
@@ -208,7 +208,8 @@ def test_a_metric_whose_circuit_is_not_one_number_is_refused(setup):
     _, _, split = setup
     per_token = ex.Metric(lambda c: c.get_unique("t.loss"), "per_token_loss")
     with pytest.raises(
-        ex.ExperimentError, match=r"metric per_token_loss: .* has shape \[2, 6\]; a metric gives one number"
+        cc.errors.ExperimentError,
+        match=r"metric per_token_loss: .* has shape \[2, 6\]; a metric gives one number",
     ):
         per_token(split)
 
@@ -234,7 +235,7 @@ def test_kl_divergence_from_the_clean_run(setup):
 
 def test_metric_node_missing_is_an_error():
     x = cc.Array(torch.ones(3), name="x")
-    with pytest.raises(ex.ExperimentError, match="'t.loss'"):
+    with pytest.raises(cc.errors.ExperimentError, match="'t.loss'"):
         ex.mean_loss(x)
 
 
@@ -270,7 +271,7 @@ def test_sweep_to_pandas(setup):
 def test_sweep_with_other_ablations_metrics_and_labels(setup):
     w, toks, split = setup
     dataset = tokens(21, batch=4)
-    ev = ex.Evaluator(2**24)
+    ev = cc.Evaluator(2**24)
     ablation = functools.partial(ex.mean_ablate, dataset_inputs={"toks_int_var": dataset}, evaluator=ev)
     targets = {"L0H1": "b0.a.head1", "L1H0": "b1.a.head0"}
     table = ex.sweep(split, targets, ablation, ex.kl_div(split), evaluator=ev, progress=False)
@@ -285,8 +286,8 @@ def test_sweep_with_other_ablations_metrics_and_labels(setup):
 
 def test_sweep_reports_a_bad_target_before_evaluating(setup):
     _, _, split = setup
-    ev = ex.Evaluator(2**24)
-    with pytest.raises(ex.ExperimentError, match="b9.a.head0"):
+    ev = cc.Evaluator(2**24)
+    with pytest.raises(cc.errors.ExperimentError, match="b9.a.head0"):
         ex.sweep(split, ["b0.a.head0", "b9.a.head0"], evaluator=ev, progress=False)
     assert ev.stats.computed == 0
 
@@ -294,7 +295,7 @@ def test_sweep_reports_a_bad_target_before_evaluating(setup):
 def test_sweep_recomputes_only_what_each_ablation_changed(setup):
     _, _, split = setup
     names = ex.head_names(split)
-    ev = ex.Evaluator(2**26)
+    ev = cc.Evaluator(2**26)
     ex.sweep(split, names, evaluator=ev, progress=False)
     clean = ex.mean_loss.circuit(split)
     full = sum(1 for n in cc.unique_nodes([clean]) if n.children)
@@ -327,18 +328,18 @@ def test_gpt2_sweep_matches_transformer_lens_style_hooks(presplit):
 
 def test_head_names_of_unsplit_and_partly_split_circuits(setup):
     w, toks, _ = setup
-    masked = cc.causal_mask(models.build_attn_only(CONFIG, w, toks))
+    masked = cc.passes.causal_mask(models.build_attn_only(CONFIG, w, toks))
     every = [f"b{layer}.a.head{head}" for layer in range(2) for head in range(3)]
     assert ex.head_names(masked) == every
-    assert ex.head_names(cc.split_heads(masked, layers=[1])) == every
-    grouped = cc.split_heads(masked, layers=[0], heads=[[0, 1], [2]])
+    assert ex.head_names(cc.passes.split_heads(masked, layers=[1])) == every
+    grouped = cc.passes.split_heads(masked, layers=[0], heads=[[0, 1], [2]])
     assert ex.head_names(grouped) == ["b0.a.head0-1", "b0.a.head2"] + every[3:]
 
 
 def test_sweep_of_an_unsplit_circuit_splits_one_layer_per_target(setup):
     """Head names on unsplit layers: the same values as the split circuit's, and as torch's."""
     w, toks, split = setup
-    masked = cc.causal_mask(models.build_attn_only(CONFIG, w, toks))
+    masked = cc.passes.causal_mask(models.build_attn_only(CONFIG, w, toks))
     names = ex.head_names(masked)
     table = ex.sweep(masked, names, progress=False)
     on_split = ex.sweep(split, names, progress=False)
@@ -353,5 +354,5 @@ def test_sweep_of_an_unsplit_circuit_splits_one_layer_per_target(setup):
     assert group["b1.a.head0-1"] == pytest.approx(
         float(forward(w, toks, override=zeros)[0].mean()), abs=1e-12
     )
-    with pytest.raises(ex.ExperimentError, match="b1.a.head7"):
+    with pytest.raises(cc.errors.ExperimentError, match="b1.a.head7"):
         ex.sweep(masked, ["b1.a.head7"], progress=False)

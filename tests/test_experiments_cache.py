@@ -119,8 +119,9 @@ def test_symbols_are_bound_per_call_and_not_cached():
     for value in (torch.ones(3), torch.zeros(3), torch.ones(3)):
         assert torch.equal(ev.evaluate(root, inputs={"x": value}), root.evaluate(inputs={"x": value}))
     assert ww in ev and wx not in ev and root not in ev
-    with pytest.raises(cc.EvaluationError, match="not bound"):
+    with pytest.raises(cc.errors.EvaluationError) as info:
         ev.evaluate(root)
+    assert info.value.node is x
 
 
 def test_errors_name_the_node_as_without_a_cache():
@@ -130,8 +131,9 @@ def test_errors_name_the_node_as_without_a_cache():
         spec_name="gen_index_at_0_c",
         name="pick",
     )
-    with pytest.raises(cc.EvaluationError, match="'pick'"):
+    with pytest.raises(cc.errors.EvaluationError) as info:
         cc.Evaluator(2**20).evaluate(bad)
+    assert info.value.node is bad and info.value.path == (bad,)
 
 
 # ------------------------------------------------------- random rewrite sequences
@@ -239,8 +241,10 @@ def test_planned_einsums_still_refuse_mixed_dtypes():
     """A batched dot of float32 and float64 is an error, as torch.einsum makes it."""
     x = cc.Array(torch.ones(2, 3), name="x")
     y = cc.Array(torch.ones(2, 3, dtype=torch.float64), name="y")
-    with pytest.raises(cc.EvaluationError, match="dtype|type"):
-        cc.Einsum.from_einsum_string("ab,ab->a", x, y).evaluate()
+    dot = cc.Einsum.from_einsum_string("ab,ab->a", x, y)
+    with pytest.raises(cc.errors.EvaluationError) as info:
+        dot.evaluate()
+    assert info.value.node == dot and isinstance(info.value.__cause__, RuntimeError)
 
 
 def test_threads_sharing_one_evaluator_get_the_values_alone(split):

@@ -6,12 +6,14 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import factories
 import pytest
 import torch
 
 import circuits as cc
 from circuits import models
 from circuits.errors import ModelError, PassError
+from circuits.text.store import TensorStore
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 
@@ -152,7 +154,7 @@ def test_every_imported_node_prints_and_parses_back(tmp_path):
         models.from_torch(model, (x,)),
         models.from_torch(SmallCNN().eval(), (torch.randn(2, 3, 10, 10),)),
     ]
-    store = cc.TensorStore(tmp_path / "tensors")
+    store = TensorStore(tmp_path / "tensors")
     for circuit in circuits:
         text = circuit.repr(store=store)
         back = cc.parse(text, store=store)
@@ -185,13 +187,13 @@ def test_aten_names_parse_in_a_fresh_process():
 
 def test_aten_names_refuse_what_is_not_an_aten_call():
     x = cc.Scalar(1.0, shape=(2, 2), name="x")
-    with pytest.raises(cc.FunctionSpecError, match="no op aten.nope.default"):
+    with pytest.raises(cc.errors.FunctionSpecError, match="no op aten.nope.default"):
         cc.GeneralFunction(x, spec="aten.nope.default(_)")
-    with pytest.raises(cc.FunctionSpecError, match="not a literal"):
+    with pytest.raises(cc.errors.FunctionSpecError, match="not a literal"):
         cc.GeneralFunction(x, spec='aten.relu.default(__import__("os"))')
-    with pytest.raises(cc.FunctionSpecError, match="takes 2 children"):
+    with pytest.raises(cc.errors.FunctionSpecError, match="takes 2 children"):
         cc.GeneralFunction(x, spec="aten.add.Tensor(_,_)")
-    with pytest.raises(cc.FunctionSpecError, match="reserved"):
+    with pytest.raises(cc.errors.FunctionSpecError, match="reserved"):
         cc.register_function(cc.FunctionSpec("aten.relu.default(_)", 1, lambda s: s[0], torch.relu))
 
 
@@ -199,8 +201,7 @@ def test_aten_names_refuse_what_is_not_an_aten_call():
 def gpt2_import():
     transformers = pytest.importorskip("transformers")
     transformers.logging.set_verbosity_error()
-    config = transformers.GPT2Config(n_layer=2, n_embd=15, n_head=3, vocab_size=41, n_positions=19)
-    model = transformers.GPT2LMHeadModel(config).eval()
+    model = factories.gpt2(seed=None, n_embd=15, n_head=3, vocab_size=41, n_positions=19)
     tokens = torch.randint(0, 41, (2, 7), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         expected = model(tokens).logits
@@ -211,18 +212,18 @@ def test_gpt2_import_through_passes_keeps_its_value(gpt2_import):
     """simplify, canonicalize and push_down_index apply and keep the value; causal_mask (by default)
     and split_heads look for the builders' names ('a.attn_scores', 'b{L}.a'), which an import has not."""
     circuit, expected = gpt2_import
-    for rewrite in (cc.simplify, cc.canonicalize, cc.push_down_index):
+    for rewrite in (cc.passes.simplify, cc.passes.canonicalize, cc.passes.push_down_index):
         rewritten = rewrite(circuit)
         assert rewritten != circuit
         torch.testing.assert_close(rewritten.evaluate(), expected, **TOL)
     picked = cc.Index(circuit, (1, slice(2, 5)), name="picked")
-    pushed = cc.push_down_index(picked)
+    pushed = cc.passes.push_down_index(picked)
     assert pushed != picked
     torch.testing.assert_close(pushed.evaluate(), expected[1, 2:5], **TOL)
     with pytest.raises(PassError, match="a.attn_scores"):
-        cc.causal_mask(circuit)  # the builders' names by default
+        cc.passes.causal_mask(circuit)  # the builders' names by default
     with pytest.raises(PassError, match="b\\{L\\}.a"):
-        cc.split_heads(circuit)
+        cc.passes.split_heads(circuit)
 
 
 def test_causal_mask_on_an_import_finds_its_scores_by_matcher(gpt2_import):
@@ -230,19 +231,19 @@ def test_causal_mask_on_an_import_finds_its_scores_by_matcher(gpt2_import):
     scores= keeps the value (the issue's "passes through causal_mask unchanged in value")."""
     circuit, expected = gpt2_import
     scores = cc.Matcher.regex(r"scaled_dot_product_attention\.scores$")
-    masked = cc.causal_mask(circuit, scores=scores)
+    masked = cc.passes.causal_mask(circuit, scores=scores)
     assert len(masked.get(cc.Matcher.regex(r"\.scores_raw$"))) == 2  # both layers
     torch.testing.assert_close(masked.evaluate(), expected, **TOL)
     knockout = torch.ones(7, 7).tril()
     knockout[3, 1] = 0
-    knocked = cc.causal_mask(circuit, mask=knockout, scores=scores).evaluate()
+    knocked = cc.passes.causal_mask(circuit, mask=knockout, scores=scores).evaluate()
     torch.testing.assert_close(knocked[:, :3], expected[:, :3], **TOL)  # earlier queries never see it
     assert not torch.allclose(knocked[:, 3], expected[:, 3], atol=1e-4)
 
 
 def test_gpt2_import_round_trips_through_text(gpt2_import, tmp_path):
     circuit, expected = gpt2_import
-    store = cc.TensorStore(tmp_path / "tensors")
+    store = TensorStore(tmp_path / "tensors")
     back = cc.parse(circuit.repr(store=store), store=store)
     assert back == circuit
     torch.testing.assert_close(back.evaluate(), expected, **TOL)

@@ -7,6 +7,7 @@ slice of the output projection's input zeroed), as a user of hooks would do it.
 
 from __future__ import annotations
 
+import factories
 import pytest
 import torch
 
@@ -23,11 +24,7 @@ HEADS, D_HEAD = 3, 5
 
 @pytest.fixture(scope="module")
 def gpt2():
-    config = transformers.GPT2Config(
-        n_layer=2, n_embd=HEADS * D_HEAD, n_head=HEADS, vocab_size=41, n_positions=19
-    )
-    torch.manual_seed(11)
-    model = transformers.GPT2LMHeadModel(config).eval()
+    model = factories.gpt2(seed=11, n_embd=HEADS * D_HEAD, n_head=HEADS, vocab_size=41, n_positions=19)
     generator = torch.Generator().manual_seed(4)
     clean = torch.randint(0, 41, (2, 7), generator=generator)
     corrupt = torch.randint(0, 41, (2, 7), generator=generator)
@@ -104,7 +101,7 @@ def test_split_heads_with_split_to_concat_then_patch_one_head(gpt2):
 
     attention = "transformer.h.1.attn.scaled_dot_product_attention"
     names = [f"L1H{h}" for h in range(HEADS)]
-    split = circuit.update(attention, lambda node: cc.split_to_concat(node, 1, 1, names=names))
+    split = circuit.update(attention, lambda node: cc.passes.split_to_concat(node, 1, 1, names=names))
     torch.testing.assert_close(split.evaluate(), circuit.evaluate(), atol=0, rtol=0)
     patched = ex.patch(split, "L1H1", {"input_ids": corrupt})
     torch.testing.assert_close(patched.evaluate(), expected, **TOL)

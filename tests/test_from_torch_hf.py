@@ -3,6 +3,7 @@ weights: the imported circuit's value against the model's own forward (float32, 
 
 from __future__ import annotations
 
+import factories
 import pytest
 import torch
 
@@ -10,6 +11,7 @@ transformers = pytest.importorskip("transformers")
 
 import circuits as cc  # noqa: E402
 from circuits import models  # noqa: E402
+from circuits.text.store import TensorStore  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 TOL = dict(atol=1e-5, rtol=1e-5)
@@ -29,10 +31,15 @@ def _randomized(model):
 
 
 def gpt2(attn_implementation: str = "sdpa"):
-    config = transformers.GPT2Config(
-        n_layer=2, n_embd=15, n_head=3, vocab_size=41, n_positions=19, attn_implementation=attn_implementation
+    return factories.gpt2(
+        seed=None,
+        perturb=_randomized,
+        n_embd=15,
+        n_head=3,
+        vocab_size=41,
+        n_positions=19,
+        attn_implementation=attn_implementation,
     )
-    return _randomized(transformers.GPT2LMHeadModel(config))
 
 
 @pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
@@ -109,7 +116,7 @@ def test_bert_with_attention_mask_equals_hugging_face(tmp_path):
     # they print and parse back, and the circuit read back evaluates the same
     specs = {n.spec.name for n in cc.unique_nodes([circuit]) if isinstance(n, cc.GeneralFunction)}
     assert any(name.startswith("aten.__and__.Tensor(") for name in specs)
-    store = cc.TensorStore(tmp_path / "tensors")
+    store = TensorStore(tmp_path / "tensors")
     back = cc.parse(circuit.repr(store=store), store=store)
     assert back == circuit
     torch.testing.assert_close(back.evaluate(), circuit.evaluate(), atol=0, rtol=0)

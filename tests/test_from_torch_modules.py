@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import factories
 import pytest
 import torch
 
@@ -41,8 +42,7 @@ def _hooked(model: torch.nn.Module, *inputs) -> tuple[torch.Tensor, dict[str, li
 
 @pytest.fixture(scope="module")
 def gpt2():
-    config = transformers.GPT2Config(n_layer=2, n_embd=N_EMBD, n_head=3, vocab_size=41, n_positions=19)
-    model = transformers.GPT2LMHeadModel(config).eval()
+    model = factories.gpt2(seed=None, n_embd=N_EMBD, n_head=3, vocab_size=41, n_positions=19)
     tokens = torch.randint(0, 41, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
     output, seen = _hooked(model, tokens)
     return models.from_torch(model, (tokens,)), output.logits, seen

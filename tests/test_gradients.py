@@ -19,7 +19,7 @@ from circuits.experiments.gradients import gradients
 from circuits.experiments.metrics import logit_diff
 
 import experiments_reference as ref
-from test_points import tl_model
+from factories import tl_model
 
 TOL = 1e-4
 GOOD, BAD = [3, 5, 7], [2, 11, 4]
@@ -86,7 +86,7 @@ def test_gradients_equal_transformer_lens_backward_hooks(gpt2, split):
     tokens = _tokens(1)
     circuit = cm.from_transformer_lens(state, tokens, family="gpt2", causal=True)
     if split:
-        circuit = cc.split_heads(circuit)
+        circuit = cc.passes.split_heads(circuit)
     keys = [
         (kind, layer)
         for kind in _HOOKS
@@ -146,27 +146,27 @@ def test_gradients_of_head_outputs_equal_torch():
 def test_gradients_errors():
     w, toks = ref.weights(0), ref.tokens(3)
     split = ref.split_circuit(w, toks)
-    with pytest.raises(ex.ExperimentError, match="no points"):
+    with pytest.raises(cc.errors.ExperimentError, match="no points"):
         gradients(split, ex.mean_loss, [])
-    with pytest.raises(ex.ExperimentError, match="one number"):
+    with pytest.raises(cc.errors.ExperimentError, match="one number"):
         gradients(split, lambda logits: logits, [("resid_pre", 1)])
-    with pytest.raises(ex.ExperimentError, match="does not depend on any point"):
+    with pytest.raises(cc.errors.ExperimentError, match="does not depend on any point"):
         gradients(split, lambda logits: torch.tensor(1.0), [("resid_pre", 1)])
-    with pytest.raises(ex.ExperimentError, match="computed from the logits.*ex.mean_loss"):
+    with pytest.raises(cc.errors.ExperimentError, match="computed from the logits.*ex.mean_loss"):
         gradients(split, lambda logits: logits.sum(), [("loss",)])
-    with pytest.raises(ex.ExperimentError, match="finds no node"):
+    with pytest.raises(cc.errors.ExperimentError, match="finds no node"):
         gradients(split, ex.mean_loss, [("resid_pre", 7)])
     config = cm.GPT2Config(n_layers=1, n_heads=2, d_model=8, vocab_size=11, n_ctx=8)
     c = cm.build_gpt2(config, cm.gpt2_random_weights(config), torch.randint(0, 11, (2, 6)))
     pushed = logit_diff(-1, 1, 2)  # push_down=True: the Index replaces the logits above the points
-    with pytest.raises(ex.ExperimentError, match="push_down=False"):
+    with pytest.raises(cc.errors.ExperimentError, match="push_down=False"):
         gradients(c, pushed, [("resid_post", 0)])
     grads = gradients(c, logit_diff(-1, 1, 2, push_down=False), [("resid_post", 0), ("resid_pre", 0)])
     assert grads["resid_post", 0].shape == (2, 5, 8)
     assert grads["resid_post", 0][:, :-1].abs().max() == 0  # only the last position reaches the metric
-    with pytest.raises(ex.MissingPointError, match="no gradient"):
+    with pytest.raises(cc.errors.MissingPointError, match="no gradient"):
         grads["z", 0]
-    with pytest.raises(ex.MissingPointError, match="no activation for it"):
+    with pytest.raises(cc.errors.MissingPointError, match="no activation for it"):
         grads.activations["z", 0]
 
 
@@ -174,7 +174,7 @@ def test_the_activations_take_the_gradients_keys():
     """``grads.activations["z", 0]``, as documented: the same keys as the gradients (it was a plain dict
     keyed by full ``(kind, layer, head)`` tuples, so the short key raised KeyError)."""
     w, toks = ref.weights(0), ref.tokens(3)
-    circuit = cc.causal_mask(cm.build_attn_only(ref.CONFIG, w, toks))
+    circuit = cc.passes.causal_mask(cm.build_attn_only(ref.CONFIG, w, toks))
     grads = gradients(circuit, ex.mean_loss, [("z", 0), "logits"])
     _, logits, _ = ref.forward(w, toks)
     assert list(grads.activations) == list(grads) == [("z", 0, None), ("logits", None, None)]
@@ -209,7 +209,7 @@ def test_attribution_patching_equals_transformer_lens(gpt2, split):
     corrupted[:, [1, 4, 6]] = _tokens(2)[:, [1, 4, 6]]  # several positions differ
     circuit = cm.from_transformer_lens(state, clean, family="gpt2", causal=True)
     if split:
-        circuit = cc.split_heads(circuit)
+        circuit = cc.passes.split_heads(circuit)
     kinds = ["resid_pre", "resid_mid", "attn_out", "mlp_out", "mlp_post", "z", "v", "attn_probs"]
     metric = logit_diff(-1, torch.tensor(GOOD), torch.tensor(BAD), push_down=False)
     result = attribution_patching(circuit, {"toks_int_var": corrupted}, metric, kinds)
@@ -277,11 +277,11 @@ def test_attribution_errors():
     w, toks = ref.weights(0), ref.tokens(3)
     split = ref.split_circuit(w, toks)
     loss = lambda value: value.mean()  # noqa: E731
-    with pytest.raises(ex.ExperimentError, match="kinds"):
+    with pytest.raises(cc.errors.ExperimentError, match="kinds"):
         attribution_patching(split, {"toks_int_var": ref.tokens(4)}, loss, ["nonsense"])
-    with pytest.raises(ex.ExperimentError, match="shape"):
+    with pytest.raises(cc.errors.ExperimentError, match="shape"):
         attribution_patching(split, {"toks_int_var": ref.tokens(4)[:, :-1]}, loss, ["resid_pre"])
-    with pytest.raises(ex.ExperimentError, match="change nothing"):
+    with pytest.raises(cc.errors.ExperimentError, match="change nothing"):
         attribution_patching(split, {"toks_int_var": toks}, loss, ["resid_pre"])
-    with pytest.raises(ex.ExperimentError, match="into"):
+    with pytest.raises(cc.errors.ExperimentError, match="into"):
         attribution_patching(split, {"toks_int_var": ref.tokens(4)}, loss, ["resid_pre"], into="both")

@@ -9,6 +9,7 @@ import circuits as cc
 import circuits.models as cm
 from circuits import experiments as ex
 from circuits.errors import ExperimentError
+from circuits.experiments import head_detector
 
 
 def tl_gpt2(seed: int = 0):
@@ -52,14 +53,14 @@ def tl_scores(model, tokens, kind, **options):
 
 @pytest.mark.slow  # importing TransformerLens alone takes seconds
 @pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated")
-@pytest.mark.parametrize("kind", ex.HEAD_PATTERNS)
+@pytest.mark.parametrize("kind", head_detector.HEAD_PATTERNS)
 def test_detect_head_equals_transformer_lens(kind):
     model = tl_gpt2()
     # a small vocabulary, so tokens repeat and every pattern has ones
     tokens = torch.randint(0, 7, (3, 11), generator=torch.Generator().manual_seed(1))
     state = {k: v.detach() for k, v in model.state_dict().items()}
     circuit = cm.from_transformer_lens(state, tokens, family="gpt2", convention="prompt")
-    split = cc.split_heads(circuit)
+    split = cc.passes.split_heads(circuit)
     for options in (
         dict(exclude_bos=False, exclude_current_token=False, error_measure="mul"),
         dict(exclude_bos=True, exclude_current_token=True, error_measure="mul"),
@@ -80,10 +81,10 @@ def test_detection_patterns_by_hand():
     duplicate[[2, 3], [0, 1]] = 1
     induction = torch.zeros(4, 4)
     induction[[2, 3], [1, 2]] = 1  # the key after the earlier occurrence
-    assert torch.equal(ex.detection_pattern("previous_token_head", tokens), previous)
-    assert torch.equal(ex.detection_pattern("duplicate_token_head", tokens), duplicate)
-    assert torch.equal(ex.detection_pattern("induction_head", tokens), induction)
-    assert torch.equal(ex.detection_pattern("induction_head", tokens[None]), induction[None])
+    assert torch.equal(head_detector.detection_pattern("previous_token_head", tokens), previous)
+    assert torch.equal(head_detector.detection_pattern("duplicate_token_head", tokens), duplicate)
+    assert torch.equal(head_detector.detection_pattern("induction_head", tokens), induction)
+    assert torch.equal(head_detector.detection_pattern("induction_head", tokens[None]), induction[None])
 
 
 def test_perfect_induction_attention_scores_its_share():
@@ -96,8 +97,8 @@ def test_perfect_induction_attention_scores_its_share():
     probs[:, torch.arange(8), torch.arange(8)] = 1.0  # attend to self ...
     probs[0, 4:, :] = 0
     probs[0, torch.arange(4, 8), torch.arange(1, 5)] = 1.0  # ... but head 0 attends by induction
-    cache = ex.run_with_cache(circuit, [("attn_probs", 0)])
-    fixed = ex.ActivationCache(cache.value, {("attn_probs", 0, None): probs}, circuit)
+    cache = ex.run_with_cache(circuit, [ex.Point("attn_probs", 0)])
+    fixed = ex.ActivationCache(cache.value, {ex.Point("attn_probs", 0): probs}, circuit)
     scores = ex.detect_head(fixed, "induction_head")
     torch.testing.assert_close(scores, torch.tensor([[4 / 8, 0.0]]))
 

@@ -59,7 +59,9 @@ def _parse(text: str) -> _Collector:
 
 def _model() -> cc.Circuit:
     weights = cm.attn_only_random_weights(SMALL, seed=0)
-    return cc.split_heads(cc.causal_mask(cm.build_attn_only(SMALL, weights, torch.arange(7) % 11)))
+    return cc.passes.split_heads(
+        cc.passes.causal_mask(cm.build_attn_only(SMALL, weights, torch.arange(7) % 11))
+    )
 
 
 def test_one_element_per_distinct_node_and_repeats_link_to_them():

@@ -31,11 +31,11 @@ def test_import_circuits_registers_the_transformer_hints_once():
 
 def test_without_a_placer_no_layer_is_told(monkeypatch):
     circuit = _two_named("b1.a")  # a layer's attention output, in the transformer convention
-    with pytest.raises(cc.MatchError) as info:
+    with pytest.raises(cc.errors.MatchError) as info:
         circuit.get_unique("b1.a")
     assert all("layer 1, path root > b1.a" in line for line in str(info.value).split("\n")[1:])
     monkeypatch.setattr(hints, "PLACERS", [])
-    with pytest.raises(cc.MatchError) as info:
+    with pytest.raises(cc.errors.MatchError) as info:
         circuit.get_unique("b1.a")
     lines = str(info.value).split("\n")[1:]
     assert len(lines) == 2 and all(line.endswith(": path root > b1.a") for line in lines)
@@ -52,10 +52,10 @@ def test_another_convention_registers_its_own_placer_and_hint(monkeypatch):
     monkeypatch.setattr(hints, "NO_MATCH_HINTS", [])
     hints.register(placer=placer, no_match=no_match)
     circuit = _two_named("stage7")
-    with pytest.raises(cc.MatchError) as info:
+    with pytest.raises(cc.errors.MatchError) as info:
         circuit.get_unique("stage7")
     assert all("layer 7, heads 2-3, path root > stage7" in line for line in str(info.value).split("\n")[1:])
-    with pytest.raises(cc.MatchError) as info:
+    with pytest.raises(cc.errors.MatchError) as info:
         circuit.get_unique("stage0")
     assert str(info.value).endswith("; stages are numbered from 1; names that come close: 'stage7'")
     assert info.value.count == 0

@@ -40,7 +40,7 @@ def test_regex_searches_names(small):
     assert names(root.get(re.compile(r"^[xy]$"))) == ["x", "y"]
     # unnamed nodes never match a regex, even one matching the empty string
     assert None not in {n.name for n in root.get(Matcher.regex(""))}
-    with pytest.raises(cc.MatcherError, match="not a valid regular expression"):
+    with pytest.raises(cc.errors.MatcherError, match="not a valid regular expression"):
         Matcher.regex("(")
 
 
@@ -73,11 +73,11 @@ def test_combinators(small):
 
 
 def test_bad_forms_are_clear():
-    with pytest.raises(cc.MatcherError, match="cannot make a Matcher from int 3"):
+    with pytest.raises(cc.errors.MatcherError, match="cannot make a Matcher from int 3"):
         Matcher(3)
-    with pytest.raises(cc.MatcherError, match="circuit node class"):
+    with pytest.raises(cc.errors.MatcherError, match="circuit node class"):
         Matcher(int)
-    with pytest.raises(cc.MatcherError, match="restricts paths"):
+    with pytest.raises(cc.errors.MatcherError, match="restricts paths"):
         Matcher(IterativeMatcher("x"))
 
 
@@ -85,12 +85,12 @@ def test_get_unique_and_its_errors(small):
     root = small["root"]
     assert root.get_unique("x") is small["x"]
     assert root.get_unique(cc.Einsum) is small["b"]
-    with pytest.raises(cc.MatchError) as info:
+    with pytest.raises(cc.errors.MatchError) as info:
         root.get_unique(cc.Array)
     assert info.value.count == 2 and names(info.value.nodes) == ["x", "y"]
     message = str(info.value)
     assert "2 distinct nodes match" in message and "'x'" in message and "'y'" in message
-    with pytest.raises(cc.MatchError, match="no node matches.*come close: 'a.sum'") as info:
+    with pytest.raises(cc.errors.MatchError, match="names that come close: 'a.sum'") as info:  # the hint
         root.get_unique("a.sun")
     assert info.value.count == 0
     assert isinstance(info.value, LookupError) and isinstance(info.value, cc.CircuitError)
@@ -99,8 +99,9 @@ def test_get_unique_and_its_errors(small):
 def test_get_unique_lists_only_some_of_many():
     leaves = [cc.Array(torch.full((1,), float(i)), name=f"leaf{i}") for i in range(30)]
     root = cc.Add(*leaves)
-    with pytest.raises(cc.MatchError, match=r"30 distinct nodes match.*and 22 more") as info:
+    with pytest.raises(cc.errors.MatchError, match="and 22 more") as info:  # the message lists 8
         root.get_unique(cc.Array)
+    assert info.value.count == 30 and set(info.value.nodes) == set(leaves)
     assert len(str(info.value)) < 600
 
 
@@ -170,13 +171,13 @@ def test_stop_at_match(tower):
 
 
 def test_iterative_limits_are_checked():
-    with pytest.raises(cc.MatcherError, match="min_depth"):
+    with pytest.raises(cc.errors.MatcherError, match="min_depth"):
         IterativeMatcher("x", min_depth=-1)
-    with pytest.raises(cc.MatcherError, match="max_depth"):
+    with pytest.raises(cc.errors.MatcherError, match="max_depth"):
         IterativeMatcher("x", min_depth=3, max_depth=2)
-    with pytest.raises(cc.MatcherError, match="at least one child position"):
+    with pytest.raises(cc.errors.MatcherError, match="at least one child position"):
         IterativeMatcher("x").children()
-    with pytest.raises(cc.MatcherError, match="positions"):
+    with pytest.raises(cc.errors.MatcherError, match="positions"):
         IterativeMatcher("x").then("y", positions=("a",))
 
 

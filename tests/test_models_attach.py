@@ -8,13 +8,16 @@ an optimizer step makes an attached circuit stale.
 
 from __future__ import annotations
 
+import functools
+
+import factories
 import pytest
 import torch
 import torch.nn.functional as F
 
 import circuits as cc
 import circuits.models as cm
-from test_models_hf import transformer_lens_state
+from factories import transformer_lens_state
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
@@ -22,36 +25,27 @@ transformers.logging.set_verbosity_error()
 VOCAB = 37
 
 
-def gpt2(tied=True):
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        n_layer=2,
-        n_head=2,
-        n_embd=16,
-        vocab_size=VOCAB,
-        n_positions=16,
-        tie_word_embeddings=tied,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        initializer_range=0.2,
-    )
-    return transformers.GPT2LMHeadModel(config).double().eval()
-
-
-def llama():
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        hidden_size=16,
-        intermediate_size=24,
-        vocab_size=VOCAB,
-        max_position_embeddings=32,
-        initializer_range=0.2,
-    )
-    return transformers.LlamaForCausalLM(config).eval()
+#: a small GPT-2 (in float64) and Llama, with a larger init than their configs'
+gpt2 = functools.partial(
+    factories.gpt2,
+    dtype=torch.float64,
+    n_head=2,
+    n_embd=16,
+    vocab_size=VOCAB,
+    n_positions=16,
+    resid_pdrop=0.0,
+    embd_pdrop=0.0,
+    attn_pdrop=0.0,
+    initializer_range=0.2,
+)
+llama = functools.partial(
+    factories.llama,
+    hidden_size=16,
+    intermediate_size=24,
+    vocab_size=VOCAB,
+    max_position_embeddings=32,
+    initializer_range=0.2,
+)
 
 
 def tokens():
@@ -141,7 +135,7 @@ def test_an_optimizer_step_makes_an_attached_circuit_stale():
     circuit = cm.from_hf(model, toks, attach=True)
     cc.evaluate(circuit).mean().backward()
     optimizer.step()
-    with pytest.raises(cc.StaleTensorError):
+    with pytest.raises(cc.errors.StaleTensorError):
         cc.evaluate(circuit)
     rebuilt = cc.evaluate(cm.from_hf(model, toks, attach=True)).mean()
     with torch.no_grad():

@@ -78,7 +78,8 @@ def _subtree(lines: list[str], name: str) -> list[str]:
 def golden_build() -> cc.Circuit:
     weights = cm.attn_only_random_weights(GOLDEN_DIMS, seed=1)
     tokens = torch.randint(0, GOLDEN_DIMS.vocab_size, (302,), generator=torch.Generator().manual_seed(0))
-    return cm.build_attn_only(GOLDEN_DIMS, weights, tokens, convention="golden")
+    # the golden file is the unmasked build (the masks are written by cc.passes.causal_mask): causal=False
+    return cm.build_attn_only(GOLDEN_DIMS, weights, tokens, convention="golden", causal=False)
 
 
 def test_golden_skeleton_matches_outside_attention(golden_build):
@@ -280,12 +281,15 @@ def test_transformer_lens_errors():
         cm.from_transformer_lens(state, seq_len=4, family="attn_only")
     state = attn_only_transformer_lens_state(SMALL, w)
     del state["blocks.1.ln1.w"], state["ln_final.w"]
-    with pytest.raises(cm.ModelError, match="folded layer norms"):
+    with pytest.raises(cc.errors.ModelError, match="folded layer norms") as info:  # the likely cause
         cm.from_transformer_lens(state, seq_len=4, family="attn_only")
+    assert info.value.missing_keys == ["blocks.1.ln1.w", "ln_final.w"]
     with pytest.raises(cm.ModelError, match="family"):
         cm.from_transformer_lens(state, seq_len=4, family="bert")
-    with pytest.raises(cm.ModelError, match="embed.W_E"):
+    with pytest.raises(cc.errors.ModelError) as info:
         cm.from_transformer_lens({}, seq_len=4, family="gpt2")
+    needed = ["embed.W_E", "pos_embed.W_pos", "blocks.0.attn.W_Q", "blocks.0.mlp.W_in"]
+    assert info.value.missing_keys == needed
 
 
 def test_core_and_models_import_without_transformers():

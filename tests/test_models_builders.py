@@ -85,8 +85,17 @@ def test_config_errors():
         cm.build_gpt2(LLAMA, {}, seq_len=3)
     weights = cm.gpt2_random_weights(GPT2)
     weights["a0.w.q_bias"] = weights["a0.w.q_bias"].reshape(2, 4)
-    with pytest.raises(cm.ModelError, match=r"'a0.w.q_bias' has shape \[2, 4\], expected \[2, 1, 4\]"):
+    # the message gives the shape found and the one expected
+    with pytest.raises(cc.errors.ModelError, match=r"has shape \[2, 4\], expected \[2, 1, 4\]") as info:
         cm.build_gpt2(GPT2, weights, seq_len=3)
+    assert info.value.mismatched_keys == ["a0.w.q_bias"]
+    assert info.value.missing_keys == info.value.unexpected_keys == []
+    weights = cm.gpt2_random_weights(GPT2)
+    weights["nonsense"], weights["a0.w.o"] = weights.pop("a0.w.q_bias"), "not a tensor"
+    with pytest.raises(cc.errors.ModelError) as info:  # every problem at once
+        cm.build_gpt2(GPT2, weights, seq_len=3)
+    assert info.value.missing_keys == ["a0.w.q_bias"] and info.value.unexpected_keys == ["nonsense"]
+    assert info.value.mismatched_keys == ["a0.w.o"]
     weights = cm.gpt2_random_weights(GPT2)
     weights["a0.w.o"] = weights["a0.w.o"].double()
     with pytest.raises(cm.ModelError, match="mix dtypes"):

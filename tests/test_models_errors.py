@@ -8,11 +8,13 @@ index puts outside the checkpoint directory are never read.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 from pathlib import Path
 
+import factories
 import pytest
 import torch
 
@@ -25,24 +27,16 @@ transformers.logging.set_verbosity_error()
 VOCAB = 31
 
 
-def gpt2():
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=VOCAB, n_positions=16)
-    return transformers.GPT2LMHeadModel(config).eval()
-
-
-def llama():
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        hidden_size=16,
-        intermediate_size=24,
-        vocab_size=VOCAB,
-        max_position_embeddings=32,
-    )
-    return transformers.LlamaForCausalLM(config).eval()
+#: a one-layer GPT-2 and Llama
+gpt2 = functools.partial(factories.gpt2, n_layer=1, n_head=2, n_embd=8, vocab_size=VOCAB, n_positions=16)
+llama = functools.partial(
+    factories.llama,
+    num_hidden_layers=1,
+    hidden_size=16,
+    intermediate_size=24,
+    vocab_size=VOCAB,
+    max_position_embeddings=32,
+)
 
 
 def tokens(shape=(2, 7), seed=1):
@@ -65,7 +59,7 @@ def raises_model_error(call, *fragments, cause=None):
 # ------------------------------------------------------------------ tokens
 
 
-@pytest.mark.parametrize("make", [gpt2, llama])
+@pytest.mark.parametrize("make", [gpt2, llama], ids=["gpt2", "llama"])
 def test_tokens_are_copied(make):
     model, t = make(), tokens()
     circuit = cm.from_hf(model, t)

@@ -1,10 +1,10 @@
-"""Gemma (a Llama variant) against Hugging Face's ``GemmaForCausalLM``.
+"""Gemma (a Llama variant) against Hugging Face's ``GemmaForCausalLM``: what only Gemma has.
 
-Random-weight models from small odd-dimension configs (nothing is downloaded),
-with ``head_dim`` unequal to ``hidden_size / heads`` and the norms' weights
-perturbed away from zero so that their ``(1 + w)`` scale matters.
-``GemmaRMSNorm`` computes in float32, so the float64 reference runs with that
-round trip removed (as the Llama tests do).
+Random-weight models from small odd-dimension configs (``factories.gemma``; nothing is
+downloaded), with ``head_dim`` unequal to ``hidden_size / heads`` and the norms' weights
+perturbed away from zero so that their ``(1 + w)`` scale matters.  The forward, the checkpoint
+round trip, head splitting and the points, which every family shares, are in
+test_models_conformance.py.
 """
 
 from __future__ import annotations
@@ -15,65 +15,19 @@ import dataclasses
 
 import pytest
 import torch
-from hf_reference import hf_logits, logits_of, random_tokens, check_heads_and_points, check_logits_and_loss
+from factories import FAMILY_VOCAB as VOCAB
+from factories import gemma
+from hf_reference import hf_logits, logits_of, random_tokens
 
-import circuits as cc
 import circuits.models as cm
-from circuits import experiments as ex
 from circuits.transformer import names
 from circuits.errors import ModelError
+from circuits.transformer.points import Point
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
 
-VOCAB = 97
 tokens_for = functools.partial(random_tokens, VOCAB)
-TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
-
-
-def gemma(kv_heads: int = 2, tied: bool = True, seed: int = 0):
-    torch.manual_seed(seed)
-    config = transformers.GemmaConfig(
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=kv_heads,
-        hidden_size=37,
-        head_dim=10,
-        intermediate_size=51,
-        vocab_size=VOCAB,
-        max_position_embeddings=64,
-        rms_norm_eps=1e-5,
-        initializer_range=0.2,
-        tie_word_embeddings=tied,
-    )
-    model = transformers.GemmaForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                param.add_(torch.randn_like(param) * 0.3)
-    return model
-
-
-def _no_rmsnorm_round_trip(monkeypatch):
-    from transformers.models.gemma import modeling_gemma
-
-    def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight)
-
-    monkeypatch.setattr(modeling_gemma.GemmaRMSNorm, "forward", forward)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
-@pytest.mark.parametrize("batched", [False, True], ids=["unbatched", "batched"])
-@pytest.mark.parametrize("kv_heads,tied", [(4, True), (2, False), (1, True)], ids=["mha", "gqa", "mqa"])
-def test_equals_hugging_face_forward(kv_heads, tied, batched, dtype, monkeypatch):
-    if dtype == torch.float64:
-        _no_rmsnorm_round_trip(monkeypatch)
-    model = gemma(kv_heads, tied=tied).to(dtype)
-    tokens = tokens_for(batched)
-    circuit = cm.from_hf(model, tokens)
-    check_logits_and_loss(model, circuit, tokens, TOL[dtype])
-    assert logits_of(circuit).dtype == dtype
 
 
 def test_the_config():
@@ -97,42 +51,11 @@ def test_each_gemma_change_matters(flag):
     assert (logits_of(cm.build_llama(config, weights, tokens)) - want).abs().max().item() < 1e-5
 
 
-@pytest.mark.parametrize("tied", [False, True])
-def test_save_pretrained_round_trip(tied, tmp_path):
-    model = gemma(2, tied=tied)
-    tokens = tokens_for(True, seed=4)
-    model.save_pretrained(tmp_path)
-    assert list(tmp_path.glob("*.safetensors"))
-    loaded = cm.load_hf_checkpoint(tmp_path, tokens)
-    assert loaded == cm.from_hf(model, tokens)
-    assert (logits_of(loaded) - hf_logits(model, tokens[..., :-1])).abs().max().item() < 1e-5
-
-
-def test_split_heads_and_points_and_a_zeroed_head(monkeypatch):
-    """Head splitting keeps the value; zero-ablating head 1.3 equals the model with that head's
-    slice of ``o_proj``'s input zeroed; every activation point finds its node."""
-    _no_rmsnorm_round_trip(monkeypatch)
-    model = gemma(2).to(torch.float64)
-    tokens = tokens_for(True)
-    circuit = cm.from_hf(model, tokens)
-    (embed,) = circuit.get(ex.point("embed"))  # the scaled embeddings: the residual before layer 0
+def test_the_embed_point_is_the_scaled_embeddings():
+    """Gemma scales its token embeddings: the residual before layer 0 is that product."""
+    circuit = cm.from_hf(gemma().to(torch.float64), tokens_for(True))
+    (embed,) = circuit.get(Point("embed"))  # the scaled embeddings: the residual before layer 0
     assert embed.name == names.TOKEN_EMBEDS and len(embed.children) == 2
-    check_heads_and_points(
-        model,
-        circuit,
-        tokens,
-        model.model.layers[1].self_attn.o_proj,
-        head=3,
-        d_head=model.config.head_dim,
-        kinds=("q", "k", "v", "attn_scores", "attn_probs", "z", "mlp_post", "resid_mid"),
-    )
-
-
-def test_causal_mask_pass_keeps_the_value():
-    model = gemma().to(torch.float64)
-    tokens = tokens_for(True)
-    circuit = cm.from_hf(model, tokens)
-    torch.testing.assert_close(cc.causal_mask(circuit).evaluate(), circuit.evaluate(), rtol=1e-12, atol=1e-12)
 
 
 def test_unsupported_options_name_the_field():

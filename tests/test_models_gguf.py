@@ -179,19 +179,21 @@ def base(tmp_path, *, fields=None, tensors=None, arch="llama", name="bad.gguf") 
     )
 
 
-def refused(path, *named: str) -> str:
+def refused(path, *named: str) -> ModelError:
+    """The ModelError reading ``path`` raises; its message names the file and each of ``named``."""
     with pytest.raises(ModelError) as error:
         models.from_gguf(path, tokenizer=False)
     message = str(error.value)
     for part in (str(path), *named):
         assert part in message, (part, message)
-    return message
+    return error.value
 
 
 def test_an_unknown_architecture_is_refused_naming_the_field(tmp_path):
     fields = {k.replace("llama.", "mamba."): v for k, v in llama_fields().items()}
-    message = refused(base(tmp_path, fields=fields, arch="mamba"), "'general.architecture'", "'mamba'")
-    assert "'llama'" in message  # what it builds
+    error = refused(base(tmp_path, fields=fields, arch="mamba"), "'general.architecture'", "'mamba'")
+    assert "'llama'" in str(error)  # what it builds
+    assert error.field == "general.architecture"
 
 
 @pytest.mark.parametrize("kind, name", [("Q8_1", "blk.1.ffn_up.weight"), ("Q8_K", "blk.0.ffn_down.weight")])
@@ -202,13 +204,16 @@ def test_a_quantisation_gguf_cannot_dequantize_is_refused_naming_the_tensor(tmp_
     tensors = gguf_tensors(hf_llama())
     rows, columns = tensors[name].shape  # whole blocks per row: Q8_1's 32 values, Q8_K's 256
     tensors[name] = (np.zeros((rows, columns // block * size), dtype=np.uint8), qtype)
-    refused(base(tmp_path, tensors=tensors), f"'{name}' ({kind})", "not readable")
+    error = refused(base(tmp_path, tensors=tensors), f"'{name}' ({kind})", "not readable")
+    assert error.mismatched_keys == [name]
 
 
 def test_an_integer_tensor_is_refused_naming_it(tmp_path):
     tensors = gguf_tensors(hf_llama())
     tensors["output_norm.weight"] = np.ones(HF_CONFIG["hidden_size"], dtype=np.int32)
-    refused(base(tmp_path, tensors=tensors), "'output_norm.weight'", "I32")
+    assert refused(base(tmp_path, tensors=tensors), "'output_norm.weight'", "I32").mismatched_keys == [
+        "output_norm.weight"
+    ]
 
 
 @pytest.mark.parametrize(
@@ -241,16 +246,18 @@ def test_a_bad_metadata_field_is_refused_naming_it(tmp_path, key, value, kind, s
         del fields[key]
     else:
         fields[key] = (value, kind)
-    refused(base(tmp_path, fields=fields), says)
+    assert refused(base(tmp_path, fields=fields), says).field == key
 
 
 def test_heads_that_do_not_divide_are_refused_naming_the_gguf_file(tmp_path):
     fields = {**llama_fields(), "llama.attention.head_count_kv": (3, gguf.GGUFValueType.UINT32)}
-    refused(
+    error = refused(
         base(tmp_path, fields=fields),
         "not a multiple of 'num_key_value_heads' 3",
         "num_key_value_heads = 'llama.attention.head_count_kv'",
     )
+    assert "num_attention_heads = 'llama.attention.head_count'" in str(error)
+    assert error.field is None  # two fields are at fault together: the message names both
 
 
 def test_tensors_that_do_not_fit_are_refused_naming_each(tmp_path):
@@ -258,13 +265,16 @@ def test_tensors_that_do_not_fit_are_refused_naming_each(tmp_path):
     del tensors["blk.1.ffn_gate.weight"]
     tensors["blk.0.attn_v.weight"] = tensors["blk.0.attn_v.weight"][:4]
     tensors["rope_freqs.weight"] = np.ones(2, dtype=np.float32)  # llama 3's scaled rotary factors
-    message = refused(
+    error = refused(
         base(tmp_path, tensors=tensors),
         "missing: 'blk.1.ffn_gate.weight' [256, 32]",
         "'blk.0.attn_v.weight' has shape [4, 32], expected [16, 32]",
         "not understood: 'rope_freqs.weight'",
     )
-    assert message.count("\n") == 3  # every problem at once
+    assert str(error).count("\n") == 3  # every problem at once
+    assert error.missing_keys == ["blk.1.ffn_gate.weight"]
+    assert error.unexpected_keys == ["rope_freqs.weight"]
+    assert error.mismatched_keys == ["blk.0.attn_v.weight"]
 
 
 def test_a_file_that_is_not_gguf_is_refused(tmp_path):
@@ -272,6 +282,39 @@ def test_a_file_that_is_not_gguf_is_refused(tmp_path):
     path.write_bytes(b"not a gguf file at all" * 10)
     refused(path, "not a GGUF file")
     refused(tmp_path / "absent.gguf", "no such GGUF file")
+
+
+def test_circuit_takes_the_model_options_of_every_entry_point(tmp_path):
+    """``GGUFModel.circuit`` as tests/test_model_options.py checks the other entry points: an options
+    object, keyword overrides, causal by default (the model written's own logits, which are causal)."""
+    model = hf_llama()
+    read = models.from_gguf(base(tmp_path), tokenizer=False)
+    unmasked = models.ModelOptions(causal=False)
+    assert (
+        read.circuit(TOKENS)
+        == read.circuit(TOKENS, causal=True)
+        == read.circuit(TOKENS, models.ModelOptions())
+    )
+    assert (
+        read.circuit(TOKENS, unmasked)
+        == read.circuit(TOKENS, options=unmasked)
+        == read.circuit(TOKENS, causal=False)
+    )
+    assert read.circuit(TOKENS, unmasked, causal=True) == read.circuit(TOKENS)
+    assert read.circuit(None, models.ModelOptions(seq_len=5, batch_size=3)).shape == (3, 5)
+    prompt = TOKENS[:, :-1]
+    logits = read.circuit(prompt, convention="prompt").evaluate()
+    unmasked_logits = read.circuit(prompt, unmasked, convention="prompt").evaluate()
+    with torch.no_grad():
+        torch.testing.assert_close(logits, model(prompt).logits, rtol=0, atol=1e-5)
+        # unmasked: what transformers computes with every key allowed (a 4-d mask of zeros)
+        everything = torch.zeros(prompt.shape[0], 1, prompt.shape[1], prompt.shape[1])
+        expected = model(prompt, attention_mask=everything).logits
+    torch.testing.assert_close(unmasked_logits, expected, rtol=0, atol=1e-5)
+    for field, value in (("attach", True), ("rope", (torch.ones(8, 8), torch.zeros(8, 8)))):
+        with pytest.raises(ModelError) as error:
+            read.circuit(TOKENS, **{field: value})
+        assert error.value.field == field
 
 
 def test_text_needs_the_tokenizer_and_options_are_checked(tmp_path):
@@ -303,4 +346,6 @@ def test_the_readers_layer_split_of_a_circuit_still_evaluates(tmp_path):
     """A GGUF model's circuit goes through the passes as any Llama does (split heads: same logits)."""
     read = models.from_gguf(base(tmp_path), tokenizer=False)
     circuit = read.circuit(TOKENS)
-    torch.testing.assert_close(cc.split_heads(circuit).evaluate(), circuit.evaluate(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        cc.passes.split_heads(circuit).evaluate(), circuit.evaluate(), rtol=1e-5, atol=1e-5
+    )

@@ -12,6 +12,7 @@ float32 (so the float64 Llama reference runs with that round trip removed;
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -20,64 +21,17 @@ import torch.nn.functional as F
 
 import circuits as cc
 import circuits.models as cm
+from factories import FAMILY_VOCAB as VOCAB
+from factories import perturbed_gpt2 as gpt2
+from factories import perturbed_llama as llama
+from factories import scaled_weights, transformer_lens_state
+from hf_reference import hf_logits, random_tokens, without_float32_round_trips
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
 
 TOL = {torch.float32: 1e-4, torch.float64: 1e-9}
-VOCAB = 97
-
-
-def gpt2(tied: bool, seed: int = 0):
-    torch.manual_seed(seed)
-    config = transformers.GPT2Config(
-        n_layer=2,
-        n_head=4,
-        n_embd=32,
-        vocab_size=VOCAB,
-        n_positions=40,
-        tie_word_embeddings=tied,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    model = transformers.GPT2LMHeadModel(config).eval()
-    _perturb(model)
-    return model
-
-
-def llama(kv_heads: int, seed: int = 0, tied: bool = False):
-    torch.manual_seed(seed)
-    config = transformers.LlamaConfig(
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=kv_heads,
-        hidden_size=32,
-        intermediate_size=48,
-        vocab_size=VOCAB,
-        max_position_embeddings=64,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=tied,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=0,
-    )
-    model = transformers.LlamaForCausalLM(config).eval()
-    _perturb(model)
-    return model
-
-
-def _perturb(model):
-    """Norm weights and biases away from 1 and 0, and larger weights, so that wiring mistakes show."""
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "ln" in name or "norm" in name:
-                param.add_(torch.randn_like(param) * 0.2)
-            elif name.endswith("bias"):
-                param.normal_(0, 0.1)
-            else:
-                param.mul_(4.0)
-
-
+tokens_for = functools.partial(random_tokens, VOCAB)
 MODELS = {
     "gpt2-tied": lambda: gpt2(True),
     "gpt2-untied": lambda: gpt2(False),
@@ -86,29 +40,8 @@ MODELS = {
 }
 
 
-def tokens_for(batched: bool, length: int = 13, seed: int = 1):
-    shape = (3, length) if batched else (length,)
-    return torch.randint(0, VOCAB, shape, generator=torch.Generator().manual_seed(seed))
-
-
-def hf_logits(model, inputs):
-    with torch.no_grad():
-        out = model(input_ids=inputs if inputs.ndim == 2 else inputs[None])
-    return out.logits if inputs.ndim == 2 else out.logits[0]
-
-
 def circuit_logits_and_loss(circuit):
     return cc.evaluate_many([circuit.get_unique("t.call"), circuit])
-
-
-def _no_rmsnorm_round_trip(monkeypatch):
-    from transformers.models.llama import modeling_llama
-
-    def forward(self, hidden_states):
-        variance = hidden_states.pow(2).mean(-1, keepdim=True)
-        return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
-
-    monkeypatch.setattr(modeling_llama.LlamaRMSNorm, "forward", forward)
 
 
 MEASURED: dict[str, tuple[float, float, float]] = {}
@@ -119,7 +52,7 @@ MEASURED: dict[str, tuple[float, float, float]] = {}
 @pytest.mark.parametrize("which", list(MODELS))
 def test_equals_hugging_face_forward(which, batched, dtype, monkeypatch):
     if which.startswith("llama") and dtype == torch.float64:
-        _no_rmsnorm_round_trip(monkeypatch)
+        without_float32_round_trips(monkeypatch, "llama")
     model = MODELS[which]().to(dtype)
     tokens = tokens_for(batched)
     circuit = cm.from_hf(model, tokens)
@@ -280,8 +213,19 @@ def test_checkpoint_missing_weight(tmp_path):
     state = load_file(str(tmp_path / "model.safetensors"))
     del state["transformer.h.0.attn.c_attn.weight"]
     save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
-    with pytest.raises(cm.ModelError, match=r"missing: 'h.0.attn.c_attn.weight' \[32, 96\]"):
+    # the message gives the shape expected
+    with pytest.raises(cc.errors.ModelError, match=r"'h.0.attn.c_attn.weight' \[32, 96\]") as info:
         cm.load_hf_checkpoint(tmp_path, tokens_for(False))
+    assert info.value.missing_keys == ["h.0.attn.c_attn.weight"]
+    assert info.value.unexpected_keys == info.value.mismatched_keys == []
+    state["transformer.h.0.attn.c_proj.weight"] = torch.zeros(3)
+    state["transformer.h.0.extra"] = torch.zeros(1)
+    save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(cc.errors.ModelError) as info:  # every problem at once
+        cm.load_hf_checkpoint(tmp_path, tokens_for(False))
+    assert info.value.missing_keys == ["h.0.attn.c_attn.weight"]
+    assert info.value.mismatched_keys == ["h.0.attn.c_proj.weight"]
+    assert info.value.unexpected_keys == ["h.0.extra"]
     for path in tmp_path.glob("*.safetensors"):
         path.unlink()
     with pytest.raises(cm.ModelError, match="has no weights"):
@@ -319,7 +263,7 @@ def test_scaled_rope_variant_uses_the_models_own_tables(tmp_path):
         rope_parameters={"rope_type": "linear", "factor": 4.0, "rope_theta": 500.0},
     )
     model = transformers.LlamaForCausalLM(config).eval()
-    _perturb(model)
+    scaled_weights(model)
     tokens = tokens_for(True)
     circuit = cm.from_hf(model, tokens)
     logits, _ = circuit_logits_and_loss(circuit)
@@ -332,35 +276,6 @@ def test_scaled_rope_variant_uses_the_models_own_tables(tmp_path):
 # -------------------------------------------------------- TransformerLens
 
 
-def transformer_lens_state(model, detach: bool = True) -> dict:
-    """A Hugging Face GPT-2's weights in TransformerLens's HookedTransformer layout
-    (as TransformerLens's own convert_gpt2_weights writes them, unprocessed);
-    ``detach=False`` keeps them differentiable views of the parameters."""
-    cfg = model.config
-    d, h = cfg.n_embd, cfg.n_head
-    c = d // h
-    t = model.transformer
-    state = {"embed.W_E": t.wte.weight, "pos_embed.W_pos": t.wpe.weight}
-    for layer, block in enumerate(t.h):
-        p = f"blocks.{layer}."
-        state[p + "ln1.w"], state[p + "ln1.b"] = block.ln_1.weight, block.ln_1.bias
-        for i, which in enumerate("QKV"):
-            flat = block.attn.c_attn.weight[:, i * d : (i + 1) * d]  # [d, (head c)]
-            state[p + f"attn.W_{which}"] = flat.reshape(d, h, c).permute(1, 0, 2)  # [head, d, c]
-            state[p + f"attn.b_{which}"] = block.attn.c_attn.bias[i * d : (i + 1) * d].reshape(h, c)
-        state[p + "attn.W_O"] = block.attn.c_proj.weight.reshape(h, c, d)
-        state[p + "attn.b_O"] = block.attn.c_proj.bias
-        state[p + "ln2.w"], state[p + "ln2.b"] = block.ln_2.weight, block.ln_2.bias
-        state[p + "mlp.W_in"], state[p + "mlp.b_in"] = block.mlp.c_fc.weight, block.mlp.c_fc.bias
-        state[p + "mlp.W_out"], state[p + "mlp.b_out"] = block.mlp.c_proj.weight, block.mlp.c_proj.bias
-        state[p + "attn.mask"] = torch.ones(cfg.n_positions, cfg.n_positions, dtype=torch.bool).tril()
-        state[p + "attn.IGNORE"] = torch.tensor(-1e5)
-    state["ln_final.w"], state["ln_final.b"] = t.ln_f.weight, t.ln_f.bias
-    state["unembed.W_U"] = model.lm_head.weight.T
-    state["unembed.b_U"] = torch.zeros(cfg.vocab_size)
-    return {k: v.detach() for k, v in state.items()} if detach else state
-
-
 @pytest.mark.parametrize("tied", [True, False])
 def test_transformer_lens_gpt2(tied):
     model = gpt2(tied)
@@ -368,9 +283,10 @@ def test_transformer_lens_gpt2(tied):
     circuit = cm.from_transformer_lens(transformer_lens_state(model), tokens, family="gpt2")
     logits, _ = circuit_logits_and_loss(circuit)
     assert (logits - hf_logits(model, tokens[..., :-1])).abs().max().item() < 1e-4
-    with pytest.raises(cm.ModelError, match="family='attn_only'"):
-        state = {k: v for k, v in transformer_lens_state(model).items() if ".mlp." not in k}
+    state = {k: v for k, v in transformer_lens_state(model).items() if ".mlp." not in k}
+    with pytest.raises(cc.errors.ModelError, match="family='attn_only'") as info:  # the hint
         cm.from_transformer_lens(state, tokens, family="gpt2")
+    assert info.value.missing_keys == ["blocks.0.mlp.W_in"]
 
 
 def test_report_measured_diffs():

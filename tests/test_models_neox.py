@@ -1,9 +1,11 @@
-"""GPT-NeoX (Pythia) against Hugging Face's ``GPTNeoXForCausalLM``.
+"""GPT-NeoX (Pythia) against Hugging Face's ``GPTNeoXForCausalLM``: what only GPT-NeoX has.
 
-Random-weight models from small configs (nothing is downloaded), with large
-weights and perturbed biases and layer norms so that every weight moves the
-logits, partial rotary (``rotary_pct`` 0.5 of a head of 12: 6 dims rotated, 6
-passed through) and both residual layouts (parallel, Pythia's, and sequential).
+Random-weight models from small configs (``factories.neox``; nothing is downloaded), with large
+weights and perturbed biases and layer norms so that every weight moves the logits, partial
+rotary (``rotary_pct`` 0.5 of a head of 12: 6 dims rotated, 6 passed through) and both residual
+layouts (parallel, Pythia's, and sequential).  The forward (both layouts), the checkpoint round
+trip, head splitting, the points and the causal mask pass, which every family shares, are in
+test_models_conformance.py.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import json
 
 import pytest
 import torch
-from hf_reference import hf_logits, logits_of, random_tokens, check_heads_and_points, check_logits_and_loss
+from factories import FAMILY_VOCAB as VOCAB
+from factories import neox
+from hf_reference import hf_logits, logits_of, random_tokens
 
 import circuits as cc
 import circuits.models as cm
@@ -25,44 +29,7 @@ from circuits.errors import ModelError
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
 
-VOCAB = 97
 tokens_for = functools.partial(random_tokens, VOCAB)
-TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
-
-
-def neox(parallel: bool = True, rotary_pct: float = 0.5, tied: bool = False, seed: int = 0, **extra):
-    torch.manual_seed(seed)
-    config = transformers.GPTNeoXConfig(
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        hidden_size=48,
-        intermediate_size=51,
-        vocab_size=VOCAB,
-        max_position_embeddings=64,
-        rotary_pct=rotary_pct,
-        rotary_emb_base=1000,
-        initializer_range=0.2,
-        use_parallel_residual=parallel,
-        tie_word_embeddings=tied,
-        **extra,
-    )
-    model = transformers.GPTNeoXForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("bias") or "layernorm" in name or "layer_norm" in name:
-                param.add_(torch.randn_like(param) * 0.3)
-    return model
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
-@pytest.mark.parametrize("batched", [False, True], ids=["unbatched", "batched"])
-@pytest.mark.parametrize("parallel", [True, False], ids=["parallel", "sequential"])
-def test_equals_hugging_face_forward(parallel, batched, dtype):
-    model = neox(parallel).to(dtype)
-    tokens = tokens_for(batched)
-    circuit = cm.from_hf(model, tokens)
-    check_logits_and_loss(model, circuit, tokens, TOL[dtype])
-    assert logits_of(circuit).dtype == dtype
 
 
 @pytest.mark.parametrize("rotary_pct", [0.0, 1.0], ids=["no-rotary", "full-rotary"])
@@ -88,17 +55,6 @@ def test_a_wrong_rotary_fraction_or_residual_layout_differs():
         assert (logits_of(built) - want).abs().max().item() > 1e-2, wrong
 
 
-@pytest.mark.parametrize("tied", [False, True])
-def test_save_pretrained_round_trip(tied, tmp_path):
-    model = neox(tied=tied)
-    tokens = tokens_for(True, seed=4)
-    model.save_pretrained(tmp_path)
-    assert list(tmp_path.glob("*.safetensors"))
-    loaded = cm.load_hf_checkpoint(tmp_path, tokens)
-    assert loaded == cm.from_hf(model, tokens)  # same structure, names, weights and tables
-    assert (logits_of(loaded) - hf_logits(model, tokens[..., :-1])).abs().max().item() < 1e-5
-
-
 def test_pythia_style_checkpoint(tmp_path):
     """A Pythia hub checkpoint spells the rotary fields ``rotary_pct``/``rotary_emb_base`` and
     the unembedding ``embed_out``: the same circuit."""
@@ -114,25 +70,6 @@ def test_pythia_style_checkpoint(tmp_path):
     state["embed_out.weight"] = state.pop("lm_head.weight")
     save_file(state, str(tmp_path / "model.safetensors"))
     assert cm.load_hf_checkpoint(tmp_path, tokens) == cm.from_hf(model, tokens)
-
-
-def test_split_heads_causal_mask_and_a_zeroed_head():
-    """Head splitting and the causal mask pass keep the value; zero-ablating head 1.3 equals the
-    model with that head's slice of ``dense``'s input zeroed; every activation point finds its node."""
-    model = neox().to(torch.float64)
-    tokens = tokens_for(True)
-    circuit = cm.from_hf(model, tokens)
-    remasked = cc.causal_mask(circuit)
-    torch.testing.assert_close(remasked.evaluate(), circuit.evaluate(), rtol=1e-12, atol=1e-12)
-    check_heads_and_points(
-        model,
-        circuit,
-        tokens,
-        model.gpt_neox.layers[1].attention.dense,
-        head=3,
-        d_head=model.config.hidden_size // model.config.num_attention_heads,
-        kinds=("q", "k", "v", "attn_scores", "attn_probs", "z", "mlp_post", "resid_mid"),
-    )
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ prompt plus a dummy target token, and Hugging Face's own forward.
 
 from __future__ import annotations
 
+import factories
 import pytest
 import torch
 
@@ -51,16 +52,13 @@ def test_prompt_placeholder_and_errors():
     placeholder = build(config, weights, None, seq_len=5, batch_size=3, convention="prompt")
     assert placeholder.shape == (3, 5, 23)
     assert placeholder.get_unique("toks_int_var").shape == (3, 5)
-    with pytest.raises(cc.CircuitError, match="'prompt' convention needs more than 0 tokens per row"):
+    with pytest.raises(cc.errors.ModelError, match="'prompt' convention needs more than 0 tokens per row"):
         build(config, weights, torch.zeros(0, dtype=torch.int64), convention="prompt")
 
 
 @pytest.mark.slow
 def test_prompt_from_hf_equals_hugging_faces_logits():
-    transformers = pytest.importorskip("transformers")
-    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=16, vocab_size=31, n_positions=16)
-    torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(config).eval()
+    model = factories.gpt2(n_head=2, n_embd=16, vocab_size=31, n_positions=16)
     prompt = _prompt(True, 31)
     circuit = models.from_hf(model, prompt, convention="prompt")
     with torch.no_grad():

@@ -1,74 +1,89 @@
-"""The loaders spell out the builder options they pass on.
+"""Every model entry point spells out the build options, each defined once in ``ModelOptions``.
 
-``inspect.signature`` (and so ``help()``) shows every option a loader
-forwards, with the builder's default, and no ``**options``.  The expected
-options are read off the builders' own signatures, so a builder gaining an
-option that a loader does not spell out fails here.
+``inspect.signature`` (and so ``help()``) shows every option an entry point takes, with
+``ModelOptions``'s default, as a keyword-only parameter after ``options``, and no
+``**options``.  The expected options are read off ``ModelOptions``'s own fields, so a
+field that an entry point neither takes nor lists as not taken (with why) fails here.
 """
 
 from __future__ import annotations
 
 import inspect
 
+import attrs
 import pytest
 
 import circuits.models as cm
 from circuits.models.common import checked_options
+from circuits.models.options import takes_model_options
 
-#: loader -> (the builders it calls, the builder options it does not take, and why).
-LOADERS = {
-    "from_hf": ((cm.build_gpt2, cm.build_llama), {"rope": "the model's own rotary tables are used"}),
-    "from_hf_state_dict": ((cm.build_gpt2, cm.build_llama), {}),
-    "load_hf_checkpoint": (
-        (cm.build_gpt2, cm.build_llama),
-        {"attach": "the weights read are the circuit's own", "rope": "computed from config.json"},
-    ),
-    "load_demo_model": ((cm.build_attn_only,), {}),
-    "from_transformer_lens": (
-        (cm.build_gpt2, cm.build_attn_only, cm.build_llama, cm.build_neox),
-        {"rope": "computed from the cfg's rotary_base"},
-    ),
+#: entry point -> the ModelOptions fields it does not take, and why.
+ENTRY_POINTS = {
+    "build_attn_only": {"rope": "not rotary"},
+    "build_gpt2": {"rope": "not rotary"},
+    "build_llama": {},
+    "build_neox": {"rope": "its rotary tables come from its config"},
+    "from_hf": {"rope": "the model's own rotary tables are used"},
+    "from_hf_state_dict": {},
+    "load_hf_checkpoint": {
+        "attach": "the weights read are the circuit's own",
+        "rope": "computed from config.json",
+    },
+    "load_demo_model": {"rope": "not rotary"},
+    "from_transformer_lens": {"rope": "computed from the cfg's rotary_base"},
 }
 
-
-def builder_options(builders):
-    """``{option: [its parameter in each builder that takes it]}``: the keyword-only parameters."""
-    options: dict[str, list[inspect.Parameter]] = {}
-    for builder in builders:
-        for param in inspect.signature(builder).parameters.values():
-            if param.kind is param.KEYWORD_ONLY:
-                options.setdefault(param.name, []).append(param)
-    return options
+FIELDS = attrs.fields(cm.ModelOptions)
 
 
-@pytest.mark.parametrize("name", list(LOADERS))
-def test_loaders_spell_out_the_builder_options(name):
-    builders, not_taken = LOADERS[name]
+def test_the_options_are_the_eight_build_keywords():
+    assert [f.name for f in FIELDS] == [
+        "seq_len",
+        "batch_size",
+        "convention",
+        "causal",
+        "neg_inf",
+        "rope",
+        "attach",
+        "tokenizer",
+    ]
+    assert cm.ModelOptions().causal is True
+
+
+@pytest.mark.parametrize("name", list(ENTRY_POINTS))
+def test_entry_points_spell_out_the_options(name):
+    not_taken = ENTRY_POINTS[name]
     params = inspect.signature(getattr(cm, name)).parameters
-    assert not [p for p in params.values() if p.kind is p.VAR_KEYWORD], f"{name} still takes **options"
-    options = builder_options(builders)
-    assert {"seq_len", "causal", "neg_inf", "attach"} <= set(options)
-    assert set(not_taken) <= set(options), "an exemption for an option no builder has"
-    for option, in_builders in options.items():
-        if option in not_taken:
-            assert option not in params, f"{name} takes {option!r}, listed as not taken"
+    assert not [p for p in params.values() if p.kind is p.VAR_KEYWORD], f"{name} still shows **options"
+    options = params["options"]
+    assert options.default is None and options.kind is options.POSITIONAL_OR_KEYWORD
+    for field in FIELDS:
+        if field.name in not_taken:
+            assert field.name not in params, f"{name} takes {field.name!r}, listed as not taken"
             continue
-        assert option in params, f"{name} does not spell out the builder option {option!r}"
-        param = params[option]
-        assert param.kind is param.KEYWORD_ONLY, (name, option)
-        defaults = {repr(p.default) for p in in_builders}
-        if len(defaults) == 1:  # the families agree: the same default and annotation
-            assert repr(param.default) == defaults.pop(), (name, option)
-            assert {p.annotation for p in in_builders} == {param.annotation}, (name, option)
-        else:  # the families differ: None stands for the family's default
-            assert param.default is None, (name, option)
-            assert param.annotation.endswith("| None"), (name, option)
+        param = params[field.name]
+        assert param.kind is param.KEYWORD_ONLY, (name, field.name)
+        assert repr(param.default) == repr(field.default), (name, field.name)
+        assert param.annotation == field.type, (name, field.name)
 
 
-def test_family_defaults_differ_only_in_causal():
-    options = builder_options((cm.build_gpt2, cm.build_attn_only))
-    differing = [o for o, ps in options.items() if len({repr(p.default) for p in ps}) > 1]
-    assert differing == ["causal"]
+@pytest.mark.parametrize("name", list(ENTRY_POINTS))
+def test_one_causal_default_everywhere(name):
+    assert inspect.signature(getattr(cm, name)).parameters["causal"].default is True
+
+
+def test_takes_model_options_refuses_a_function_without_options_or_with_kwargs():
+    with pytest.raises(TypeError, match="needs a parameter options"):
+
+        @takes_model_options()
+        def no_options(path, tokens=None):
+            return path
+
+    with pytest.raises(TypeError, match="needs a parameter options"):
+
+        @takes_model_options()
+        def forwards(path, options=None, **more):
+            return more
 
 
 def test_checked_options_lists_the_signature_and_refuses_kwargs():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import factories
 import pytest
 import torch
 
@@ -28,7 +29,7 @@ def test_to_tokens_puts_bos_in_front_and_batches_equal_lengths(tokenizer):
     assert models.to_tokens(tokenizer, "the cat sat").tolist() == [0, 2, 3, 4]
     assert models.to_tokens(tokenizer, "the cat sat", prepend_bos=False).tolist() == [2, 3, 4]
     assert models.to_tokens(tokenizer, ["the cat", "a dog"]).tolist() == [[0, 2, 3], [0, 7, 8]]
-    with pytest.raises(cc.CircuitError, match=r"\[3, 4\] tokens per row"):
+    with pytest.raises(cc.errors.ModelError, match=r"\[3, 4\] tokens per row"):
         models.to_tokens(tokenizer, ["the cat", "a dog ran"])
 
 
@@ -46,14 +47,12 @@ def test_builders_accept_text_with_a_tokenizer(tokenizer):
     )
     from_ids = build_gpt2(config, weights, torch.tensor([0, 2, 3, 4, 5, 2, 6]), convention="prompt")
     assert from_text == from_ids
-    with pytest.raises(cc.CircuitError, match="needs a tokenizer"):
+    with pytest.raises(cc.errors.ModelError, match="needs a tokenizer"):
         build_gpt2(config, weights, "the cat")
 
 
 def test_loaders_accept_text_with_a_tokenizer(tokenizer):
-    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=len(WORDS), n_positions=8)
-    torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(config).eval()
+    model = factories.gpt2(n_layer=1, n_head=2, n_embd=8, vocab_size=len(WORDS), n_positions=8)
     circuit = models.from_hf(model, ["the cat sat", "a dog ran"], tokenizer=tokenizer, convention="prompt")
     with torch.no_grad():
         expected = model(models.to_tokens(tokenizer, ["the cat sat", "a dog ran"])).logits

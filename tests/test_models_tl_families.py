@@ -1,7 +1,7 @@
 """``from_transformer_lens`` for the rotary families, OPT and GPT-2, against TransformerLens's own forward.
 
 Nothing is downloaded: each family's random-weight Hugging Face model comes from an odd-dimension
-config (the family test modules' factories), and TransformerLens's ``HookedTransformer`` is built
+config (tests/factories.py), and TransformerLens's ``HookedTransformer`` is built
 offline from it as ``from_pretrained_no_processing`` would: the ``HookedTransformerConfig`` from
 TransformerLens's own ``convert_hf_model_config`` (reading a ``config.json`` written to a temporary
 directory) or, for the Gemmas, whose configs TransformerLens hard-codes per model name, from a copy
@@ -17,23 +17,20 @@ import math
 import pathlib
 import tempfile
 
+import factories
 import pytest
 import torch
 from hf_reference import hf_logits, logits_of, random_tokens
-from test_models_gemma import gemma
-from test_models_gemma2 import WINDOW as GEMMA2_WINDOW
-from test_models_gemma2 import gemma2
-from test_models_hf import gpt2, llama
-from test_models_mistral import mistral
-from test_models_neox import neox
-from test_models_opt import opt
-from test_models_qwen2 import qwen2
+from factories import GEMMA2_WINDOW, gemma, gemma2, mistral, neox, opt, qwen2
+from factories import perturbed_gpt2 as gpt2
+from factories import perturbed_llama as llama
 
 import circuits as cc
 import circuits.models as cm
 from circuits import experiments as ex
 from circuits.transformer import names
 from circuits.errors import ModelError
+from circuits.transformer.points import HEAD_KINDS, POINT_KINDS, Point
 
 lens = pytest.importorskip("transformer_lens")
 pytestmark = pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated")
@@ -130,7 +127,7 @@ def tl_logits(hooked, inputs, hooks=()):
         return hooked.run_with_hooks(inputs, fwd_hooks=list(hooks))
 
 
-#: family -> the Hugging Face model (from the family test modules' factories)
+#: family -> the Hugging Face model (tests/factories.py)
 MODELS = {
     "gpt2": lambda: gpt2(False),
     "opt": lambda: opt(word_embed_proj_dim=39),
@@ -171,7 +168,7 @@ def test_zero_ablated_head_equals_transformer_lens_hook_z(key):
     hooked = tl_from_hf(model)
     tokens = random_tokens(model.config.vocab_size, True, length=11, seed=2)
     circuit = cm.from_transformer_lens(hooked, tokens)
-    split = cc.split_heads(circuit)
+    split = cc.passes.split_heads(circuit)
     assert (logits_of(split) - logits_of(circuit)).abs().max().item() < 1e-5
     ablated = ex.zero_ablate(split, names.head(1, 2))
 
@@ -227,8 +224,10 @@ def test_processed_weights_are_refused_or_exact():
     folded_gpt2 = tl_from_hf(gpt2(False), fold_ln=True)
     with pytest.raises(ModelError, match=r"normalization_type='LNPre' \(folded layer norms"):
         cm.from_transformer_lens(folded_gpt2, tokens)
-    with pytest.raises(ModelError, match=r"(?s)missing: 'blocks.0.ln1.w'.*folded layer norms"):
+    with pytest.raises(ModelError, match="folded layer norms") as info:  # the likely cause
         cm.from_transformer_lens(folded_gpt2.state_dict(), tokens, family="gpt2")
+    norms = [f"blocks.{i}.ln{j}.{p}" for i in (0, 1) for j in (1, 2) for p in "wb"]
+    assert info.value.missing_keys == [*norms, "ln_final.w", "ln_final.b"]
     value_folded = tl_from_hf(qwen2(2), fold_value_biases=True)
     with pytest.raises(ModelError, match=r"'blocks.0.attn.b_O'.*fold_value_biases=False"):
         cm.from_transformer_lens(value_folded, tokens)
@@ -343,13 +342,13 @@ def test_every_activation_point_equals_transformer_lens(key):
     wanted = {
         "unsplit": ex.run_with_cache(circuit),
         "split": ex.run_with_cache(
-            cc.split_heads(circuit),
-            [(kind, layer, h) for kind in ex.HEAD_KINDS for layer in range(2) for h in range(heads)],
+            cc.passes.split_heads(circuit),
+            [(kind, layer, h) for kind in HEAD_KINDS for layer in range(2) for h in range(heads)],
         ),
     }
     rotary = hooked.cfg.positional_embedding_type == "rotary"
     lacking = {"head_out"} | ({"pos_embed"} if rotary else set())  # head_out: split circuits only
-    assert {kind for kind, _, _ in wanted["unsplit"]} == set(ex.POINT_KINDS) - lacking
+    assert {kind for kind, _, _ in wanted["unsplit"]} == set(POINT_KINDS) - lacking
     for variant, found in wanted.items():
         for (kind, layer, head), ours in found.items():
             theirs = tl_point(hooked, cache, tokens, kind, layer, head)
@@ -372,7 +371,7 @@ def test_patching_a_point_equals_transformer_lens_hook(key):
     with torch.no_grad():
         _, source = hooked.run_with_cache(corrupted[:, :-1])
     for kind, layer, hook in (("z", 1, "blocks.1.attn.hook_z"), ("mlp_post", 0, "blocks.0.mlp.hook_post")):
-        patched = ex.patch(circuit, ex.point(kind, layer), {names.TOKENS: corrupted})
+        patched = ex.patch(circuit, Point(kind, layer), {names.TOKENS: corrupted})
         want = tl_logits(hooked, clean[:, :-1], [(hook, lambda value, hook: source[hook.name])])
         assert (logits_of(patched) - want).abs().max().item() < TOL, kind
         assert (logits_of(circuit) - want).abs().max().item() > 1e-3, kind
@@ -402,7 +401,7 @@ def test_causal_scrubbing_runs_on_the_family(key):
     model = MODELS[key]()
     hooked = tl_from_hf(model)
     tokens = torch.randint(0, model.config.vocab_size, (24, 8), generator=torch.Generator().manual_seed(5))
-    circuit = cc.split_heads(cm.from_transformer_lens(hooked, tokens[:2]))
+    circuit = cc.passes.split_heads(cm.from_transformer_lens(hooked, tokens[:2]))
     values = {}
     for claim in ("all", "none", "head"):
         corr = Correspondence()
@@ -447,39 +446,34 @@ def test_attached_gradients_equal_transformer_lens_backward(key):
 def test_attn_only_model_family_and_mask_from_its_cfg(masked):
     """TransformerLens's attention-only model (no architecture: ``attn_only`` with shortformer positions)
     reads as family ``attn_only``, masked as its ``attention_dir`` says; a cfg naming no family is refused."""
-    from test_points import tl_model
-
-    model = tl_model("attn_only", masked)
+    model = factories.tl_model("attn_only", masked)
     tokens = torch.randint(0, 17, (3, 9), generator=torch.Generator().manual_seed(1))
-    ours = logits_of(cm.from_transformer_lens(model, tokens))
+    ours = logits_of(cm.from_transformer_lens(model, tokens, causal=masked))
     assert (ours - tl_logits(model, tokens[:, :-1])).abs().max().item() < TOL
-    gpt2_like = tl_model("gpt2", masked)  # a custom cfg: no original_architecture
+    gpt2_like = factories.tl_model("gpt2", masked)  # a custom cfg: no original_architecture
     with pytest.raises(ModelError, match=r"original_architecture None is not a supported family"):
         cm.from_transformer_lens(gpt2_like, tokens)
     state = gpt2_like.state_dict()
-    ours = logits_of(cm.from_transformer_lens(gpt2_like, tokens, family="gpt2"))
+    ours = logits_of(cm.from_transformer_lens(gpt2_like, tokens, family="gpt2", causal=masked))
     assert (ours - tl_logits(gpt2_like, tokens[:, :-1])).abs().max().item() < TOL
     assert cm.from_transformer_lens(state, tokens, family="gpt2", causal=masked) == cm.from_transformer_lens(
-        gpt2_like, tokens, family="gpt2"
+        gpt2_like, tokens, family="gpt2", causal=masked
     )
+    if not masked:  # the default (causal) is refused for a bidirectional cfg, by name
+        with pytest.raises(ModelError) as info:
+            cm.from_transformer_lens(model, tokens)
+        assert info.value.field == "causal"
 
 
 def llama3(seed: int = 0):
     """A Llama with Llama 3's scaled rotary positions (NTK by parts), long wavelengths well scaled."""
-    torch.manual_seed(seed)
     rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
-    config = transformers.LlamaConfig(
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        hidden_size=32,
-        intermediate_size=48,
-        vocab_size=97,
-        max_position_embeddings=64,
+    return factories.llama(
+        2,
+        seed=seed,
         rms_norm_eps=1e-5,
         rope_scaling=dict(rope, original_max_position_embeddings=8, rope_theta=10000.0),
     )
-    return transformers.LlamaForCausalLM(config).eval()
 
 
 transformers = pytest.importorskip("transformers")

@@ -184,16 +184,16 @@ def _built(family: str) -> cc.Circuit:
 
 def _variants(family: str) -> dict[str, cc.Circuit]:
     built = _built(family)
-    masked = built if family != "attn_only" else cc.causal_mask(built)
+    masked = built if family != "attn_only" else cc.passes.causal_mask(built)
     return {
         "built": built,
-        "split": cc.split_heads(masked),
-        "grouped": cc.split_heads(masked, layers=[1], heads=[[0, 1], [2, 3]]),
-        "knocked out": cc.causal_mask(built, mask=lambda layer, head: torch.ones(5, 5).tril()),
-        "knocked out, split": cc.split_heads(
-            cc.causal_mask(built, mask=lambda layer, head: torch.ones(5, 5))
+        "split": cc.passes.split_heads(masked),
+        "grouped": cc.passes.split_heads(masked, layers=[1], heads=[[0, 1], [2, 3]]),
+        "knocked out": cc.passes.causal_mask(built, mask=lambda layer, head: torch.ones(5, 5).tril()),
+        "knocked out, split": cc.passes.split_heads(
+            cc.passes.causal_mask(built, mask=lambda layer, head: torch.ones(5, 5))
         ),
-        "per-head mask, split": cc.split_heads(cc.causal_mask(built, mask=torch.ones(4, 5, 5))),
+        "per-head mask, split": cc.passes.split_heads(cc.passes.causal_mask(built, mask=torch.ones(4, 5, 5))),
     }
 
 

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import re
 
+import factories
 import pytest
 import torch
 
 import circuits as cc
 from circuits.experiments.overview import overview
-from circuits.models.gpt2 import GPT2Config, build_gpt2, gpt2_random_weights
 from circuits.models.llama import LlamaConfig, build_llama, llama_random_weights
 
 
 @pytest.fixture(scope="module")
 def gpt2():
-    config = GPT2Config(n_layers=2, n_heads=4, d_model=16, vocab_size=23, n_ctx=16)
-    return config, build_gpt2(config, gpt2_random_weights(config), torch.randint(0, 23, (2, 9)))
+    config = factories.gpt2_config(n_heads=4, d_model=16, vocab_size=23)
+    return config, factories.gpt2_circuit(torch.randint(0, 23, (2, 9)), config)
 
 
 def test_gpt2_overview_lists_each_layer_with_the_configs_shapes(gpt2):
@@ -37,7 +37,7 @@ def test_gpt2_overview_lists_each_layer_with_the_configs_shapes(gpt2):
 
 def test_split_heads_show_as_branches(gpt2):
     _, circuit = gpt2
-    text = overview(cc.split_heads(circuit, layers=[1]))
+    text = overview(cc.passes.split_heads(circuit, layers=[1]))
     assert (
         "attention: 'b1.a' [2,8,16] Add  (4 heads split into 4 branches: head0, head1, head2, head3)" in text
     )
@@ -54,7 +54,7 @@ def test_llama_and_unnamed_nodes():
         "1 layers" in text and f"({outside + 2} outside the model naming convention)" in text
     )  # Add, Scalar
     assert "  (0)" in text and "MLP: 'b0.m'" in text
-    with pytest.raises(cc.CircuitError, match="overview: the circuit is a str"):
+    with pytest.raises(cc.errors.NodeTypeError, match="overview: the circuit is a str"):
         overview("t.loss")
 
 

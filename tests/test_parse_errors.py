@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import circuits as cc
+from parse_helpers import MUTATION_CHARS, check_parse_or_parse_error, mutated
 
 # the same path as conftest.GOLDEN; read at import because hypothesis tests
 # cannot take function-scoped fixtures
@@ -123,7 +124,7 @@ BAD_TEXTS = {
 @pytest.mark.parametrize("case", sorted(BAD_TEXTS))
 def test_malformed_text_raises_parse_error_at_the_right_line(case):
     text, line_number = BAD_TEXTS[case]
-    with pytest.raises(cc.ParseError) as info:
+    with pytest.raises(cc.errors.ParseError) as info:
         cc.parse(text)
     error = info.value
     assert isinstance(error, cc.CircuitError)
@@ -136,7 +137,7 @@ def test_malformed_text_raises_parse_error_at_the_right_line(case):
 
 def test_error_message_says_what_was_expected():
     def message(text):
-        with pytest.raises(cc.ParseError) as info:
+        with pytest.raises(cc.errors.ParseError) as info:
             cc.parse(text)
         return str(info.value)
 
@@ -148,13 +149,13 @@ def test_error_message_says_what_was_expected():
 
 def test_empty_text_and_wrong_types():
     for text in ["", "\n\n", "# only a comment", "   "]:
-        with pytest.raises(cc.ParseError):
+        with pytest.raises(cc.errors.ParseError):
             cc.parse(text)
         assert cc.parse_many(text) == []
     for value in [None, b"'x' [3] Symbol", 3]:
-        with pytest.raises(cc.ParseError):
+        with pytest.raises(cc.errors.ParseError):
             cc.parse(value)
-        with pytest.raises(cc.ParseError):
+        with pytest.raises(cc.errors.ParseError):
             cc.parse_many(value)
 
 
@@ -164,7 +165,7 @@ def test_error_deep_in_the_golden_file_is_located(line_number):
     assert len(lines) == 484
     indent = len(lines[line_number - 1]) - len(lines[line_number - 1].lstrip(" "))
     lines[line_number - 1] = " " * indent + "'broken' [3] Bogus"
-    with pytest.raises(cc.ParseError) as info:
+    with pytest.raises(cc.errors.ParseError) as info:
         cc.parse("\n".join(lines))
     assert info.value.line_number == line_number
 
@@ -176,7 +177,7 @@ def test_wrong_shape_in_the_golden_file_is_located():
     before, bracket, after = lines[number].partition("[")
     size, comma, rest = after.partition(",") if "," in after.split("]")[0] else after.partition("]")
     lines[number] = before + bracket + str(int(size) + 1) + comma + rest
-    with pytest.raises(cc.ParseError) as info:
+    with pytest.raises(cc.errors.ParseError) as info:
         cc.parse("\n".join(lines))
     assert info.value.line_number == number + 1
 
@@ -207,7 +208,7 @@ def test_comments_blank_lines_and_hashes_in_names():
         ]
     )
     # 'it''s' is not an escaped quote: it is the name 'it' then junk
-    with pytest.raises(cc.ParseError) as info:
+    with pytest.raises(cc.errors.ParseError) as info:
         cc.parse(text)
     assert info.value.line_number == 9
     text = text.replace("'it''s'", "'it\\'s #'")
@@ -266,8 +267,9 @@ def test_array_parsed_without_store_prints_identically_and_fails_when_evaluated(
     w = cc.parse(text)
     assert w.shape == (2, 3)
     assert w.repr() == text
-    with pytest.raises(cc.MissingTensorError, match="'w'.*0123456789abcdef01234567"):
+    with pytest.raises(cc.errors.MissingTensorError) as info:
         w.tensor()
+    assert info.value.node is w
 
 
 def test_index_syntax_accepted():
@@ -308,58 +310,6 @@ def _small_circuits() -> list[str]:
 
 
 SMALL = _small_circuits()
-MUTATION_CHARS = "'\\#[]()->,: =\n\t0123456789abcdefxyzAEIS.é_"
-
-
-@st.composite
-def mutated(draw, base_texts, chars=MUTATION_CHARS):
-    text = draw(st.sampled_from(base_texts))
-    for _ in range(draw(st.integers(1, 4))):
-        lines = text.split("\n")
-        kind = draw(st.sampled_from(["delete", "insert", "replace", "del_line", "dup_line", "swap_lines"]))
-        if kind in ("delete", "insert", "replace"):
-            at = draw(st.integers(0, len(text)))
-            char = draw(st.one_of(st.sampled_from(chars), st.characters()))
-            if kind == "delete":
-                text = text[:at] + text[at + 1 :]
-            elif kind == "insert":
-                text = text[:at] + char + text[at:]
-            else:
-                text = text[:at] + char + text[at + 1 :]
-        else:
-            i = draw(st.integers(0, len(lines) - 1))
-            j = draw(st.integers(0, len(lines) - 1))
-            if kind == "del_line":
-                del lines[i]
-            elif kind == "dup_line":
-                lines.insert(j, lines[i])
-            else:
-                lines[i], lines[j] = lines[j], lines[i]
-            text = "\n".join(lines)
-    return text
-
-
-def check_parse_or_parse_error(text: str):
-    """Either parses (and then round-trips) or raises ParseError naming a real line."""
-    try:
-        roots = cc.parse_many(text)
-    except cc.ParseError as error:
-        if error.line_number is not None:
-            lines = text.split("\n")
-            assert 1 <= error.line_number <= len(lines)
-            if not error.line.startswith("<"):  # very deep indents are abbreviated
-                assert error.line == lines[error.line_number - 1]
-        return
-    printed = cc.repr_many(roots)
-    assert cc.parse_many(printed) == roots
-    assert cc.repr_many(cc.parse_many(printed)) == printed
-    try:
-        cc.parse(text)
-    except cc.ParseError as error:
-        assert len(roots) != 1
-        assert len(roots) == 0 or error.line_number is not None
-
-
 FUZZ = settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 

@@ -12,19 +12,7 @@ import pytest
 import torch
 
 import circuits as cc
-
-
-def parsed(text: str) -> cc.Circuit:
-    """Parse, and check that our reprint of it reads back to the same circuit."""
-    circuit = cc.parse(text)
-    assert cc.parse(circuit.repr()) == circuit
-    return circuit
-
-
-def parse_error(text: str) -> cc.ParseError:
-    with pytest.raises(cc.ParseError) as info:
-        cc.parse(text)
-    return info.value
+from parse_helpers import parse_error, parsed
 
 
 # ------------------------------------------------------- an indented block

@@ -10,6 +10,7 @@ form and reads back equal.  Each refusal is a ParseError at its line.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 
@@ -17,20 +18,11 @@ import pytest
 import torch
 
 import circuits as cc
+from circuits.text.store import TensorStore
+from parse_helpers import parse_error_message, parsed
 
 
-def parsed(text: str, **options) -> cc.Circuit:
-    """Parse, and check that our reprint reads back to the same circuit."""
-    circuit = cc.parse(text, **options)
-    assert cc.parse(circuit.repr()) == circuit
-    return circuit
-
-
-def parse_error(text: str, line_number: int, **options) -> str:
-    with pytest.raises(cc.ParseError) as info:
-        cc.parse_many(text, **options)
-    assert info.value.line_number == line_number
-    return str(info.value)
+parse_error = functools.partial(parse_error_message, many=True)
 
 
 def scalar(value: float, shape: tuple[int, ...], name: str | None = None) -> cc.Scalar:
@@ -111,7 +103,7 @@ def test_serial_repeats_restating_their_info():
 
 
 def test_a_repeated_array_restating_its_variant(tmp_path):
-    store = cc.TensorStore(tmp_path)
+    store = TensorStore(tmp_path)
     tensor = torch.arange(5.0)
     prefix = store.save(tensor)[:24]
     text = f"0 Add # float32\n  1 [5] Array {prefix} # float32\n  1 Array # float32"
@@ -204,7 +196,7 @@ def test_reference_circuit_errors():
     ],
 )
 def test_bad_reference_circuits(references, says):
-    with pytest.raises(cc.ParseError, match=re.escape(says)):
+    with pytest.raises(cc.errors.ParseError, match=re.escape(says)):
         cc.parse("0 Add\n  'outside'", reference_circuits=references)
 
 
@@ -246,7 +238,7 @@ def test_left_to_right_unescaping_gives_rust_circuits_names():
                 continue
             try:
                 name = cc.parse(f"0 '{raw}' [] Scalar 1").name
-            except cc.ParseError:
+            except cc.errors.ParseError:
                 continue  # a lone backslash, refused as ours are
             assert name == _rust_unescaped(raw), raw
             checked += 1

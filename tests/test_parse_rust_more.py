@@ -13,30 +13,19 @@ import pytest
 import torch
 
 import circuits as cc
+from circuits.text.store import TensorStore
+from parse_helpers import parse_error, parsed
 
 
 @pytest.fixture
-def store(tmp_path) -> cc.TensorStore:
-    return cc.TensorStore(tmp_path / "tensors")
-
-
-def parsed(text: str, store: cc.TensorStore | None = None, **options) -> cc.Circuit:
-    """Parse, and check that our reprint of it reads back to the same circuit."""
-    circuit = cc.parse(text, store=store, **options)
-    assert cc.parse(circuit.repr(), store=store) == circuit
-    return circuit
-
-
-def parse_error(text: str, store: cc.TensorStore | None = None) -> cc.ParseError:
-    with pytest.raises(cc.ParseError) as info:
-        cc.parse(text, store=store)
-    return info.value
+def store(tmp_path) -> TensorStore:
+    return TensorStore(tmp_path / "tensors")
 
 
 X = torch.arange(6.0)
 
 
-def saved(store: cc.TensorStore, tensor: torch.Tensor) -> str:
+def saved(store: TensorStore, tensor: torch.Tensor) -> str:
     """The hash prefix a printed Array carries for ``tensor``, after saving it."""
     return store.save(tensor)[:24]
 
@@ -168,7 +157,7 @@ def test_tensors_as_random_reads_arrays_by_hash_without_their_tensors():
     w, v = circuit.children
     assert w.shape == (3, 4) and w.value is not None
     assert torch.allclose(circuit.evaluate(), w.evaluate() @ v.evaluate())
-    with pytest.raises(cc.MissingTensorError):
+    with pytest.raises(cc.errors.MissingTensorError):
         cc.parse(text).evaluate()  # without the option, the hash stays a placeholder
 
 
@@ -179,8 +168,9 @@ def test_a_huge_random_array_is_refused_not_allocated():
 
 def test_random_array_needs_its_shape():
     assert "needs its shape" in str(parse_error("'w' Array rand"))
-    with pytest.raises(cc.ParseError, match="needs its shape"):
+    with pytest.raises(cc.errors.ParseError, match="needs its shape") as info:  # says what is missing
         cc.parse("'w' Array 0258c9f34dcbf92d6bc407af", tensors_as_random=True)
+    assert info.value.line_number == 1
 
 
 # ----------------------------------------------------- leaves without a shape

@@ -27,6 +27,7 @@ import circuits as cc
 from circuits.core.hashing import node_hash
 from circuits.core.nodes import keeps_derivation, rebuilt_like
 from circuits.text.parsing import _LINE
+from circuits.text.store import TensorStore
 
 
 class Child:
@@ -166,7 +167,7 @@ def repeated_branches(branches: int) -> cc.Circuit:
 
 def test_a_text_of_alike_lines_parses_to_the_circuit_built_by_hand(tmp_path):
     circuit = repeated_branches(6)
-    store = cc.TensorStore(tmp_path)
+    store = TensorStore(tmp_path)
     store.save(circuit.get_unique("w").tensor())
     parsed = cc.parse(circuit.repr(), store=store)
     assert parsed == circuit
@@ -177,7 +178,7 @@ def test_a_text_of_alike_lines_parses_to_the_circuit_built_by_hand(tmp_path):
 
 def test_a_wrong_printed_shape_is_refused_on_a_line_like_an_earlier_good_one():
     text = "'root' Add\n  'a' [3,4] Add\n    'x' [3,4] Symbol\n  'b' [3,5] Add\n    'y' [3,4] Symbol"
-    with pytest.raises(cc.ParseError) as caught:
+    with pytest.raises(cc.errors.ParseError) as caught:
         cc.parse(text)
     assert caught.value.line_number == 4
     assert "the line says shape [3, 5] but the Add computes [3, 4]" in str(caught.value)
@@ -185,12 +186,13 @@ def test_a_wrong_printed_shape_is_refused_on_a_line_like_an_earlier_good_one():
 
 def test_a_name_of_several_distinct_nodes_is_ambiguous_and_counted():
     text = "'a' Add\n  0 'x' [3] Symbol\n  1 'x' [1] Symbol\n  2 'x' [3] Symbol\n  3 'x' [1] Symbol\n  'x'"
-    with pytest.raises(cc.ParseError, match="2 distinct nodes carry that name") as caught:
+    with pytest.raises(cc.errors.ParseError, match="2 distinct nodes carry that name") as caught:
         cc.parse(text)
     assert caught.value.line_number == 6
     text = "'a' Add\n  0 'x' [3] Symbol\n  1 'x' [1] Symbol\n  2 'x' [2,1] Symbol\n  'x'"
-    with pytest.raises(cc.ParseError, match="3 distinct nodes carry that name"):
+    with pytest.raises(cc.errors.ParseError, match="3 distinct nodes carry that name") as caught:
         cc.parse(text)
+    assert caught.value.line_number == 5
 
 
 def test_a_name_written_twice_for_one_node_is_not_ambiguous():
@@ -208,7 +210,7 @@ def test_parse_hands_its_nodes_to_the_oldest_generation_and_restores_the_collect
             root = cc.parse(text)
             assert gc.isenabled() is enabled
             assert any(node is root for node in gc.get_objects(generation=2))
-            with pytest.raises(cc.ParseError):
+            with pytest.raises(cc.errors.ParseError):
                 cc.parse(text + "\n  'nope'")
             assert gc.isenabled() is enabled
     finally:
@@ -311,7 +313,7 @@ def test_the_one_scan_reads_each_line_as_the_printers_pattern_does(text):
     ],
 )
 def test_the_printers_lines_placed_at_once_are_refused_as_the_general_way_refuses(text, line_number, message):
-    with pytest.raises(cc.ParseError) as caught:
+    with pytest.raises(cc.errors.ParseError) as caught:
         cc.parse(text)
     assert caught.value.line_number == line_number
     assert message in str(caught.value)

@@ -7,6 +7,7 @@ import concurrent.futures
 import multiprocessing
 import pickle
 
+import factories
 import pytest
 import torch
 
@@ -48,9 +49,7 @@ def _reference_metric_at_4(logits: torch.Tensor) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def gpt2_setup():
-    from test_points import tl_model
-
-    model = tl_model("gpt2", True)  # d_model 12, 3 heads, d_head 4, d_mlp 20, vocab 17, 2 layers
+    model = factories.tl_model("gpt2", True)  # d_model 12, 3 heads, d_head 4, d_mlp 20, vocab 17, 2 layers
     clean, corrupted = _inputs(17)
     state = {k: v.detach() for k, v in model.state_dict().items()}
     circuit = cm.from_transformer_lens(state, clean, family="gpt2", causal=True)
@@ -174,7 +173,7 @@ def _attention_only_setup():
     clean = tokens(3)
     corrupted = clean.clone()
     corrupted[:, [0, 2, 5]] = (clean[:, [0, 2, 5]] + 1) % CONFIG.vocab_size
-    return w, clean, corrupted, cc.causal_mask(cm.build_attn_only(CONFIG, w, clean))
+    return w, clean, corrupted, cc.passes.causal_mask(cm.build_attn_only(CONFIG, w, clean))
 
 
 EARLIER = 2  # the measured position of the tests below (of 6)
@@ -236,7 +235,7 @@ def test_attention_only_head_grids_equal_torch(per_position):
     clean = tokens(3)
     corrupted = clean.clone()
     corrupted[:, [0, 2, 5]] = (clean[:, [0, 2, 5]] + 1) % CONFIG.vocab_size
-    circuit = cc.causal_mask(cm.build_attn_only(CONFIG, w, clean))
+    circuit = cc.passes.causal_mask(cm.build_attn_only(CONFIG, w, clean))
     grid = "attn_head_out_by_pos" if per_position else "attn_head_out_all_pos"
     expected = _torch_head_grid(w, clean, corrupted, per_position)
     ours = grids.patch_grid(
@@ -260,9 +259,8 @@ class _InlineExecutor(concurrent.futures.Executor):
 
 
 def _small_gpt2():
-    config = cm.GPT2Config(n_layers=2, n_heads=3, d_model=12, d_mlp=20, vocab_size=17, n_ctx=16)
     clean, corrupted = _inputs(17)
-    return cm.build_gpt2(config, cm.gpt2_random_weights(config), clean), corrupted
+    return factories.gpt2_circuit(clean, factories.gpt2_config(d_mlp=20)), corrupted
 
 
 def test_an_executor_gives_the_local_grid():
@@ -291,17 +289,21 @@ def test_a_spawned_process_pool_gives_the_local_grid():
 def test_bad_input_is_named():
     circuit, corrupted = _small_gpt2()
     metric = ex.metrics.logit_diff(-1, GOOD, BAD)
-    with pytest.raises(ex.ExperimentError, match=r"\[3, 9\].*\[2, 9\]"):
+    with pytest.raises(cc.errors.ExperimentError, match=r"\[3, 9\].*\[2, 9\]"):
         grids.act_patch_resid_pre(circuit, {"toks_int_var": corrupted[:2]}, metric)
-    with pytest.raises(ex.ExperimentError, match="unknown grid 'resid_post_by_head'"):
+    with pytest.raises(cc.errors.ExperimentError, match="unknown grid 'resid_post_by_head'"):
         grids.patch_grid(circuit, {"toks_int_var": corrupted}, metric, "resid_post_by_head")
-    with pytest.raises(ex.ExperimentError, match="'tokens'"):
+    with pytest.raises(cc.errors.ExperimentError, match="'tokens'"):
         grids.act_patch_resid_pre(circuit, {"tokens": corrupted}, metric)
-    with pytest.raises(ex.ExperimentError, match=r"point \('q', 0\) finds 3 nodes.*before split_heads"):
-        grids.act_patch_attn_head_q_by_pos(cc.split_heads(circuit), {"toks_int_var": corrupted}, metric)
-    with pytest.raises(ex.ExperimentError, match="patches_per_run"):
+    with pytest.raises(
+        cc.errors.ExperimentError, match=r"point \('q', 0\) finds 3 nodes.*before split_heads"
+    ):
+        grids.act_patch_attn_head_q_by_pos(
+            cc.passes.split_heads(circuit), {"toks_int_var": corrupted}, metric
+        )
+    with pytest.raises(cc.errors.ExperimentError, match="patches_per_run"):
         grids.act_patch_resid_pre(circuit, {"toks_int_var": corrupted}, metric, patches_per_run=0)
-    with pytest.raises(ex.ExperimentError, match="metric"):
+    with pytest.raises(cc.errors.ExperimentError, match="metric"):
         grids.act_patch_resid_pre(circuit, {"toks_int_var": corrupted}, "logit_diff")
 
 
@@ -320,13 +322,13 @@ def _last_logits(logits):
 )
 def test_a_metric_that_is_not_one_number_is_named(metric, shown):
     circuit, corrupted = _small_gpt2()
-    with pytest.raises(ex.ExperimentError, match=shown):
+    with pytest.raises(cc.errors.ExperimentError, match=shown):
         grids.act_patch_resid_pre(circuit, {"toks_int_var": corrupted}, metric)
 
 
 def test_a_model_without_mlps_has_no_mlp_grid():
     w, clean, corrupted, circuit = _attention_only_setup()
-    with pytest.raises(ex.ExperimentError, match="the model has no MLP") as raised:
+    with pytest.raises(cc.errors.ExperimentError, match="the model has no MLP") as raised:
         grids.act_patch_mlp_out(circuit, {"toks_int_var": corrupted}, ex.metrics.logit_diff(-1, 1, 2))
     assert "split_heads" not in str(raised.value)
 
@@ -337,9 +339,7 @@ def test_a_model_without_mlps_has_no_mlp_grid():
 def test_bidirectional_attention_patches_every_position(grid):
     """Without a causal mask a patch reaches earlier positions too: no suffix shortcut."""
     patching = pytest.importorskip("transformer_lens.patching")
-    from test_points import tl_model
-
-    model = tl_model("gpt2", False)
+    model = factories.tl_model("gpt2", False)
     clean, corrupted = _inputs(17)
     state = {k: v.detach() for k, v in model.state_dict().items()}
     circuit = cm.from_transformer_lens(state, clean, family="gpt2", causal=False)
@@ -364,7 +364,7 @@ def test_mean_loss_grid_scores_the_targets_it_names(targets, grid):
     clean = tokens(4)
     corrupted = clean.clone()
     corrupted[:, [1, 3]] = (clean[:, [1, 3]] + 2) % CONFIG.vocab_size  # inputs and targets differ
-    circuit = cc.causal_mask(cm.build_attn_only(CONFIG, w, clean))
+    circuit = cc.passes.causal_mask(cm.build_attn_only(CONFIG, w, clean))
     scored = (clean if targets == "clean" else corrupted)[:, 1:]
     metric = ex.mean_loss if targets == "clean" else ex.mean_loss.with_targets("corrupted")
     assert metric.targets == targets
@@ -397,7 +397,7 @@ def test_metrics_that_read_no_targets_are_the_same_for_either():
         grids.act_patch_resid_pre(circuit, inputs, metric).values,
         grids.act_patch_resid_pre(circuit, inputs, metric.with_targets("corrupted")).values,
     )
-    with pytest.raises(ex.ExperimentError, match="targets must be 'clean' or 'corrupted'"):
+    with pytest.raises(cc.errors.ExperimentError, match="targets must be 'clean' or 'corrupted'"):
         ex.mean_loss.with_targets("source")
 
 
@@ -428,7 +428,7 @@ def test_a_grid_of_some_layers_is_those_rows_of_the_whole_grid(grid):
 @pytest.mark.parametrize("layers", [[], [2], [0, 0], [-1], [True], "01", 1])
 def test_bad_layers_are_named(layers):
     circuit, corrupted = _small_gpt2()
-    with pytest.raises(ex.ExperimentError, match=r"layers=.*distinct layer numbers in \[0, 2\)"):
+    with pytest.raises(cc.errors.ExperimentError, match=r"layers=.*distinct layer numbers in \[0, 2\)"):
         grids.act_patch_resid_pre(
             circuit, {"toks_int_var": corrupted}, ex.metrics.logit_diff(-1, GOOD, BAD), layers=layers
         )

@@ -9,15 +9,16 @@ terms still sum to the logits, and each role's Add equals the input the head rea
 
 from __future__ import annotations
 
+import factories
 import pytest
 import torch
 from experiments_reference import CONFIG, split_circuit, tokens, weights
 from test_path_terms import MODELS, TOL, gpt2, logits_at
 
 import circuits as cc
-import circuits.models as cm
 from circuits import experiments as ex
 from circuits.errors import ExperimentError
+from circuits.transformer.points import Point
 
 EPS = 1e-5
 
@@ -126,9 +127,8 @@ def test_composition_labels_name_every_source_of_every_role():
 
 
 def gpt2_three_layers() -> cc.Circuit:
-    config = cm.GPT2Config(n_layers=3, n_heads=2, d_model=12, vocab_size=17, n_ctx=16)
-    toks = torch.randint(0, 17, (2, 7), generator=torch.Generator().manual_seed(4))
-    return cm.build_gpt2(config, cm.gpt2_random_weights(config, seed=3), toks)
+    toks = factories.token_ids(17, (2, 7), seed=4)
+    return factories.gpt2_circuit(toks, factories.gpt2_config(n_layers=3, n_heads=2), seed=3)
 
 
 def test_third_order_expands_the_head_sources_again():
@@ -170,7 +170,7 @@ def test_the_residual_stream_entering_a_layer_as_terms(model, order):
     for layer in (0, 1, 2):  # 2: the final residual stream, the final norm's input
         result = ex.path_terms(circuit, pos=-1, order=order, layer=layer)
         kind = ("resid_pre", layer) if layer < 2 else ("resid_final",)
-        expected = circuit.get_unique(ex.point(*kind)).evaluate()[..., -1, :]
+        expected = circuit.get_unique(Point(*kind)).evaluate()[..., -1, :]
         torch.testing.assert_close(
             result.terms.evaluate(), expected.expand_as(result.terms.evaluate()), atol=TOL, rtol=0
         )

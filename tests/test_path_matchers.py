@@ -11,6 +11,7 @@ from experiments_reference import forward, layer_norm, split_circuit, tokens, we
 import circuits as cc
 from circuits import IterativeMatcher, Matcher
 from circuits import experiments as ex
+from circuits.rewriting.matching import Route, get_all_paths, new_traversal, restrict_sl
 
 TOL = dict(rtol=1e-10, atol=1e-10)
 
@@ -81,21 +82,21 @@ def test_union_and_intersection_nest(tower):
 def test_then_after_a_union_chains_from_every_branch(tower):
     both = (IterativeMatcher("n3") | IterativeMatcher("n1")).children(1)
     assert names(tower.get(both)) == ["w"]
-    assert str(cc.get_all_paths(tower, both)) == "r -> n3 -> n2 -> n1 -> w\nr -> n3 -> w"
+    assert str(get_all_paths(tower, both)) == "r -> n3 -> n2 -> n1 -> w\nr -> n3 -> w"
 
 
 def test_stages_after_an_intersection_start_where_it_finds(tower):
     n1_only = IterativeMatcher("n2").then(True) & cc.Add  # the Adds strictly below n2: n1
     assert names(tower.get(n1_only)) == ["n1"]
     assert names(tower.get(n1_only.children(0))) == ["leaf"]
-    assert str(cc.get_all_paths(tower, n1_only.then("w"))) == "r -> n3 -> n2 -> n1 -> w"
+    assert str(get_all_paths(tower, n1_only.then("w"))) == "r -> n3 -> n2 -> n1 -> w"
     assert repr(n1_only.then("w", max_depth=1)) == (
         "(IterativeMatcher(Matcher('n2')).then(Matcher(True)) & IterativeMatcher(Matcher(Add)))"
         ".then(Matcher('w'), max_depth=1)"
     )
     # a union holding an &, then more stages
     either = (n1_only | IterativeMatcher("r").children(0)).children(1)  # below n1 or n3
-    assert str(cc.get_all_paths(tower, either)) == "r -> n3 -> n2 -> n1 -> w\nr -> n3 -> w"
+    assert str(get_all_paths(tower, either)) == "r -> n3 -> n2 -> n1 -> w\nr -> n3 -> w"
     ten = cc.Array(torch.full((2,), 10.0), name="w")
     rewritten = tower.update(either, lambda n: ten)  # w is read 4 times; twice rewritten
     assert rewritten.evaluate().tolist() == [22.0, 22.0]
@@ -129,7 +130,7 @@ def test_chain_and_chain_many(tower):
 
 def test_term_early_at_excludes_routes_through_a_node(tower):
     # 'w' is a child of r, n3, n2 and n1; not passing through n2 leaves r's and n3's
-    routes = cc.get_all_paths(tower, IterativeMatcher("w", term_early_at="n2"))
+    routes = get_all_paths(tower, IterativeMatcher("w", term_early_at="n2"))
     assert sorted(str(r) for r in routes[tower.get_unique("w")]) == ["r -> n3 -> w", "r -> w"]
     assert tower.get(IterativeMatcher("leaf", term_early_at="n2")) == set()
     # the excluded node itself can be found; the start of a stage is not excluded
@@ -202,9 +203,9 @@ def test_restrict_depths_and_termination_as_in_rust_circuit(tower):
     assert tower.get(restrict(True, start_depth=2, end_depth=1)) == set()
     assert names(tower.get(restrict(cc.Add, term_if_matches=True))) == ["r"]
     assert names(tower.get(restrict(Matcher.regex("^n"), term_if_matches=True))) == ["n3"]
-    assert names(tower.get(cc.restrict_sl(cc.Add, depth_slice=slice(1, 3)))) == ["n2", "n3"]
+    assert names(tower.get(restrict_sl(cc.Add, depth_slice=slice(1, 3)))) == ["n2", "n3"]
     # term_early_at: nothing below a node it matches (the node itself may be found) ...
-    routes = cc.get_all_paths(tower, restrict("w", term_early_at="n2"))
+    routes = get_all_paths(tower, restrict("w", term_early_at="n2"))
     assert sorted(str(r) for r in routes[tower.get_unique("w")]) == ["r -> n3 -> w", "r -> w"]
     assert names(tower.get(restrict(cc.Add, term_early_at="n2"))) == ["n2", "n3", "r"]
     # ... the start node included (a stage's term_early_at skips its start node)
@@ -213,11 +214,11 @@ def test_restrict_depths_and_termination_as_in_rust_circuit(tower):
     # rust_circuit's test_start_depth_behavior
     b, c = cc.Add(name="B"), cc.Add(name="C")
     a = cc.Add(b, c, name="A")
-    assert a.get(cc.new_traversal(term_early_at=cc.Add, start_depth=0)) == {a}
+    assert a.get(new_traversal(term_early_at=cc.Add, start_depth=0)) == {a}
     for depth in range(1, 4):
-        assert a.get(cc.new_traversal(term_early_at=cc.Add, start_depth=depth)) == set()
+        assert a.get(new_traversal(term_early_at=cc.Add, start_depth=depth)) == set()
     assert tower.get(restrict(cc.Add, term_early_at=None)) == tower.get(cc.Add)  # None: no termination
-    with pytest.raises(cc.MatcherError, match="end_depth -1"):
+    with pytest.raises(cc.errors.MatcherError, match="end_depth -1"):
         restrict("x", end_depth=-1)
 
 
@@ -286,35 +287,35 @@ def test_get_paths_gives_one_shortest_route_per_found_node(tower):
 
 
 def test_get_all_paths_lists_every_route_and_is_bounded(tower):
-    routes = cc.get_all_paths(tower, IterativeMatcher("n3").then("w"))
+    routes = get_all_paths(tower, IterativeMatcher("n3").then("w"))
     assert str(routes) == "r -> n3 -> n2 -> n1 -> w\nr -> n3 -> n2 -> w\nr -> n3 -> w"
     (found,) = routes
-    assert found.name == "w" and all(isinstance(route, cc.Route) for route in routes[found])
+    assert found.name == "w" and all(isinstance(route, Route) for route in routes[found])
     assert [node.name for node in routes[found][0]] == ["r", "n3", "n2", "n1", "w"]
-    with pytest.raises(cc.MatcherError, match=r"more than 2 routes in Add 'r'.*limit="):
-        cc.get_all_paths(tower, "w", limit=2)
-    assert len(cc.get_all_paths(tower, "w", limit=None)[tower.get_unique("w")]) == 4
-    with pytest.raises(cc.MatcherError, match="limit 0"):
-        cc.get_all_paths(tower, "w", limit=0)
+    with pytest.raises(cc.errors.MatcherError, match=r"more than 2 routes in Add 'r'.*limit="):
+        get_all_paths(tower, "w", limit=2)
+    assert len(get_all_paths(tower, "w", limit=None)[tower.get_unique("w")]) == 4
+    with pytest.raises(cc.errors.MatcherError, match="limit 0"):
+        get_all_paths(tower, "w", limit=0)
 
 
 def test_a_node_reached_twice_through_one_parent_is_one_route():
     x = cc.Array(torch.ones(2), name="x")
     root = cc.Add(x, x, name="twice")
-    assert str(cc.get_all_paths(root, "x")) == "twice -> x"
+    assert str(get_all_paths(root, "x")) == "twice -> x"
 
 
 # --------------------------------------------------------------------- errors
 
 
 def test_errors_are_typed_and_say_what_is_wrong(tower):
-    with pytest.raises(cc.MatcherError, match="chain_many: give at least one chain"):
+    with pytest.raises(cc.errors.MatcherError, match="chain_many: give at least one chain"):
         IterativeMatcher("r").chain_many()
-    with pytest.raises(cc.MatcherError, match="cannot make a Matcher from int 3"):
+    with pytest.raises(cc.errors.MatcherError, match="cannot make a Matcher from int 3"):
         IterativeMatcher("r").then("w", term_early_at=3)
-    with pytest.raises(cc.MatcherError, match="cannot be used as a plain Matcher"):
+    with pytest.raises(cc.errors.MatcherError, match="cannot be used as a plain Matcher"):
         IterativeMatcher("r").then(IterativeMatcher("n2"))  # chain takes IterativeMatchers; then does not
-    with pytest.raises(cc.MatcherError, match="get_paths: the circuit"):
+    with pytest.raises(cc.errors.MatcherError, match="get_paths: the circuit"):
         cc.get_paths("r", "w")
 
 
@@ -330,7 +331,7 @@ def test_deep_chain_without_recursion():
     assert node.get(IterativeMatcher(cc.Array) & IterativeMatcher(True, min_depth=20_000)) == {leaf}
     assert node.get(IterativeMatcher(cc.Array, term_early_at="mid")) == set()
     assert len(cc.get_paths(node, "deep.leaf")[leaf]) == 20_001
-    assert len(cc.get_all_paths(node, "deep.leaf")[leaf][0]) == 20_001
+    assert len(get_all_paths(node, "deep.leaf")[leaf][0]) == 20_001
     # restrict and chains of IterativeMatchers walk as iteratively
     assert node.get(cc.restrict(cc.Array, end_depth=20_000)) == set()
     assert node.get(IterativeMatcher("mid").chain(cc.restrict(cc.Array, start_depth=9_999))) == {leaf}
@@ -419,7 +420,7 @@ def test_get_paths_on_the_model_lists_the_expected_routes(setup):
     direct = cc.chain_excluding("t.call", "b0.a.head1", Matcher.regex(r"^b1\.a$"))
     assert str(cc.get_paths(split, direct)) == f"{residual} -> b0 -> b0.a -> b0.a.head1"
     # every direct route ends in the residual stream's b1 -> b0 (the final norm reads b1 several ways)
-    (routes,) = cc.get_all_paths(split, direct).values()
+    (routes,) = get_all_paths(split, direct).values()
     assert len(routes) == 7
     assert all(str(route).endswith("-> b1 -> b0 -> b0.a -> b0.a.head1") for route in routes)
     assert not any("b1.a" in str(route) for route in routes)

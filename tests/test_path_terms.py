@@ -9,43 +9,41 @@ match plain torch, terms evaluate and ablate as nodes, and bad input is refused 
 
 from __future__ import annotations
 
+import factories
 import pytest
 import torch
-import transformers
 
 import circuits as cc
 import circuits.models as cm
 from circuits import experiments as ex
 from circuits.errors import ExperimentError
 from circuits.models.demo_model import load_demo_model, repeated_tokens
+from circuits.transformer.points import Point
 
 TOL = 1e-5
-CONFIG = cm.GPT2Config(n_layers=2, n_heads=3, d_model=12, vocab_size=17, n_ctx=16)
+CONFIG = factories.gpt2_config()  # 2 layers of 3 heads, width 12, vocabulary 17
 
 
 def gpt2() -> cc.Circuit:
-    tokens = torch.randint(0, 17, (3, 9), generator=torch.Generator().manual_seed(5))  # batch 3, 8 positions
-    return cm.build_gpt2(CONFIG, cm.gpt2_random_weights(CONFIG, seed=2), tokens)
+    tokens = factories.token_ids(17, (3, 9), seed=5)  # batch 3, 8 positions
+    return factories.gpt2_circuit(tokens, CONFIG, seed=2)
 
 
 def demo() -> cc.Circuit:
-    return cc.causal_mask(load_demo_model(repeated_tokens(4, 8)))
+    return cc.passes.causal_mask(load_demo_model(repeated_tokens(4, 8)))
 
 
 def llama() -> cc.Circuit:
     """RMSNorm (no centring, no norm bias) and grouped key/value heads."""
-    config = cm.LlamaConfig(
-        n_layers=2, n_heads=4, n_kv_heads=2, d_model=12, d_mlp=10, vocab_size=13, d_head=4
-    )
     tokens = torch.tensor([[1, 5, 2, 7], [3, 3, 0, 9]])
-    return cm.build_llama(config, cm.llama_random_weights(config, seed=1), tokens, causal=True)
+    return factories.llama_circuit(tokens, seed=1, causal=True)
 
 
 MODELS = {"gpt2": gpt2, "demo": demo, "llama": llama}
 
 
 def logits_at(circuit: cc.Circuit, pos: int) -> torch.Tensor:
-    return circuit.get_unique(ex.point("logits")).evaluate()[:, pos]
+    return circuit.get_unique(Point("logits")).evaluate()[:, pos]
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))
@@ -91,7 +89,7 @@ def test_the_embedding_term_by_hand():
     circuit = demo()
     tokens = circuit.get_unique("input_toks_int").evaluate()  # the inputs: the last token is a target
     w = {n: circuit.get_unique(n).evaluate() for n in ("t.w.tok_embeds", "t.w.unembed", "final.ln.w.scale")}
-    scale = circuit.get_unique(ex.point("ln_final_scale")).evaluate()[:, -1]
+    scale = circuit.get_unique(Point("ln_final_scale")).evaluate()[:, -1]
     rows = w["t.w.tok_embeds"][tokens[:, -1]]
     centred = rows - rows.mean(-1, keepdim=True)
     expected = (centred * scale[:, None] * w["final.ln.w.scale"]) @ w["t.w.unembed"].T
@@ -102,9 +100,8 @@ def test_the_embedding_term_by_hand():
 def hf_gpt2():
     """A Hugging Face GPT-2 of odd dims, every parameter perturbed (its init sets the norms to 1
     and biases to 0, which would hide their terms), and its circuit."""
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        n_layer=2,
+    model = factories.gpt2(
+        perturb=factories.shifted(0.1),
         n_head=3,
         n_embd=15,
         vocab_size=19,
@@ -114,10 +111,6 @@ def hf_gpt2():
         attn_pdrop=0.0,
         initializer_range=0.2,
     )
-    model = transformers.GPT2LMHeadModel(config).eval()
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(0.1 * torch.randn(parameter.shape))
     toks = torch.randint(0, 19, (3, 9), generator=torch.Generator().manual_seed(6))
     return model, toks, cm.from_hf(model, toks)
 

@@ -33,9 +33,9 @@ def test_plot_grid_centres_colours_on_zero():
 
 
 def test_bad_plot_arguments_are_refused():
-    with pytest.raises(cc.CircuitError, match="rank 3"):
+    with pytest.raises(cc.errors.ExperimentError, match="rank 3"):
         plot_attention(torch.zeros(4, 4))
-    with pytest.raises(cc.CircuitError, match="heads \\[5\\] are not in range"):
+    with pytest.raises(cc.errors.ExperimentError, match="heads \\[5\\] are not in range"):
         plot_attention(torch.zeros(2, 3, 3), heads=[5])
-    with pytest.raises(cc.CircuitError, match="1 row labels for 2 rows"):
+    with pytest.raises(cc.errors.ExperimentError, match="1 row labels for 2 rows"):
         plot_grid(torch.zeros(2, 2), row_labels=["a"])

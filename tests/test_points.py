@@ -1,4 +1,4 @@
-"""``ex.point(kind, layer, head)``: one layer's (one head's) node, on every family, split or not, masked or not.
+"""``Point(kind, layer, head)``: one layer's (one head's) node, on every family, split or not, masked or not.
 
 Values are checked against TransformerLens's ``run_with_cache`` on the same weights (GPT-2 and the
 attention-only family, the shipped demo model included) and against a Llama written in torch.
@@ -13,64 +13,34 @@ import circuits as cc
 import circuits.models as cm
 from circuits import experiments as ex
 from circuits.transformer import names, points
+from circuits.transformer.points import HEAD_KINDS, POINT_KINDS, TRANSFORMER_LENS_HOOKS, Point
 from experiments_reference import attn_only_transformer_lens_state
+from factories import llama_config, tl_model
 
 TOL = 1e-4
 
 
 def _nodes(circuit, kind, layer=None, head=None):
-    return list(circuit.get(ex.point(kind, layer, head)))
+    return list(circuit.get(Point(kind, layer, head)))
 
 
 def _value(circuit, kind, layer=None, head=None):
-    return circuit.get_unique(ex.point(kind, layer, head)).evaluate()
+    return circuit.get_unique(Point(kind, layer, head)).evaluate()
 
 
 def _variants(circuit, family, masked):
     """The circuit as built (``masked`` picks the builders' causal form), then with heads split."""
     if family == "attn_only" and masked:
-        circuit = cc.causal_mask(circuit)
-    return {"unsplit": circuit, "split": cc.split_heads(circuit)}
+        circuit = cc.passes.causal_mask(circuit)
+    return {"unsplit": circuit, "split": cc.passes.split_heads(circuit)}
 
 
 # ------------------------------------------------------------------ TransformerLens
 
 
-def tl_model(family: str, masked: bool, seed: int = 0, n_layers: int = 2):
-    """A HookedTransformer of odd dimensions with every weight random (biases and norms too)."""
-    lens = pytest.importorskip("transformer_lens")  # imported here: it takes seconds
-    options = dict(
-        n_layers=n_layers,
-        d_model=12,
-        n_heads=3,
-        d_head=4,
-        d_vocab=17,
-        n_ctx=16,
-        act_fn="gelu_new",
-        normalization_type="LN",
-        use_attn_result=True,
-        attention_dir="causal" if masked else "bidirectional",
-        seed=seed,
-        dtype=torch.float32,
-        device="cpu",
-    )
-    if family == "gpt2":
-        options["d_mlp"] = 20
-    else:
-        options.update(attn_only=True, positional_embedding_type="shortformer")
-    model = lens.HookedTransformer(lens.HookedTransformerConfig(**options))
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for key, param in model.named_parameters():
-            zero_bias = family == "attn_only" and ".attn.b_" in key  # the attention-only builder has none
-            if not zero_bias:
-                param.copy_(param + 0.3 * torch.randn(param.shape, generator=generator))
-    return model.eval()
-
-
 def tl_expected(model, cache, kind, layer, head, tokens):
     """TransformerLens's value of ``kind``, in our node's layout (see docs/models.md)."""
-    hook = ex.TRANSFORMER_LENS_HOOKS[kind]
+    hook = TRANSFORMER_LENS_HOOKS[kind]
     if hook is not None:
         value = cache[hook.format(layer=layer, last=model.cfg.n_layers - 1)]
     if kind == "pos_embed":
@@ -115,14 +85,14 @@ def check_against_transformer_lens(model, circuit_of, family, masked, tokens):
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens[:, :-1])
         for variant, circuit in _variants(circuit_of(), family, masked).items():
-            for kind in ex.POINT_KINDS:
+            for kind in POINT_KINDS:
                 entry = names.ACTIVATION_KINDS[kind]
                 if entry.names[family] is None:
                     assert _nodes(circuit, kind, *([0] if entry.scope != "model" else [])) == []
                     continue
                 for layer in [None] if entry.scope == "model" else range(n_layers):
                     heads = [None]
-                    if kind in ex.HEAD_KINDS and variant == "split":
+                    if kind in HEAD_KINDS and variant == "split":
                         heads = list(range(n_heads))
                         if kind != "head_out":
                             assert len(_nodes(circuit, kind, layer)) == n_heads  # one per head branch
@@ -194,13 +164,13 @@ def test_demo_model_points_equal_transformer_lens(masked):
     model = demo_transformer_lens(masked)
     tokens = repeated_tokens(2, 10)
     check_against_transformer_lens(
-        model, lambda: cm.load_demo_model(tokens), "attn_only", masked, tokens.to(torch.long)
+        model, lambda: cm.load_demo_model(tokens, causal=masked), "attn_only", masked, tokens.to(torch.long)
     )
 
 
 # --------------------------------------------------------------------- Llama in torch
 
-LLAMA = cm.LlamaConfig(n_layers=2, n_heads=4, n_kv_heads=2, d_model=12, d_mlp=10, vocab_size=13, d_head=4)
+LLAMA = llama_config()  # 2 layers, 4 query heads on 2 key/value heads of 4 dims, width 12
 
 
 def _rms(x, scale, eps):
@@ -266,12 +236,12 @@ def test_every_llama_point_equals_torch(masked):
     reference = llama_reference(LLAMA, w, tokens, masked)
     circuit = cm.build_llama(LLAMA, w, tokens, causal=masked)
     for variant, c in _variants(circuit, "llama", masked).items():
-        for kind in ex.POINT_KINDS:
+        for kind in POINT_KINDS:
             entry = names.ACTIVATION_KINDS[kind]
             if entry.names["llama"] is None:
                 continue
             for layer in [None] if entry.scope == "model" else range(LLAMA.n_layers):
-                heads = list(range(LLAMA.n_heads)) if kind in ex.HEAD_KINDS and variant == "split" else [None]
+                heads = list(range(LLAMA.n_heads)) if kind in HEAD_KINDS and variant == "split" else [None]
                 if kind == "head_out" and variant == "unsplit":
                     continue
                 for head in heads:
@@ -302,14 +272,14 @@ def test_every_point_finds_one_node_per_layer_and_head(family, masked):
     per-head kind on a split circuit finds one node per head."""
     circuit, n_heads = _small(family, masked)
     for variant, c in _variants(circuit, family, masked).items():
-        for kind in ex.POINT_KINDS:
+        for kind in POINT_KINDS:
             entry = names.ACTIVATION_KINDS[kind]
             if entry.names[family] is None:
                 continue
             layers = [None] if entry.scope == "model" else range(3)
             found = set()
             for layer in layers:
-                if kind in ex.HEAD_KINDS and variant == "split":
+                if kind in HEAD_KINDS and variant == "split":
                     for head in range(n_heads):
                         (node,) = _nodes(c, kind, layer, head)
                         found.add(node)
@@ -318,7 +288,7 @@ def test_every_point_finds_one_node_per_layer_and_head(family, masked):
                 elif kind != "head_out":
                     (node,) = _nodes(c, kind, layer)
                     found.add(node)
-            per_layer = len(layers) * (n_heads if kind in ex.HEAD_KINDS and variant == "split" else 1)
+            per_layer = len(layers) * (n_heads if kind in HEAD_KINDS and variant == "split" else 1)
             if kind != "head_out" or variant == "split":
                 assert len(found) == per_layer, (variant, kind)
 
@@ -326,19 +296,19 @@ def test_every_point_finds_one_node_per_layer_and_head(family, masked):
 def test_points_in_rewrites_and_patching():
     """Points in ``ex.patch`` and ``ex.zero_ablate``: a point rewrites exactly its node."""
     circuit, _ = _small("gpt2", True, n_layers=2)
-    c = cc.split_heads(circuit)
+    c = cc.passes.split_heads(circuit)
     other = torch.randint(0, 7, (2, 6), generator=torch.Generator().manual_seed(9))
-    patched = ex.patch(c, ex.point("resid_pre", 1), {names.TOKENS: other})
+    patched = ex.patch(c, Point("resid_pre", 1), {names.TOKENS: other})
     source, _ = ex.with_inputs(c, {names.TOKENS: other})
     assert torch.allclose(
-        patched.get_unique(ex.point("resid_pre", 1)).evaluate(), _value(source, "resid_pre", 1)
+        patched.get_unique(Point("resid_pre", 1)).evaluate(), _value(source, "resid_pre", 1)
     )
     # everything above layer 0 comes from the source run, but the targets are the clean ones
     assert torch.allclose(_value(patched, "logits"), _value(source, "logits"))
     targets = circuit.get_unique(names.TARGET_TOKENS).evaluate()
     loss = -_value(source, "log_probs").gather(-1, targets[..., None])[..., 0]
     assert torch.allclose(_value(patched, "loss"), loss, atol=1e-6)
-    zeroed = ex.zero_ablate(c, ex.point("attn_probs", 1, 0))
+    zeroed = ex.zero_ablate(c, Point("attn_probs", 1, 0))
     assert not _value(zeroed, "attn_probs", 1, 0).any()
     assert torch.equal(_value(zeroed, "attn_probs", 1, 1), _value(c, "attn_probs", 1, 1))
     assert torch.equal(_value(zeroed, "attn_probs", 0, 0), _value(c, "attn_probs", 0, 0))
@@ -349,52 +319,54 @@ def test_the_stop_at_match_trick_is_needed():
     circuit, _ = _small("attn_only", False, n_layers=2)
     naive = cc.IterativeMatcher(names.attn_out(1)).then(names.PROBS, stop_at_match=True)
     assert len(circuit.get(naive)) == 2
-    assert len(circuit.get(ex.point("attn_probs", 1))) == 1
+    assert len(circuit.get(Point("attn_probs", 1))) == 1
 
 
 def test_argument_errors():
-    with pytest.raises(ex.ExperimentError, match="unknown activation kind 'pattern'.*attn_probs"):
-        ex.point("pattern", 1)
-    with pytest.raises(ex.ExperimentError, match="layer must be an int"):
-        ex.point("q", 1.0)
-    with pytest.raises(ex.ExperimentError, match="layer must be an int"):
-        ex.point("q")
-    with pytest.raises(ex.ExperimentError, match="layer must be an int"):
-        ex.point("q", True)
-    with pytest.raises(ex.ExperimentError, match="head must be an int"):
-        ex.point("q", 0, "1")
-    with pytest.raises(ex.ExperimentError, match="'resid_pre' has no heads"):
-        ex.point("resid_pre", 1, 0)
-    with pytest.raises(ex.ExperimentError, match="give no layer"):
-        ex.point("logits", 0)
-    with pytest.raises(ex.ExperimentError, match="give head="):
-        ex.point("head_out", 0)
+    with pytest.raises(cc.errors.ExperimentError, match="unknown activation kind 'pattern'.*attn_probs"):
+        Point("pattern", 1)
+    with pytest.raises(cc.errors.ExperimentError, match="layer must be an int"):
+        Point("q", 1.0)
+    with pytest.raises(cc.errors.ExperimentError, match="layer must be an int"):
+        Point("q")
+    with pytest.raises(cc.errors.ExperimentError, match="layer must be an int"):
+        Point("q", True)
+    with pytest.raises(cc.errors.ExperimentError, match="head must be an int"):
+        Point("q", 0, "1")
+    with pytest.raises(cc.errors.ExperimentError, match="'resid_pre' has no heads"):
+        Point("resid_pre", 1, 0)
+    with pytest.raises(cc.errors.ExperimentError, match="give no layer"):
+        Point("logits", 0)
+    with pytest.raises(cc.errors.ExperimentError, match="give head="):
+        Point("head_out", 0)
 
 
 def test_head_point_on_unsplit_or_grouped_layers():
     circuit, _ = _small("attn_only", True, n_layers=2)
-    with pytest.raises(ex.ExperimentError, match=r"layer 1's heads are not split.*split_heads"):
-        circuit.get(ex.point("attn_probs", 1, 0))
-    with pytest.raises(ex.ExperimentError, match="not split"):
-        cc.split_heads(circuit, layers=[0]).get(ex.point("head_out", 1, 0))
-    assert len(cc.split_heads(circuit, layers=[1]).get(ex.point("z", 1, 0))) == 1
-    grouped = cc.split_heads(circuit, heads=[[0, 1]])
-    with pytest.raises(ex.ExperimentError, match="inside the branch 'b1.a.head0-1'"):
-        grouped.get(ex.point("q", 1, 1))
-    with pytest.raises(ex.ExperimentError, match="no head 5; its branches are 'b1.a.head0', 'b1.a.head1'"):
-        cc.split_heads(circuit).get(ex.point("q", 1, 5))
-    assert len(grouped.get(ex.point("q", 1))) == 1  # the group's node
+    with pytest.raises(cc.errors.ExperimentError, match=r"layer 1's heads are not split.*split_heads"):
+        circuit.get(Point("attn_probs", 1, 0))
+    with pytest.raises(cc.errors.ExperimentError, match="not split"):
+        cc.passes.split_heads(circuit, layers=[0]).get(Point("head_out", 1, 0))
+    assert len(cc.passes.split_heads(circuit, layers=[1]).get(Point("z", 1, 0))) == 1
+    grouped = cc.passes.split_heads(circuit, heads=[[0, 1]])
+    with pytest.raises(cc.errors.ExperimentError, match="inside the branch 'b1.a.head0-1'"):
+        grouped.get(Point("q", 1, 1))
+    with pytest.raises(
+        cc.errors.ExperimentError, match="no head 5; its branches are 'b1.a.head0', 'b1.a.head1'"
+    ):
+        cc.passes.split_heads(circuit).get(Point("q", 1, 5))
+    assert len(grouped.get(Point("q", 1))) == 1  # the group's node
 
 
 def test_hooks_table_covers_every_kind():
-    assert set(ex.TRANSFORMER_LENS_HOOKS) == set(ex.POINT_KINDS)
-    assert set(ex.HEAD_KINDS) <= set(ex.POINT_KINDS)
+    assert set(TRANSFORMER_LENS_HOOKS) == set(POINT_KINDS)
+    assert set(HEAD_KINDS) <= set(POINT_KINDS)
 
 
 def _get_or_error(circuit, key):
     try:
-        return circuit.get(ex.point(*key))
-    except ex.ExperimentError as error:
+        return circuit.get(Point(*key))
+    except cc.errors.ExperimentError as error:
         return str(error)
 
 
@@ -405,17 +377,15 @@ def test_resolve_points_finds_what_the_matchers_find(family, masked):
     the root) on every key: the same node, no node, several nodes, or the same error."""
     circuit, n_heads = _small(family, masked)
     variants = dict(_variants(circuit, family, masked))
-    variants["grouped"] = cc.split_heads(circuit, heads=[list(range(n_heads - 1)), [n_heads - 1]])
+    variants["grouped"] = cc.passes.split_heads(circuit, heads=[list(range(n_heads - 1)), [n_heads - 1]])
     for variant, c in variants.items():
-        keys = [
-            (kind, None, None) for kind in ex.POINT_KINDS if names.ACTIVATION_KINDS[kind].scope == "model"
-        ]
+        keys = [(kind, None, None) for kind in POINT_KINDS if names.ACTIVATION_KINDS[kind].scope == "model"]
         keys += [
             (kind, layer, head)
-            for kind in ex.POINT_KINDS
+            for kind in POINT_KINDS
             if names.ACTIVATION_KINDS[kind].scope != "model"
             for layer in range(4)
-            for head in ([None] if kind not in ex.HEAD_KINDS else [None, 0, n_heads - 1, n_heads])
+            for head in ([None] if kind not in HEAD_KINDS else [None, 0, n_heads - 1, n_heads])
             if not (kind == "head_out" and head is None)
         ]
         for key in keys:
@@ -423,7 +393,7 @@ def test_resolve_points_finds_what_the_matchers_find(family, masked):
             try:
                 (node,) = points.resolve_points(c, [key]).values()
                 assert expected == {node}, (variant, key)
-            except ex.ExperimentError as error:
+            except cc.errors.ExperimentError as error:
                 if isinstance(expected, str):
                     assert expected in str(error), (variant, key)
                 else:
@@ -442,6 +412,6 @@ def test_patching_a_point_patches_every_use_of_its_node(family):
     for c in _variants(circuit, family, True).values():
         for key in points.resolve_points(c):
             node = points.resolve_points(c, [key])[key]
-            by_point = ex.patch(c, ex.point(*key), other).evaluate()
+            by_point = ex.patch(c, Point(*key), other).evaluate()
             by_node = ex.patch(c, node, other).evaluate()
             assert torch.equal(by_point, by_node), key

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import circuits as cc
+from circuits.text.store import TensorStore
 from tests.strategies import random_circuits, root_lists
 
 MARKER = "▼"
@@ -93,19 +94,18 @@ def test_minimal_shapes_drops_what_the_parser_works_out(tmp_path):
             "    'x'",
         ]
     )
-    store = cc.TensorStore(tmp_path)
+    store = TensorStore(tmp_path)
     text = chain().repr(minimal_shapes=True, store=store)
     assert f"        'x' Array {X_HASH}" in text.split("\n")
     assert cc.parse(text, store=store) == chain()
-    with pytest.raises(cc.ParseError, match="no shape, so it needs its tensor"):
+    with pytest.raises(cc.errors.ParseError, match="no shape, so it needs its tensor") as info:  # says why
         cc.parse(text)
+    assert info.value.line_number == 5 and info.value.line == f"        'x' Array {X_HASH}"
 
 
 def test_minimal_shapes_keeps_a_placeholders_shape_even_with_a_store(tmp_path):
     placeholder = cc.Array.from_hash((4,), "ab" * 12, name="h")
-    text = cc.Add(placeholder, placeholder, name="r").repr(
-        minimal_shapes=True, store=cc.TensorStore(tmp_path)
-    )
+    text = cc.Add(placeholder, placeholder, name="r").repr(minimal_shapes=True, store=TensorStore(tmp_path))
     assert text == "'r' Add\n  'h' [4] Array abababababababababababab\n  'h'"
 
 
@@ -283,12 +283,12 @@ def test_annotations_after_the_tree_drawing_read_back():
 @pytest.mark.parametrize("option", ["minimal_shapes", "only_child_below", "arrows", "comment_arg_names"])
 @pytest.mark.parametrize("value", [1, "yes", None])
 def test_a_non_boolean_option_is_a_print_error(option, value):
-    with pytest.raises(cc.PrintError, match=f"{option}={value!r}; expected True or False"):
+    with pytest.raises(cc.errors.PrintError, match=f"{option}={value!r}; expected True or False"):
         chain().repr(**{option: value})
 
 
 def test_shapes_and_minimal_shapes_together_is_a_print_error():
-    with pytest.raises(cc.PrintError, match="pass one"):
+    with pytest.raises(cc.errors.PrintError, match="pass one"):
         cc.repr_many([chain()], shapes=True, minimal_shapes=True)
 
 
@@ -426,8 +426,8 @@ def test_golden_serials_number_every_full_line(golden_text):
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory) -> cc.TensorStore:
-    return cc.TensorStore(tmp_path_factory.mktemp("print_options"))
+def store(tmp_path_factory) -> TensorStore:
+    return TensorStore(tmp_path_factory.mktemp("print_options"))
 
 
 @settings(max_examples=60)

@@ -8,19 +8,18 @@ import json
 import math
 from collections import Counter
 
+import factories
 import pytest
 import torch
 
 import circuits as cc
 from circuits.errors import EvaluationError
-from circuits.models.gpt2 import GPT2Config, build_gpt2, gpt2_random_weights
 from circuits.evaluation.profiling import profile
 
 
 @pytest.fixture(scope="module")
 def gpt2():
-    config = GPT2Config(n_layers=2, n_heads=3, d_model=12, vocab_size=17, n_ctx=16)
-    return build_gpt2(config, gpt2_random_weights(config, seed=1), torch.randint(0, 17, (2, 7)))
+    return factories.gpt2_circuit(torch.randint(0, 17, (2, 7)), factories.gpt2_config(), seed=1)
 
 
 def computed_nodes(circuit):

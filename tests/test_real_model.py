@@ -59,7 +59,7 @@ def induction(smol, hf):
     block = torch.randint(LOW, HIGH, (ROWS, BLOCK), generator=generator)
     tokens = torch.cat([block, block], dim=1)
     circuit = smol.circuit(tokens)
-    cache = ex.run_with_cache(circuit, ["logits", *[("attn_probs", layer) for layer in range(30)]])
+    cache = ex.run_with_cache(circuit, ["logits", *[ex.Point("attn_probs", layer) for layer in range(30)]])
     with torch.no_grad():
         out = hf(tokens[:, :-1], output_attentions=True)
     return tokens, cache, out
@@ -184,7 +184,7 @@ def test_ablating_the_top_induction_heads_raises_the_second_copy_loss_more_than_
 
     def without(flat_heads):
         heads = sorted((i // 9, i % 9) for i in flat_heads)
-        split = cc.split_heads(cache.circuit, layers=sorted({layer for layer, _ in heads}))
+        split = cc.passes.split_heads(cache.circuit, layers=sorted({layer for layer, _ in heads}))
         loss = ex.zero_ablate(split, {f"b{l}.a.head{h}" for l, h in heads}).evaluate()
         return loss, heads
 
@@ -265,7 +265,7 @@ def test_patching_grid_rows_equal_patching_transformers(smol, hf, ioi):
     tokens, corrupted, answers, wrong = (t[:2] for t in ioi)  # one ABBA and one BABA prompt
     circuit = smol.circuit(tokens, convention="prompt")
     metric = ex.logit_diff(-1, good=answers, bad=wrong)
-    resid = ex.act_patch_resid_pre(circuit, {"toks_int_var": corrupted}, metric, layers=[24])
+    resid = ex.patching_grids.act_patch_resid_pre(circuit, {"toks_int_var": corrupted}, metric, layers=[24])
     block = hf.model.layers[24]
     clean_in = _hf_inputs(hf, tokens, block)[0][0]
 
@@ -284,7 +284,9 @@ def test_patching_grid_rows_equal_patching_transformers(smol, hf, ioi):
         finally:
             handle.remove()
         assert abs(resid.values[0, pos].item() - expected) < 1e-3, (pos, resid.values[0, pos], expected)
-    heads = ex.act_patch_attn_head_out_all_pos(circuit, {"toks_int_var": corrupted}, metric, layers=[23])
+    heads = ex.patching_grids.act_patch_attn_head_out_all_pos(
+        circuit, {"toks_int_var": corrupted}, metric, layers=[23]
+    )
     o_proj = hf.model.layers[23].self_attn.o_proj
     clean_z = _hf_inputs(hf, tokens, o_proj)[0][0]
     for head in (3, 0):
@@ -313,7 +315,7 @@ def test_path_patching_into_queries_equals_transformers_with_the_query_recompute
     heads 23.3 and 23.0; in transformers: layer 23's query rows for those heads recomputed from its
     clean input plus the sender's change, everything downstream rerun."""
     tokens, corrupted, answers, wrong = (t[:2] for t in ioi)
-    split = cc.split_heads(smol.circuit(tokens, convention="prompt"))
+    split = cc.passes.split_heads(smol.circuit(tokens, convention="prompt"))
     metric = ex.logit_diff(-1, good=answers, bad=wrong)
     route = _into_queries(["b23.a.head3", "b23.a.head0"], "b20.a.head0")
     ours = metric(ex.patch(split, route, {"toks_int_var": corrupted}))

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from strategies import LETTERS, dags, random_circuits, root_lists
 
 import circuits as cc
+from circuits.core.traversal import postorder
 
 # ------------------------------------------------- independent structure checks
 
@@ -206,7 +207,7 @@ def test_separately_built_equal_circuits_are_equal(pool):
     """Rebuilding every node of a DAG bottom-up from its parts gives equal nodes."""
     rebuilt: dict[int, cc.Circuit] = {}
     for node in pool:
-        for n in cc.postorder([node]):
+        for n in postorder([node]):
             if id(n) in rebuilt:
                 continue
             children = tuple(rebuilt[id(c)] for c in n.children)

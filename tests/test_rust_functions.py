@@ -17,6 +17,8 @@ import torch
 
 import circuits as cc
 from circuits.evaluation.costs import FUNCTION_FLOPS
+from circuits.core.functions import get_function, registered_names
+from circuits.text.store import TensorStore
 
 # gf_gen! in generalfunction.rs: name -> (num_non_batchable_output_dims, removed_from_end).
 RUST_SIMPLE_SPECS = {
@@ -92,8 +94,8 @@ def test_every_rust_function_is_registered_with_its_shape_rule():
     for name, (non_batchable, removed) in RUST_SIMPLE_SPECS.items():
         node = cc.GeneralFunction(x, spec=name, name="f")
         assert node.shape == (2, 3, 4)[: 3 - removed], name
-        assert cc.get_function(name).num_non_batchable_output_dims == non_batchable, name
-    assert "pow" in cc.registered_names()
+        assert get_function(name).num_non_batchable_output_dims == non_batchable, name
+    assert "pow" in registered_names()
 
 
 @pytest.mark.parametrize("name", sorted(REFERENCES))
@@ -125,14 +127,14 @@ def test_step_keeps_the_input_dtype():
 @pytest.mark.parametrize("name", ["min", "max"])
 def test_min_max_refuse_inputs_without_entries_on_the_last_axis(name):
     for shape in [(), (3, 0)]:
-        with pytest.raises(cc.FunctionSpecError, match=name):
+        with pytest.raises(cc.errors.FunctionSpecError, match=name):
             cc.GeneralFunction(cc.Symbol(shape, name="x"), spec=name, name="f")
 
 
 def test_min_max_gradient_goes_to_one_tied_entry():
     """As rust_circuit's ``torch.min(x, dim=-1)[0]``: the whole gradient to one of the tied entries."""
     x = torch.tensor([[1.0, 1.0, 3.0]], dtype=torch.float64, requires_grad=True)
-    grad = torch.autograd.grad(cc.get_function("min").function(x).sum(), x)[0]
+    grad = torch.autograd.grad(get_function("min").function(x).sum(), x)[0]
     assert sorted(grad.flatten().tolist()) == [0.0, 0.0, 1.0]
 
 
@@ -154,9 +156,9 @@ def test_pow_by_a_scalar_and_refused_shapes():
     x = torch.tensor([-2.0, 0.0, 3.0], dtype=torch.float64)
     node = cc.GeneralFunction(cc.Array(x, name="x"), cc.Scalar(2.0, name="two"), spec="pow", name="sq")
     torch.testing.assert_close(node.evaluate(), torch.tensor([4.0, 0.0, 9.0], dtype=torch.float64))
-    with pytest.raises(cc.FunctionSpecError, match="broadcast"):
+    with pytest.raises(cc.errors.FunctionSpecError, match="broadcast"):
         cc.GeneralFunction(cc.Symbol((2, 3), name="a"), cc.Symbol((4,), name="b"), spec="pow", name="p")
-    with pytest.raises(cc.FunctionSpecError):
+    with pytest.raises(cc.errors.FunctionSpecError):
         cc.GeneralFunction(cc.Symbol((2,), name="a"), spec="pow", name="p")
 
 
@@ -171,7 +173,7 @@ def _nodes() -> list[cc.Circuit]:
 
 @pytest.mark.parametrize("node", _nodes(), ids=lambda n: n.name)
 def test_prints_under_rust_name_and_parses_back(node, tmp_path):
-    store = cc.TensorStore(tmp_path)
+    store = TensorStore(tmp_path)
     text = node.repr(store=store)
     assert text.splitlines()[0] == f"'{node.name}' GeneralFunction {node.spec.name}"
     again = cc.parse(text, store=store)
@@ -211,9 +213,9 @@ def test_pow_flops_are_counted_per_output_element():
 def test_rust_functions_we_do_not_have_are_refused_by_name():
     for name in ["q_from_qr", "multinomial_[3", "multinomial_[-1]", "Gelu", "explicit_index_at_0"]:
         with pytest.raises(
-            cc.FunctionSpecError, match=r"no GeneralFunction named .*registered: .*gaussian_cdf"
+            cc.errors.FunctionSpecError, match=r"no GeneralFunction named .*registered: .*gaussian_cdf"
         ):
-            cc.get_function(name)
+            get_function(name)
 
 
 # ------------------------------------------------------------------------ casts
@@ -243,7 +245,7 @@ def test_cast_values_shape_and_round_trip(source, target, dtype, tmp_path):
     out = node.evaluate()
     assert out.dtype == dtype
     assert torch.equal(out, value.to(dtype))
-    store = cc.TensorStore(tmp_path)
+    store = TensorStore(tmp_path)
     text = node.repr(store=store)
     assert text.splitlines()[0] == f"'c' GeneralFunction {name}"
     again = cc.parse(text, store=store)
@@ -258,20 +260,24 @@ def test_cast_on_a_batched_input_is_elementwise():
 def test_cast_checks_its_input_requirement_at_evaluation():
     value = torch.zeros(2, dtype=torch.float32)
     node = cc.GeneralFunction(cc.Array(value, name="x"), spec=_cast("None/float64", "None/float32"), name="c")
-    with pytest.raises(cc.EvaluationError, match="needs a float64 input, got torch.float32"):
+    # the message says what the cast needs and what it got
+    with pytest.raises(cc.errors.EvaluationError, match="needs a float64 input, got torch.float32") as info:
         node.evaluate()
+    assert info.value.node is node
 
 
 def test_cast_names_outside_rust_grammar_are_refused_clearly():
     for name in [_cast("None/float33", "None/float32"), _cast("tpu/None", "None/None"), "cast_from_x_to_y"]:
-        with pytest.raises(cc.FunctionSpecError, match=r"no GeneralFunction named .*cast_from_\{device:D"):
-            cc.get_function(name)
+        with pytest.raises(
+            cc.errors.FunctionSpecError, match=r"no GeneralFunction named .*cast_from_\{device:D"
+        ):
+            get_function(name)
 
 
 def test_cast_names_are_reserved_and_pickle_by_name():
     name = _cast("None/None", "None/float64")
-    assert pickle.loads(pickle.dumps(cc.get_function(name))) is cc.get_function(name)
-    with pytest.raises(cc.FunctionSpecError, match="reserved"):
+    assert pickle.loads(pickle.dumps(get_function(name))) is get_function(name)
+    with pytest.raises(cc.errors.FunctionSpecError, match="reserved"):
         cc.register_function(cc.FunctionSpec(name, 1, lambda s: s[0], torch.exp))
 
 
@@ -321,7 +327,7 @@ def test_explicit_index_against_loops(x_shape, index_shape, dim, non_batch, tmp_
     expected = _explicit_index_by_loops(x, index, dim, non_batch)
     assert node.shape == expected.shape
     assert torch.equal(node.evaluate(), expected)
-    store = cc.TensorStore(tmp_path)
+    store = TensorStore(tmp_path)
     again = cc.parse(node.repr(store=store), store=store)
     assert again == node and torch.equal(again.evaluate(), expected)
 
@@ -332,11 +338,14 @@ def test_explicit_index_checked_refuses_out_of_range():
     bad = cc.Array(torch.tensor([[0, -1], [1, 2]]), name="bad")
     checked = "explicit_index_at_0_x_non_b_1_c"
     assert cc.GeneralFunction(x, good, spec=checked).evaluate().shape == (2, 2)
-    with pytest.raises(cc.EvaluationError, match=r"out of range \[0, 5\)"):
-        cc.GeneralFunction(x, bad, spec=checked, name="e").evaluate()
-    floats = cc.Array(torch.zeros(2, 2), name="floats")
-    with pytest.raises(cc.EvaluationError, match="not an integer type"):
-        cc.GeneralFunction(x, floats, spec=checked, name="e").evaluate()
+    node = cc.GeneralFunction(x, bad, spec=checked, name="e")
+    with pytest.raises(cc.errors.EvaluationError, match=r"out of range \[0, 5\)") as info:  # gives the range
+        node.evaluate()
+    assert info.value.node is node and isinstance(info.value.__cause__, ValueError)
+    node = cc.GeneralFunction(x, cc.Array(torch.zeros(2, 2), name="floats"), spec=checked, name="e")
+    with pytest.raises(cc.errors.EvaluationError, match="not an integer type") as info:  # says why
+        node.evaluate()
+    assert info.value.node is node
 
 
 @pytest.mark.parametrize(
@@ -351,14 +360,14 @@ def test_explicit_index_checked_refuses_out_of_range():
 )
 def test_explicit_index_shapes_that_do_not_fit(name, x_shape, index_shape, reason):
     x, index = cc.Symbol(x_shape, name="x"), cc.Symbol(index_shape, name="i")
-    with pytest.raises(cc.FunctionSpecError, match=reason):
+    with pytest.raises(cc.errors.FunctionSpecError, match=reason):
         cc.GeneralFunction(x, index, spec=name, name="e")
 
 
 def test_explicit_index_names_are_reserved_and_pickle_by_name():
-    spec = cc.get_function("explicit_index_at_-1_x_non_b_2_c")
+    spec = get_function("explicit_index_at_-1_x_non_b_2_c")
     assert pickle.loads(pickle.dumps(spec)) is spec and spec.num_non_batchable_output_dims is None
-    with pytest.raises(cc.FunctionSpecError, match="reserved"):
+    with pytest.raises(cc.errors.FunctionSpecError, match="reserved"):
         cc.register_function(cc.FunctionSpec(spec.name, 2, lambda s: s[0], torch.add))
 
 
@@ -396,7 +405,7 @@ def test_multinomial_draws_as_rust_circuit_does(name, printed, sizes, replacemen
     assert out.dtype == torch.int64 and torch.equal(out, expected.reshape((2, 3) + sizes))
     if not replacement:
         assert all(len(set(row.tolist())) == len(row) for row in out.reshape(6, -1))
-    store = cc.TensorStore(tmp_path)
+    store = TensorStore(tmp_path)
     again = cc.parse(node.repr(store=store), store=store)
     assert again == node and torch.equal(again.evaluate(), out)
 
@@ -405,18 +414,18 @@ def test_multinomial_seed_may_be_a_scalar_and_shapes_that_do_not_fit():
     probs = cc.Array(torch.tensor([0.0, 1.0, 0.0]), name="p")
     node = cc.GeneralFunction(probs, cc.Scalar(3.0, name="seed"), spec="multinomial_[2]")
     assert node.evaluate().tolist() == [1, 1]
-    with pytest.raises(cc.FunctionSpecError, match="seed must be rank 0"):
+    with pytest.raises(cc.errors.FunctionSpecError, match="seed must be rank 0"):
         cc.GeneralFunction(probs, cc.Symbol((1,), name="seed"), spec="multinomial_[2]", name="m")
-    with pytest.raises(cc.FunctionSpecError, match="rank >= 1"):
+    with pytest.raises(cc.errors.FunctionSpecError, match="rank >= 1"):
         cc.GeneralFunction(
             cc.Symbol((), name="p"), cc.Symbol((), name="seed"), spec="multinomial_[2]", name="m"
         )
 
 
 def test_multinomial_names_are_reserved_and_pickle_by_name():
-    spec = cc.get_function("multinomial_no_replace_[2, 2]")
+    spec = get_function("multinomial_no_replace_[2, 2]")
     assert pickle.loads(pickle.dumps(spec)) is spec and spec.num_non_batchable_output_dims is None
-    with pytest.raises(cc.FunctionSpecError, match="reserved"):
+    with pytest.raises(cc.errors.FunctionSpecError, match="reserved"):
         cc.register_function(cc.FunctionSpec("multinomial_[2]", 2, lambda s: s[0], torch.add))
 
 
@@ -431,7 +440,7 @@ def test_an_index_pushed_below_a_one_input_function_keeps_the_value(name):
     node = cc.Index(
         cc.GeneralFunction(cc.Array(value, name="x"), spec=name, name="f"), (1, slice(0, 2)), name="i"
     )
-    pushed = cc.push_down_index(node)
+    pushed = cc.passes.push_down_index(node)
     assert isinstance(pushed, cc.GeneralFunction) and pushed.spec.name == name
     torch.testing.assert_close(
         pushed.evaluate(), node.evaluate(), rtol=1e-15, atol=0.0
@@ -451,18 +460,20 @@ def test_expand_batches_a_one_input_function(name):
 
 @pytest.mark.parametrize("name", ["pow", "explicit_index_at_0_x_non_b_1", "multinomial_[2]"])
 def test_functions_without_declared_batching_are_left_alone_or_refused(name):
-    spec = cc.get_function(name)
+    spec = get_function(name)
     assert spec.num_non_batchable_output_dims is None
     x = cc.Symbol((3, 4), name="x")
     second = cc.Symbol((3, 2) if name.startswith("explicit") else (), name="y")
     node = cc.Index(cc.GeneralFunction(x, second, spec=name, name="f"), (0,), name="i")
-    assert cc.push_down_index(node) == node
-    with pytest.raises(cc.ExpandError, match="declares no batching"):
+    assert cc.passes.push_down_index(node) == node
+    with pytest.raises(cc.errors.ExpandError, match="declares no batching"):
         cc.expand(node, {"x": cc.Symbol((2, 3, 4), name="x")})
 
 
 def test_rust_python_class_functions_are_refused_with_the_reason():
     """rust_circuit's ``NAME at module:Class`` imports code; we name the spelling and say what to do."""
     text = "'f' [3] GeneralFunction rotary at rust_circuit.generalfuncs.rotary_pos_emb:RotarySpec\n  'x' [3] Scalar 1"
-    with pytest.raises(cc.ParseError, match="NAME at PYTHON_PATH.*register_function"):
+    # the message names the spelling and says what to do instead
+    with pytest.raises(cc.errors.ParseError, match="NAME at PYTHON_PATH.*register_function") as info:
         cc.parse(text)
+    assert info.value.line_number == 1

@@ -14,6 +14,7 @@ import safetensors.torch
 import torch
 
 import circuits as cc
+from circuits.text.store import TensorStore
 
 
 def small_circuit() -> tuple[cc.Circuit, tuple[cc.Array, ...]]:
@@ -27,7 +28,7 @@ def small_circuit() -> tuple[cc.Circuit, tuple[cc.Array, ...]]:
 
 def test_print_saves_and_parse_loads_exact_tensors(tmp_path):
     root, arrays = small_circuit()
-    store = cc.TensorStore(tmp_path / "tensors")
+    store = TensorStore(tmp_path / "tensors")
     text = root.repr(store=store)
     files = sorted(p.name for p in (tmp_path / "tensors").iterdir())
     assert len(files) == 2  # 'h' is not in the circuit; w and b are
@@ -42,7 +43,7 @@ def test_print_saves_and_parse_loads_exact_tensors(tmp_path):
 
 def test_file_names_are_the_content_hash_of_dtype_shape_and_bytes(tmp_path):
     tensor = torch.tensor([[1.5, -2.0]], dtype=torch.float32)
-    store = cc.TensorStore(tmp_path)
+    store = TensorStore(tmp_path)
     full = store.save(tensor)
     # independent reference: blake2b-256 over "dtype|shape|" then the raw bytes
     reference = hashlib.blake2b(digest_size=32)
@@ -62,33 +63,33 @@ def test_same_bytes_different_dtype_or_shape_hash_differently():
 
 def test_missing_prefix_is_a_clear_error(tmp_path):
     text = "'w' [2] Array 0123456789abcdef01234567"
-    with pytest.raises(cc.ParseError, match="0123456789abcdef01234567") as info:
-        cc.parse(text, store=cc.TensorStore(tmp_path))
+    with pytest.raises(cc.errors.ParseError, match="0123456789abcdef01234567") as info:
+        cc.parse(text, store=TensorStore(tmp_path))
     assert info.value.line_number == 1
-    assert isinstance(info.value.__cause__, cc.StoreError)
+    assert isinstance(info.value.__cause__, cc.errors.StoreError)
 
 
 def test_ambiguous_prefix_is_a_clear_error(tmp_path):
-    store = cc.TensorStore(tmp_path)
+    store = TensorStore(tmp_path)
     real = store.save(torch.ones(2))
     # a second file sharing the first 24 hex digits (forged, to provoke the ambiguity)
     twin = real[:24] + ("0" if real[24] != "0" else "1") + real[25:]
     os.link(tmp_path / f"{real}.safetensors", tmp_path / f"{twin}.safetensors")
-    with pytest.raises(cc.StoreError, match="ambiguous"):
+    with pytest.raises(cc.errors.StoreError, match="ambiguous"):
         store.load(real[:24])
     assert torch.equal(store.load(real), torch.ones(2))
 
 
 def test_corrupted_file_is_refused(tmp_path):
-    store = cc.TensorStore(tmp_path)
+    store = TensorStore(tmp_path)
     full = store.save(torch.ones(3))
     safetensors.torch.save_file({"tensor": torch.zeros(3)}, str(tmp_path / f"{full}.safetensors"))
-    with pytest.raises(cc.StoreError, match="corrupted"):
+    with pytest.raises(cc.errors.StoreError, match="corrupted"):
         store.load(full[:24])
 
 
 def test_writes_leave_no_temporary_files(tmp_path):
-    store = cc.TensorStore(tmp_path)
+    store = TensorStore(tmp_path)
     for i in range(5):
         store.save(torch.full((3,), float(i)))
     names = os.listdir(tmp_path)
@@ -96,7 +97,7 @@ def test_writes_leave_no_temporary_files(tmp_path):
 
 
 def test_saving_twice_keeps_one_file(tmp_path):
-    store = cc.TensorStore(tmp_path)
+    store = TensorStore(tmp_path)
     assert store.save(torch.ones(2)) == store.save(torch.ones(2))
     assert len(os.listdir(tmp_path)) == 1
 
@@ -104,7 +105,7 @@ def test_saving_twice_keeps_one_file(tmp_path):
 def test_requires_grad_and_noncontiguous_tensors_round_trip(tmp_path):
     weight = torch.randn(4, 3, requires_grad=True)
     view = weight.detach().t()  # non-contiguous
-    store = cc.TensorStore(tmp_path)
+    store = TensorStore(tmp_path)
     for tensor in (weight, view):
         node = cc.Array(tensor, name="t")
         again = cc.parse(node.repr(store=store), store=store)
@@ -124,7 +125,7 @@ def test_a_column_of_one_row_hashes_and_saves_like_its_values(tmp_path):
     reference.update(b"torch.float32|[1]|")
     reference.update(torch.tensor([5.0]).numpy().tobytes())
     assert cc.Array(column) == cc.Array(torch.tensor([5.0]))
-    store = cc.TensorStore(tmp_path)
+    store = TensorStore(tmp_path)
     assert store.save(column) == reference.hexdigest() == store.save(column)
     assert torch.equal(cc.parse(cc.Array(column).repr(store=store), store=store).tensor(), column)
 
@@ -151,8 +152,8 @@ def _run_python(script: str) -> subprocess.CompletedProcess:
 
 _LOAD_THEN_TRUNCATE = """
 import os, sys, torch
-import circuits as cc
-store = cc.TensorStore(sys.argv[1], mmap={mmap})
+from circuits.text.store import TensorStore
+store = TensorStore(sys.argv[1], mmap={mmap})
 full = store.save(torch.arange(1_000_000, dtype=torch.float32))
 tensor = store.load(full[:24])
 path = store.path / (full + ".safetensors")
@@ -172,35 +173,35 @@ def test_loaded_tensors_do_not_change_when_the_file_does(tmp_path):
 
 @pytest.mark.skipif(sys.platform != "linux", reason="SIGBUS on a truncated mapping is Linux's behaviour")
 def test_mmap_is_an_option_with_the_documented_caveat(tmp_path):
-    store = cc.TensorStore(tmp_path, mmap=True)
+    store = TensorStore(tmp_path, mmap=True)
     full = store.save(torch.arange(6.0))
     assert torch.equal(store.load(full[:24]), torch.arange(6.0))
-    assert "mmap=True" in repr(store) and "mmap" in cc.TensorStore.__doc__
+    assert "mmap=True" in repr(store) and "mmap" in TensorStore.__doc__
     result = _run_python(_LOAD_THEN_TRUNCATE.format(mmap=True).replace("sys.argv[1]", repr(str(tmp_path))))
     assert result.returncode == -signal.SIGBUS
 
 
 def test_truncated_file_is_a_store_error_naming_it(tmp_path):
-    store = cc.TensorStore(tmp_path)
+    store = TensorStore(tmp_path)
     full = store.save(torch.arange(1000.0))
     path = tmp_path / f"{full}.safetensors"
     os.truncate(path, path.stat().st_size // 2)
-    with pytest.raises(cc.StoreError, match="is not a whole safetensors file") as caught:
+    with pytest.raises(cc.errors.StoreError, match="is not a whole safetensors file") as caught:
         store.load(full[:24])
     assert str(path) in str(caught.value)
     assert isinstance(caught.value.__cause__, safetensors.SafetensorError)
 
 
 def test_garbage_and_unreadable_files_are_store_errors(tmp_path):
-    store = cc.TensorStore(tmp_path)
+    store = TensorStore(tmp_path)
     garbage = tmp_path / f"{'a' * 64}.safetensors"
     garbage.write_bytes(b"not a safetensors file at all")
-    with pytest.raises(cc.StoreError, match="is not a whole safetensors file") as caught:
+    with pytest.raises(cc.errors.StoreError, match="is not a whole safetensors file") as caught:
         store.load("a" * 24)
     assert str(garbage) in str(caught.value)
     garbage.unlink()
     (tmp_path / f"{'b' * 64}.safetensors").mkdir()  # a directory where a file should be
-    with pytest.raises(cc.StoreError, match="cannot read") as caught:
+    with pytest.raises(cc.errors.StoreError, match="cannot read") as caught:
         store.load("b" * 24)
     assert isinstance(caught.value.__cause__, IsADirectoryError)
 
@@ -209,11 +210,11 @@ def test_garbage_and_unreadable_files_are_store_errors(tmp_path):
 
 
 def test_file_renamed_to_its_prefix_is_misnamed_not_corrupted(tmp_path):
-    store = cc.TensorStore(tmp_path)
+    store = TensorStore(tmp_path)
     full = store.save(torch.ones(3))
     os.rename(tmp_path / f"{full}.safetensors", tmp_path / f"{full[:24]}.safetensors")
-    with pytest.raises(cc.StoreError) as caught:
-        cc.TensorStore(tmp_path).load(full[:24])
+    with pytest.raises(cc.errors.StoreError) as caught:
+        TensorStore(tmp_path).load(full[:24])
     message = str(caught.value)
     assert "full 64-hex content hash" in message and full in message and "corrupted" not in message
 
@@ -221,8 +222,8 @@ def test_file_renamed_to_its_prefix_is_misnamed_not_corrupted(tmp_path):
 def test_file_with_another_key_is_not_one_this_store_wrote(tmp_path):
     path = tmp_path / f"{'c' * 64}.safetensors"
     safetensors.torch.save_file({"weight": torch.ones(2), "bias": torch.zeros(2)}, str(path))
-    with pytest.raises(cc.StoreError) as caught:
-        cc.TensorStore(tmp_path).load("c" * 24)
+    with pytest.raises(cc.errors.StoreError) as caught:
+        TensorStore(tmp_path).load("c" * 24)
     message = str(caught.value)
     assert "'bias', 'weight'" in message or "'weight', 'bias'" in message
     assert "not a file this store wrote" in message and str(path) in message
@@ -230,15 +231,15 @@ def test_file_with_another_key_is_not_one_this_store_wrote(tmp_path):
 
 def test_a_regular_file_is_not_a_store(tmp_path):
     (tmp_path / "m.tensors").write_text("not a directory")
-    with pytest.raises(cc.StoreError, match="is not a directory") as caught:
-        cc.TensorStore(tmp_path / "m.tensors")
+    with pytest.raises(cc.errors.StoreError, match="is not a directory") as caught:
+        TensorStore(tmp_path / "m.tensors")
     assert str(tmp_path / "m.tensors") in str(caught.value)
     assert isinstance(caught.value.__cause__, FileExistsError)
 
 
 def test_a_dtype_safetensors_cannot_write_is_a_store_error(tmp_path):
-    with pytest.raises(cc.StoreError, match="complex128"):
-        cc.TensorStore(tmp_path).save(torch.zeros(2, dtype=torch.complex128))
+    with pytest.raises(cc.errors.StoreError, match="complex128"):
+        TensorStore(tmp_path).save(torch.zeros(2, dtype=torch.complex128))
     assert os.listdir(tmp_path) == []
 
 
@@ -272,11 +273,11 @@ def _flip_header_byte(path):
 )
 def test_saving_over_a_damaged_file_repairs_it(tmp_path, damage):
     tensor = torch.tensor([1.5, -2.0, 3.25, 7.0])
-    store = cc.TensorStore(tmp_path)
+    store = TensorStore(tmp_path)
     full = store.save(tensor)
     damage(tmp_path / f"{full}.safetensors")
     assert store.save(tensor) == full
-    again = cc.TensorStore(tmp_path).load(full[:24])
+    again = TensorStore(tmp_path).load(full[:24])
     assert again.dtype == tensor.dtype and torch.equal(again, tensor)
 
 
@@ -284,7 +285,7 @@ def test_saving_compares_bytes_not_values(tmp_path):
     # -0.0 == 0.0 and NaN != NaN as floats; as bytes, each differs from the other
     tensor = torch.tensor([-(2**31), 0x7FC00001], dtype=torch.int32).view(torch.float32)  # -0.0, a NaN
     lookalike = torch.tensor([0x00000000, 0x7FC00000], dtype=torch.int32).view(torch.float32)  # 0.0, NaN
-    store = cc.TensorStore(tmp_path)
+    store = TensorStore(tmp_path)
     full = store.save(tensor)
     safetensors.torch.save_file({"tensor": lookalike}, str(tmp_path / f"{full}.safetensors"))
     store.save(tensor)
@@ -292,7 +293,7 @@ def test_saving_compares_bytes_not_values(tmp_path):
 
 
 def test_saving_an_intact_file_leaves_it_alone(tmp_path):
-    store = cc.TensorStore(tmp_path)
+    store = TensorStore(tmp_path)
     full = store.save(torch.ones(3))
     before = os.stat(tmp_path / f"{full}.safetensors")
     store.save(torch.ones(3))

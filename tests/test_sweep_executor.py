@@ -16,7 +16,7 @@ from circuits.models.demo_model import repeated_tokens
 
 @pytest.fixture(scope="module")
 def split():
-    return cc.split_heads(cc.causal_mask(models.load_demo_model(repeated_tokens(2, 8))))
+    return cc.passes.split_heads(cc.passes.causal_mask(models.load_demo_model(repeated_tokens(2, 8))))
 
 
 def _same_table(sharded: ex.SweepResult, local: ex.SweepResult) -> None:
@@ -45,11 +45,11 @@ def test_shards_in_order_give_the_local_table(split):
 
 
 def test_bad_executor_arguments_are_refused(split):
-    with pytest.raises(cc.CircuitError, match="shards must be a positive int"):
+    with pytest.raises(cc.errors.ExperimentError, match="shards must be a positive int"):
         ex.sweep(split, ["b0.a.head0"], executor=_InlineExecutor(), shards=0)
-    with pytest.raises(cc.CircuitError, match="cannot be shared"):
+    with pytest.raises(cc.errors.ExperimentError, match="cannot be shared"):
         ex.sweep(split, ["b0.a.head0"], executor=_InlineExecutor(), evaluator=cc.Evaluator(2**20))
-    with pytest.raises(cc.CircuitError, match="must be a concurrent.futures.Executor"):
+    with pytest.raises(cc.errors.ExperimentError, match="must be a concurrent.futures.Executor"):
         ex.sweep(split, ["b0.a.head0"], executor=object())
 
 
@@ -59,7 +59,7 @@ def test_a_process_pool_gives_the_local_table(split):
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(2, mp_context=context) as pool:
         _same_table(ex.sweep(split, ex.head_names(split), executor=pool), local)
-        with pytest.raises(cc.CircuitError, match="picklable"):
+        with pytest.raises(cc.errors.ExperimentError, match="picklable"):
             ex.sweep(split, ["b0.a.head0"], ablation=lambda c, t: ex.zero_ablate(c, t), executor=pool)
 
 
@@ -83,7 +83,7 @@ def test_head_grid_puts_each_heads_delta_at_its_layer_and_head(split):
     assert grid[1, 2].item() == pytest.approx(table["b1.a.head2"] - table.baseline, rel=1e-6)
     assert grid[0, 1].item() == pytest.approx(table["b0.a.head1"] - table.baseline, rel=1e-6)
     assert int(grid.isnan().sum()) == 4
-    with pytest.raises(cc.CircuitError, match="no target of this sweep is a single head"):
+    with pytest.raises(cc.errors.ExperimentError, match="no target of this sweep is a single head"):
         ex.sweep(split, {"tokens": "idxed_embeds"}, progress=False).head_grid()
 
 
@@ -96,16 +96,16 @@ from circuits import models
 from circuits.models.demo_model import repeated_tokens
 
 torch.set_num_threads(2)  # the parent's thread pool running when the workers fork: what used to hang
-split = cc.split_heads(cc.causal_mask(models.load_demo_model(repeated_tokens(2, 8))))
+split = cc.passes.split_heads(cc.passes.causal_mask(models.load_demo_model(repeated_tokens(2, 8))))
 local = ex.sweep(split, ex.head_names(split), progress=False)
-clean = cc.causal_mask(models.load_demo_model(repeated_tokens(2, 8)))
+clean = cc.passes.causal_mask(models.load_demo_model(repeated_tokens(2, 8)))
 corrupted = repeated_tokens(2, 8, seed=1)
 metric = ex.logit_diff(-1, good=[1, 2], bad=[3, 4])
-local_grid = ex.act_patch_resid_pre(clean, {"toks_int_var": corrupted}, metric)
+local_grid = ex.patching_grids.act_patch_resid_pre(clean, {"toks_int_var": corrupted}, metric)
 fork = multiprocessing.get_context("fork")
 with concurrent.futures.ProcessPoolExecutor(2, mp_context=fork) as pool:
     forked = ex.sweep(split, ex.head_names(split), executor=pool)
-    forked_grid = ex.act_patch_resid_pre(clean, {"toks_int_var": corrupted}, metric, executor=pool)
+    forked_grid = ex.patching_grids.act_patch_resid_pre(clean, {"toks_int_var": corrupted}, metric, executor=pool)
 print(json.dumps({
     "local": dict(local), "forked": dict(forked), "baselines": [local.baseline, forked.baseline],
     "grids": [local_grid.values.tolist(), forked_grid.values.tolist()], "parent_threads": torch.get_num_threads(),

@@ -65,11 +65,12 @@ class Correspondence:
             raise IllegalCorrespondenceError(f"Correspondence.add: {i_node!r} is not an InterpNode")
         if i_node in self.corr:
             raise IllegalCorrespondenceError(
-                f"interpretation node {i_node.name!r} is already in the correspondence"
+                f"interpretation node {i_node.name!r} is already in the correspondence", i_node=i_node
             )
         if i_node.name in self.i_names:
             raise IllegalCorrespondenceError(
-                f"another interpretation node named {i_node.name!r} is already in the correspondence"
+                f"another interpretation node named {i_node.name!r} is already in the correspondence",
+                i_node=i_node,
             )
         self.corr[i_node] = as_iterative(m_node)
         self.i_names[i_node.name] = i_node
@@ -78,7 +79,7 @@ class Correspondence:
         """Map ``i_node``, already in the correspondence, to another branch."""
         if i_node not in self.corr:
             raise IllegalCorrespondenceError(
-                f"interpretation node {i_node.name!r} is not in the correspondence"
+                f"interpretation node {i_node.name!r} is not in the correspondence", i_node=i_node
             )
         self.corr[i_node] = as_iterative(m_node)
 
@@ -108,7 +109,8 @@ class Correspondence:
         for parent, node in pairs:
             if node not in self.corr:
                 raise IllegalCorrespondenceError(
-                    f"interpretation node {node.name!r} (a child of {parent.name!r}) is not in the correspondence"
+                    f"interpretation node {node.name!r} (a child of {parent.name!r}) is not in the correspondence",
+                    i_node=node,
                 )
         return [(parent, node, self.corr[node]) for parent, node in pairs]
 
@@ -120,7 +122,8 @@ class Correspondence:
             for child in node.children:
                 if child not in self.corr:
                     raise IllegalCorrespondenceError(
-                        f"interpretation node {child.name!r} (a child of {node.name!r}) is not in the correspondence"
+                        f"interpretation node {child.name!r} (a child of {node.name!r}) is not in the correspondence",
+                        i_node=child,
                     )
 
     def check_root_is_model(self) -> None:
@@ -128,7 +131,8 @@ class Correspondence:
         root = self.get_root()
         if repr(self.corr[root]) != repr(corr_root_matcher):
             raise IllegalCorrespondenceError(
-                f"the root {root.name!r} must be mapped to corr_root_matcher (the whole model), not {self.corr[root]!r}"
+                f"the root {root.name!r} must be mapped to corr_root_matcher (the whole model), not {self.corr[root]!r}",
+                i_node=root,
             )
 
     def check_well_defined(self, circuit: Circuit, ds: Dataset | set[str] | None = None) -> None:
@@ -139,12 +143,14 @@ class Correspondence:
                 shown = ", ".join(sorted(n.describe() for n in found)[:5])
                 raise IllegalCorrespondenceError(
                     f"interpretation node {node.name!r}: its matcher {matcher!r} finds {len(found)} nodes "
-                    f"of the circuit{': ' + shown if found else ''}; it must find exactly one"
+                    f"of the circuit{': ' + shown if found else ''}; it must find exactly one",
+                    i_node=node,
                 )
             if ds is not None and not are_any_found(circuit, to_inputs(matcher, ds)):
                 raise IllegalCorrespondenceError(
                     f"interpretation node {node.name!r}: no input {sorted(input_names(ds))} below "
-                    f"{next(iter(found)).describe()}: its branch does not reach the inputs"
+                    f"{next(iter(found)).describe()}: its branch does not reach the inputs",
+                    i_node=node,
                 )
 
     def get_all_matched(self, circuit: Circuit) -> list[Circuit]:

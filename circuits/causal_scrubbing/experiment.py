@@ -272,14 +272,16 @@ class Experiment:
             if parent is None or node not in parent.children:
                 raise IllegalCorrespondenceError(
                     f"interpretation node {node.name!r} reaches input {found.name!r} outside its parent's "
-                    f"branch (last claimed by {claimant!r}): a child's matcher must chain on from its parent's"
+                    f"branch (last claimed by {claimant!r}): a child's matcher must chain on from its parent's",
+                    i_node=node,
                 )
             inside = {n.hash for claimed in get(circuit, self._nodes[parent]) for n in unique_nodes(claimed)}
             for claimed in get(circuit, self._nodes[node]):
                 if claimed.hash not in inside:
                     raise IllegalCorrespondenceError(
                         f"interpretation node {node.name!r} claims {claimed.describe()}, which is not inside "
-                        f"its parent {parent.name!r}'s branch"
+                        f"its parent {parent.name!r}'s branch",
+                        i_node=node,
                     )
 
     def replace_inputs(self, circuit: Circuit, sampled_inputs: SampledInputs) -> Circuit:
@@ -299,7 +301,8 @@ class Experiment:
         if not are_any_found(circuit, path):
             raise IllegalCorrespondenceError(
                 f"interpretation node {node.name!r}: its branch reaches none of the inputs "
-                f"{sorted(self._dataset.input_names)} in the circuit"
+                f"{sorted(self._dataset.input_names)} in the circuit",
+                i_node=node,
             )
 
 

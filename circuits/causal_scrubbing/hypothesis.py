@@ -16,7 +16,7 @@ very object.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import attrs
 import torch
@@ -25,6 +25,9 @@ from circuits.causal_scrubbing.dataset import Dataset
 from circuits.causal_scrubbing.samplers import CondSampler, PoolsPerSampler, UncondSampler
 from circuits.errors import IllegalCorrespondenceError
 from circuits.rewriting.matching import IterativeMatcher, Matcher, as_iterative
+
+if TYPE_CHECKING:  # only annotations here
+    from circuits.text.print_options import PrintOptions
 
 __all__ = [
     "IllegalCorrespondenceError",
@@ -123,7 +126,8 @@ class InterpNode:
             parent, node = stack.pop()
             if id(node) in seen:
                 raise IllegalCorrespondenceError(
-                    f"interpretation node {node.name!r} is reached twice: an interpretation is a tree"
+                    f"interpretation node {node.name!r} is reached twice: an interpretation is a tree",
+                    i_node=node,
                 )
             seen.add(id(node))
             yield parent, node
@@ -157,7 +161,7 @@ class InterpNode:
 
     def print(
         self,
-        options: Mapping[str, Any] | None = None,
+        options: PrintOptions | Mapping[str, Any] | None = None,
         sampled_inputs: SampledInputs = SampledInputs(),
         print_data: bool = True,
         color_by_data: bool = True,
@@ -167,8 +171,8 @@ class InterpNode:
         """Print this interpretation tree, each node with its samplers and (given
         ``sampled_inputs``) the ``datum_idx``-th datum they drew; ``repr=True`` returns the text
         (without colours) instead.  ``options`` comes first, as rust_circuit's print options do:
-        None or a mapping with ``comment`` and ``color``, functions of an InterpNode
-        (``causal_scrubbing.printing``)."""
+        None, or a ``cc.PrintOptions`` or mapping setting only ``comment`` and ``color``,
+        functions of an InterpNode (``causal_scrubbing.printing``)."""
         from circuits.causal_scrubbing.printing import interp_repr
 
         text = interp_repr(

@@ -9,8 +9,8 @@ is; both through the annotated printer (``comment=``, ``color=``, ``traversal=``
 text still parses.  Colours follow the interpretation node (or, with ``color_by_data``, the data:
 the same dataset, the same colour), as rust_circuit's printer does.
 
-Both take rust_circuit's print options as their first argument, here None or a mapping of
-keywords (``print_options`` checks it; a print options object would be read in that one place).
+Both take rust_circuit's print options as their first argument: None, a ``cc.PrintOptions``
+or a mapping of its keywords (``print_options`` reads and checks it, in that one place).
 ``ScrubbedExperiment.print`` takes ``Circuit.repr``'s keywords: ``comment`` is written before the
 scrubbing comment, ``color`` replaces the colours when ``color_by_data=False`` (with
 ``color_by_data=True`` the colours are the data's, so giving ``color`` too is an error), and
@@ -20,7 +20,6 @@ takes ``comment`` and ``color``, functions of an InterpNode, on the same terms.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, Callable, Mapping
 
 from circuits.causal_scrubbing.dataset import Dataset
@@ -28,7 +27,8 @@ from circuits.causal_scrubbing.hypothesis import InterpNode, SampledInputs
 from circuits.errors import PrintError, shown
 from circuits.rewriting.matching import get
 from circuits.core.nodes import Circuit
-from circuits.text.printing import ANSI_COLORS, as_traversal
+from circuits.text.print_options import FIELD_NAMES, PrintOptions, as_traversal
+from circuits.text.printing import ANSI_COLORS
 from circuits.core.traversal import postorder
 
 __all__ = ["interp_repr", "print_options", "scrubbed_repr"]
@@ -46,25 +46,30 @@ class _Colours:
         return self._given.setdefault(key, _PALETTE[len(self._given) % len(_PALETTE)])
 
 
-#: The keywords ``ScrubbedExperiment.print``'s options may set: ``Circuit.repr``'s.
-SCRUBBED_OPTIONS = tuple(name for name in inspect.signature(Circuit.repr).parameters if name != "self")
+#: The keywords ``ScrubbedExperiment.print``'s options may set: ``Circuit.repr``'s, every ``PrintOptions`` field.
+SCRUBBED_OPTIONS = FIELD_NAMES
 #: The keywords ``InterpNode.print``'s options may set.
 INTERP_OPTIONS = ("comment", "color")
 
 
 def print_options(options: Any, allowed: tuple[str, ...], where: str) -> dict[str, Any]:
-    """``options`` (None or a mapping of keywords among ``allowed``) as a dict, or a PrintError
-    naming ``options`` and what is wrong."""
+    """``options`` (None, a ``PrintOptions`` or a mapping of keywords among ``allowed``) as a dict
+    of the options set, or a PrintError naming ``options`` and what is wrong.  Of a PrintOptions,
+    the fields set to other than their defaults count, and must be among ``allowed``."""
     if options is None:
         return {}
-    if not isinstance(options, Mapping):
+    if isinstance(options, PrintOptions):
+        options = options.changed()
+    elif not isinstance(options, Mapping):
         raise PrintError(
-            f"{where}: options (the first argument, as rust_circuit's print options) must be None or "
-            f"a mapping of keywords {list(allowed)}, got {type(options).__name__} {shown(repr(options), 80)}"
+            f"{where}: options (the first argument, as rust_circuit's print options) must be None, a "
+            f"cc.PrintOptions or a mapping of keywords {list(allowed)}, got {type(options).__name__} "
+            f"{shown(repr(options), 80)}",
+            "options",
         )
     unknown = sorted(str(key) for key in options if key not in allowed)
     if unknown:
-        raise PrintError(f"{where}: options {unknown} are not among {list(allowed)}")
+        raise PrintError(f"{where}: options {unknown} are not among {list(allowed)}", unknown[0])
     return dict(options)
 
 
@@ -86,7 +91,7 @@ def _joined(*texts: str | None) -> str | None:
 
 def interp_repr(
     root: InterpNode,
-    options: Mapping[str, Any] | None = None,
+    options: PrintOptions | Mapping[str, Any] | None = None,
     sampled_inputs: SampledInputs = SampledInputs(),
     *,
     print_data: bool = True,
@@ -198,7 +203,7 @@ def _data_owners(sampled: SampledInputs) -> dict[bytes, list[str]]:
 
 def scrubbed_repr(
     scrubbed,
-    options: Mapping[str, Any] | None = None,
+    options: PrintOptions | Mapping[str, Any] | None = None,
     *,
     print_data: bool = True,
     color_by_data: bool = True,

@@ -10,7 +10,7 @@ as its batch axis already and no variables.  Either way the group's probabilitie
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import attrs
 import torch
@@ -22,6 +22,9 @@ from circuits.causal_scrubbing.hypothesis import SampledInputs
 from circuits.errors import CausalScrubbingError, shown
 from circuits.rewriting.matching import Matcher, are_any_found
 from circuits.core.nodes import Circuit, DiscreteVar
+
+if TYPE_CHECKING:  # only annotations here
+    from circuits.text.print_options import PrintOptions
 
 __all__ = ["ExperimentEvalSettings", "ScrubbedExperiment", "run_on_all"]
 
@@ -149,7 +152,7 @@ class ScrubbedExperiment:
 
     def print(
         self,
-        options: Mapping[str, Any] | None = None,
+        options: PrintOptions | Mapping[str, Any] | None = None,
         print_data: bool = True,
         color_by_data: bool = True,
         repr: bool = False,
@@ -160,7 +163,7 @@ class ScrubbedExperiment:
         input outside the mapped leaves), each mapped node commented with its interpretation node
         and samplers, each input with whose data it is (colours by dataset); ``repr=True``
         returns the text, without colours.  ``options`` comes first, as rust_circuit's print
-        options do: None or a mapping of ``Circuit.repr``'s keywords (``causal_scrubbing.printing``)."""
+        options do: None, a ``cc.PrintOptions`` or a mapping of its keywords (``causal_scrubbing.printing``)."""
         from circuits.causal_scrubbing.printing import scrubbed_repr
 
         text = scrubbed_repr(

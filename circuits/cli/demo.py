@@ -1,9 +1,9 @@
 """The demo (``circuits demo``): induction heads in the shipped 2-layer model, found by ablation.
 
-1. Load the shipped attention-only model (``circuits.models.load_demo_model``)
-   on rows of ``BOS + block + block`` (a random block of tokens, repeated)
-   and print the top of the circuit.
-2. ``causal_mask`` and ``split_heads``: each layer's attention output
+1. Load the shipped attention-only model (``circuits.models.load_demo_model``,
+   causal as it was trained) on rows of ``BOS + block + block`` (a random
+   block of tokens, repeated) and print the top of the circuit.
+2. ``split_heads``: each layer's attention output
    ``'b{L}.a'`` becomes a sum of one branch per head, ``'b{L}.a.head{h}'``.
 3. Evaluate the per-token loss: high on the first half (random tokens),
    near zero on the second (each token is predictable from its previous
@@ -35,7 +35,7 @@ from circuits.transformer import names
 from circuits.errors import ModelError
 from circuits.models.demo_model import demo_config, demo_info, load_demo_model, repeated_tokens
 from circuits.cli.parity import seed_argument
-from circuits.passes import causal_mask, layer_of, split_heads
+from circuits.passes import layer_of, split_heads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,14 +112,14 @@ def _one_thread():
 
 
 def head_effects(batch_size: int = 16, block_len: int = 32, seed: int = 0) -> DemoResult:
-    """Build, mask, split, evaluate and ablate every head; see the module docstring."""
+    """Build, split, evaluate and ablate every head; see the module docstring."""
     with _one_thread():
         return _head_effects(batch_size, block_len, seed)
 
 
 def _head_effects(batch_size: int, block_len: int, seed: int) -> DemoResult:
     tokens = repeated_tokens(batch_size, block_len, seed=seed)
-    masked = causal_mask(load_demo_model(tokens))
+    masked = load_demo_model(tokens)  # causal, as trained
     split = split_heads(masked)
     inputs = tokens[:, :-1]
 
@@ -177,7 +177,7 @@ def run(
 
     result = head_effects(batch_size, block_len, seed)
     out(
-        f"\nAfter causal_mask and split_heads: {len(cc.unique_nodes([result.circuit]))} distinct nodes; "
+        f"\nAfter split_heads: {len(cc.unique_nodes([result.circuit]))} distinct nodes; "
         "'b0.a' and 'b1.a' are now sums of\nper-head branches 'b{L}.a.head{h}'. "
         f"Mean loss per token over {batch_size} rows:\n"
         f"  first half  {result.first_half_loss:.3f}   (random tokens; chance is ln {config.vocab_size - 1} "

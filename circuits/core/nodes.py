@@ -41,7 +41,7 @@ from circuits.core.hashing import PRINTED_HEX_DIGITS, node_hash, tensor_content_
 
 if TYPE_CHECKING:  # only annotations here
     from circuits.evaluation.costs import CircuitCost
-    from circuits.text.store import TensorStore
+    from circuits.text.print_options import PrintOptions
 
 Shape = shape_rules.Shape
 _HASH_HEX = re.compile(r"[0-9a-f]{%d,}" % PRINTED_HEX_DIGITS)
@@ -234,81 +234,19 @@ class Circuit:
 
     # ------------------------------------------------------------- text
 
-    def repr(
-        self,
-        *,
-        depth: int | None = None,
-        shapes: bool = False,
-        serials: bool = False,
-        store: TensorStore | None = None,
-        traversal: Any = None,
-        comment: Callable[[Circuit], str | None] | None = None,
-        color: Callable[[Circuit], str | None] | None = None,
-        costs: bool = False,
-        minimal_shapes: bool = False,
-        only_child_below: bool = False,
-        arrows: bool = False,
-        comment_arg_names: bool = False,
-    ) -> str:
-        """This circuit in the FORMAT.md text (see ``circuits.text.printing.repr_many``).
+    def repr(self, options: PrintOptions | None = None, /, **overrides: Any) -> str:
+        """This circuit in the FORMAT.md text (``circuits.text.printing.repr_many``).
 
-        ``traversal`` (an IterativeMatcher or matcher form) limits the printout to what it
-        reaches; ``comment(node)`` adds ``  # text`` to a node's line; ``color(node)`` names
-        an ANSI colour for it; ``costs=True`` comments each node with its own static cost
-        (``comment=cc.cost(self).comment``).  Annotated text still parses back, and so does
-        text laid out with ``minimal_shapes``, ``only_child_below``, ``arrows`` or
-        ``comment_arg_names`` (rust_circuit's).
+        ``options`` is a ``cc.PrintOptions`` (None: the defaults); keywords are its fields
+        and override the object's: ``c.repr(depth=2)``, ``c.repr(options, depth=3)``.
         """
         from circuits.text.printing import repr_many
 
-        return repr_many(
-            [self],
-            depth=depth,
-            shapes=shapes,
-            serials=serials,
-            store=store,
-            traversal=traversal,
-            comment=comment,
-            color=color,
-            costs=costs,
-            minimal_shapes=minimal_shapes,
-            only_child_below=only_child_below,
-            arrows=arrows,
-            comment_arg_names=comment_arg_names,
-        )
+        return repr_many([self], options, **overrides)
 
-    def print(
-        self,
-        *,
-        depth: int | None = None,
-        shapes: bool = False,
-        serials: bool = False,
-        store: TensorStore | None = None,
-        traversal: Any = None,
-        comment: Callable[[Circuit], str | None] | None = None,
-        color: Callable[[Circuit], str | None] | None = None,
-        costs: bool = False,
-        minimal_shapes: bool = False,
-        only_child_below: bool = False,
-        arrows: bool = False,
-        comment_arg_names: bool = False,
-    ) -> None:
+    def print(self, options: PrintOptions | None = None, /, **overrides: Any) -> None:
         """Print ``repr`` (the same options)."""
-        text = self.repr(
-            depth=depth,
-            shapes=shapes,
-            serials=serials,
-            store=store,
-            traversal=traversal,
-            comment=comment,
-            color=color,
-            costs=costs,
-            minimal_shapes=minimal_shapes,
-            only_child_below=only_child_below,
-            arrows=arrows,
-            comment_arg_names=comment_arg_names,
-        )
-        print(text)
+        print(self.repr(options, **overrides))
 
     def cost(self) -> CircuitCost:
         """The static cost of evaluating this circuit: FLOPs, bytes, peak memory
@@ -609,7 +547,8 @@ class Array(Circuit):
             f"{self.describe()} {shape_rules.format_shape(self.shape)} with hash "
             f"{self.content_hash[:PRINTED_HEX_DIGITS]}: {change}, so its hash and printed form no longer "
             "describe its tensor; make a new Array from the tensor as it is now (or clone it before "
-            "changing it)"
+            "changing it)",
+            node=self,
         )
 
     def tensor(self) -> torch.Tensor:
@@ -618,7 +557,8 @@ class Array(Circuit):
             raise MissingTensorError(
                 f"{self.describe()} {shape_rules.format_shape(self.shape)} with hash "
                 f"{self.content_hash[:PRINTED_HEX_DIGITS]} has no tensor: it was parsed "
-                "without a tensor store holding it (pass store= to parse)"
+                "without a tensor store holding it (pass store= to parse)",
+                node=self,
             )
         self.check_fresh()
         return self.value

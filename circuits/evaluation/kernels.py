@@ -112,7 +112,8 @@ def _index_step(node: Index) -> Callable:
             if item._version:  # a private copy (see spec.normalize_index): only an edit bumps it
                 raise StaleTensorError(
                     f"{node.describe()}: its index tensor was modified in place after the Index was made, "
-                    f"so it no longer matches the printed index {node.extra}"
+                    f"so it no longer matches the printed index {node.extra}",
+                    node=node,
                 )
             basic.append(slice(None))
             selects.append((kept_axes, torch.where(item < 0, item + size, item)))

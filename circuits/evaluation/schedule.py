@@ -224,7 +224,9 @@ def _take_known(known: Known, node: Circuit, slot: int, call: Call, leaf_values,
         value = known(node)
     except Exception as error:  # noqa: BLE001 - a failing hook is named with the node it was asked about
         raise EvaluationError(
-            f"evaluate: known({node.describe()}) raised {type(error).__name__}: {error}"
+            f"evaluate: known({node.describe()}) raised {type(error).__name__}: {error}",
+            node=node,
+            path=(*path, node),
         ) from error
     if value is None:
         return False
@@ -254,7 +256,9 @@ def _overridden(kernel: KernelOverride, node: Circuit, default: Callable, path) 
         fn = kernel(node, default)
     except Exception as error:  # noqa: BLE001 - a failing hook is named with the node it was asked about
         raise EvaluationError(
-            f"evaluate: kernel({node.describe()}) raised {type(error).__name__}: {error}"
+            f"evaluate: kernel({node.describe()}) raised {type(error).__name__}: {error}",
+            node=node,
+            path=(*path, node),
         ) from error
     if not callable(fn):
         raise EvaluationError(

@@ -1,14 +1,17 @@
-"""Ablations: replace what a matcher finds by zero, its dataset mean, or its value on other inputs.
+"""Ablations: replace what a matcher finds by zero or by its dataset mean.
+
+Resample ablation, a node replaced by its value on other inputs, is activation patching:
+``resample_ablate`` is ``patch`` (``circuits.experiments.patching``).
 
 Each function takes a circuit and a matcher (any form ``circuits.rewriting.matching``
-accepts: a name such as ``'b1.a.head3'``, a regex Matcher, a set, an
+accepts: a name such as ``'b1.a.head3'``, a ``Point``, a regex Matcher, a set, an
 IterativeMatcher for a path-restricted ablation) and returns the rewritten
 circuit; nothing is evaluated except where the replacement needs a value
 (the dataset mean).  A replacement keeps the name of the node it replaces,
 so later matchers still find it.  A matcher that finds nothing is an
 ``ExperimentError`` (a typo should not silently ablate nothing).
 
-Inputs (``dataset_inputs``, ``other_inputs``) map a matcher form, usually
+Inputs (``dataset_inputs``) map a matcher form, usually
 the token Array ``'toks_int_var'``, to a tensor or node; see
 ``circuits.experiments.inputs`` for how shapes are read.
 """
@@ -27,14 +30,13 @@ from circuits.experiments.inputs import (
     SAME,
     ExperimentError,
     check_keys_found,
-    shape_changes,
     with_inputs,
 )
 from circuits.rewriting.matching import no_match_hint
 from circuits.core.nodes import Array, Circuit, Rearrange, Scalar, check_node
 from circuits.rewriting.rewrite import update
 
-__all__ = ["mean_ablate", "resample_ablate", "zero_ablate"]
+__all__ = ["mean_ablate", "zero_ablate"]
 
 
 def rewrite_found(circuit: Circuit, matcher: Any, fn: Callable[[Circuit], Circuit], what: str) -> Circuit:
@@ -144,48 +146,3 @@ def _dataset_mean(node: Circuit, on_dataset: Circuit, kind: str, ev: Evaluator) 
     axes = " ".join(f"x{i}" for i in range(node.rank - 1))
     base = Array(mean, name=None if node.name is None else f"{node.name}.mean")
     return Rearrange(base, f"{axes} -> batch {axes}".strip(), name=node.name, batch=node.shape[0])
-
-
-def rewrite_on_inputs(
-    circuit: Circuit, matcher: Any, inputs: Mapping[Any, Any], what: str, shape_hint: str
-) -> Circuit:
-    """Every node ``matcher`` finds computed on ``inputs`` of the same shape, row for row.
-
-    Resample ablation and patching are this one rewrite; they differ in
-    what the inputs mean to the experiment, so each says its own ``shape_hint``.
-    """
-    check_node(circuit, f"{what}: the circuit", ExperimentError)
-    check_keys_found(circuit, inputs, what)
-
-    def on_inputs(node: Circuit) -> Circuit:
-        changes = shape_changes(node, inputs, what)
-        if changes:
-            raise ExperimentError(
-                f"{what}: {node.describe()} {list(node.shape)} would be computed on inputs of other "
-                f"shapes: {'; '.join(changes)}; {shape_hint}"
-            )
-        return with_inputs(node, inputs, what=what)[0]  # every shape kept: a plain replacement
-
-    return rewrite_found(circuit, matcher, on_inputs, what)
-
-
-def resample_ablate(circuit: Circuit, matcher: Any, other_inputs: Mapping[Any, Any]) -> Circuit:
-    """Every node ``matcher`` finds replaced by itself computed on ``other_inputs``.
-
-    ``other_inputs`` has the shape of the inputs it replaces, so batch row
-    ``b`` of the node comes from row ``b`` of the other inputs (draw them
-    from a dataset: ``dataset[torch.randint(len(dataset), (B,))]``).  The
-    result is a rewrite, not a value: the node's subtree on the other
-    inputs is part of the circuit (and evaluates once, shared, in a sweep).
-
-    >>> ablated = resample_ablate(split, "b1.a.head3", {"toks_int_var": other_tokens})
-    """
-
-    return rewrite_on_inputs(
-        circuit,
-        matcher,
-        other_inputs,
-        "resample_ablate",
-        "other_inputs must have the shape of the inputs they replace (one row per batch row); "
-        "to average over a dataset use mean_ablate",
-    )

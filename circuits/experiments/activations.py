@@ -1,9 +1,10 @@
 """``run_with_cache``: the circuit's value and the activations at chosen points, from one evaluation.
 
-Each point (``ex.point``'s ``(kind, layer, head)``) is resolved to its node, and one run of the
-evaluation plan hands every wanted value to the cache as it is computed (``Plan.run(on_value=)``),
-so nothing is evaluated twice.  Keys are the point's ``(kind, layer, head)``; ``cache["logits"]``,
-``cache["attn_probs", 1]`` and ``cache["z", 1, 2]`` read them.  Shapes are the nodes' own (heads as
+Each point (a ``Point(kind, layer, head)``, or its short spelling ``'logits'``, ``('attn_probs', 1)``,
+``('z', 1, 2)``) is resolved to its node, and one run of the evaluation plan hands every wanted value
+to the cache as it is computed (``Plan.run(on_value=)``), so nothing is evaluated twice.  Keys are
+the ``Point``s; ``cache[Point("z", 1, 2)]``, ``cache["logits"]``, ``cache["attn_probs", 1]`` and
+``cache["z", 1, 2]`` read them.  Shapes are the nodes' own (heads as
 an axis after the batch, ``[b, h, s, c]``; docs/models.md compares them with TransformerLens's).
 
 The cache keeps its circuit (``cache.circuit``) and has TransformerLens's analyses by the same names
@@ -22,16 +23,16 @@ import torch
 from circuits.errors import ExperimentError
 from circuits.evaluation import compile_plan
 from circuits.experiments import residual
-from circuits.transformer.points import ByPoint, PointCollector, as_key, resolve_points
+from circuits.transformer.points import ByPoint, Point, PointCollector, as_point, resolve_points
 from circuits.core.nodes import Circuit, check_node
 
 __all__ = ["ActivationCache", "run_with_cache"]
 
-Key = tuple[str, "int | None", "int | None"]
+Key = Point
 
 
 class ActivationCache(ByPoint):
-    """Activations by ``(kind, layer, head)``, the circuit's ``value`` and the ``circuit``; read-only.
+    """Activations by ``Point``, the circuit's ``value`` and the ``circuit``; read-only.
 
     The analyses read points the cache lacks with one more evaluation of ``circuit`` (same inputs,
     device and dtype), kept aside: iterating the cache shows only the points asked for.
@@ -62,7 +63,7 @@ class ActivationCache(ByPoint):
 
     def values_at(self, keys: Iterable[Any]) -> list[torch.Tensor]:
         """The activations at ``keys``: cached ones, and the rest from one more evaluation."""
-        wanted = [as_key(key) for key in keys]
+        wanted = [as_point(key) for key in keys]
         missing = [k for k in dict.fromkeys(wanted) if k not in self._by_point and k not in self._extra]
         if missing:
             self._extra.update(_evaluate_points(self.circuit, missing, self._run_options)[1])
@@ -151,14 +152,14 @@ def run_with_cache(
 ) -> ActivationCache:
     """The value of ``circuit`` and the activations at ``points``, from one evaluation.
 
-    ``points``: kinds (``'logits'``), ``(kind, layer)`` or ``(kind, layer, head)`` tuples, as
-    ``ex.point`` takes them; by default every kind of every layer the circuit has that names one
+    ``points``: ``Point``s, or their short spellings: kinds (``'logits'``), ``(kind, layer)`` or
+    ``(kind, layer, head)`` tuples; by default every kind of every layer the circuit has that names one
     node (on a split layer the per-head kinds are one node per head: ask for them with a head).
     ``inputs``, ``device``, ``dtype``: as ``cc.evaluate``.
     """
     check_node(circuit, "run_with_cache: the circuit", ExperimentError)
     options = {"inputs": inputs, "device": device, "dtype": dtype}
-    keys = None if points is None else [as_key(p) for p in points]
+    keys = None if points is None else [as_point(p) for p in points]
     value, found = _evaluate_points(circuit, keys, options)
     return ActivationCache(value, found, circuit, options)
 

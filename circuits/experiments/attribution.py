@@ -29,7 +29,7 @@ from circuits.errors import ExperimentError
 from circuits.experiments.gradients import tracked_run
 from circuits.experiments.inputs import same_shape_inputs, with_targets_of
 from circuits.experiments.metrics import Metric
-from circuits.transformer.points import HEAD_KINDS, point, resolve_points
+from circuits.transformer.points import HEAD_KINDS, Point, resolve_points
 from circuits.rewriting.matching import get
 from circuits.core.nodes import Circuit, check_node
 from circuits.experiments.tables import records_frame
@@ -168,7 +168,7 @@ def _layout(circuit: Circuit, kinds: list[str]) -> dict[str, list[tuple[tuple, t
             if kind not in HEAD_KINDS:
                 entries.append(((layer,), (kind, layer, None)))
                 continue
-            count = len(get(circuit, point("z" if kind == "head_out" else kind, layer)))
+            count = len(get(circuit, Point("z" if kind == "head_out" else kind, layer)))
             if count == 1 and kind != "head_out":
                 entries.append(((layer, None), (kind, layer, None)))  # unsplit: the head axis
             else:

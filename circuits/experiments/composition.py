@@ -19,7 +19,7 @@ import torch
 
 from circuits.transformer import names
 from circuits.errors import ExperimentError
-from circuits.transformer.points import point
+from circuits.transformer.points import Point
 from circuits.experiments.stream import Norm
 from circuits.rewriting.matching import IterativeMatcher, Matcher
 from circuits.core.nodes import Add, Array, Circuit, Einsum, Scalar
@@ -150,5 +150,5 @@ class Compositions:
     def _pos_embed(self) -> Circuit:
         """The position embeddings attention-only models add to Q and K after the norm."""
         if self._positions is None:
-            self._positions = self.circuit.get_unique(point("pos_embed"))
+            self._positions = self.circuit.get_unique(Point("pos_embed"))
         return self._positions

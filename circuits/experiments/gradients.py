@@ -26,17 +26,17 @@ from circuits.errors import ExperimentError
 from circuits.evaluation import compile_plan
 from circuits.transformer import names
 from circuits.experiments.metrics import Metric, find
-from circuits.transformer.points import ByPoint, PointCollector, as_key, resolve_points, show_key
+from circuits.transformer.points import ByPoint, Point, PointCollector, as_point, resolve_points, show_key
 from circuits.core.nodes import Circuit, check_node
 from circuits.core.traversal import unique_nodes
 
 __all__ = ["Gradients", "TrackedRun", "gradients", "tracked_run"]
 
-Key = tuple
+Key = Point
 
 
 class Gradients(ByPoint):
-    """``∂metric/∂activation`` by ``(kind, layer, head)``; ``metric`` (a float) and ``activations``
+    """``∂metric/∂activation`` by ``Point``; ``metric`` (a float) and ``activations``
     (the points' values from the same run, read with the same keys: ``activations["z", 0]``)."""
 
     missing = "no gradient for it here; there are"
@@ -77,14 +77,14 @@ def gradients(
 ) -> Gradients:
     """``∂metric/∂activation`` at each point, from one evaluation and one backward pass.
 
-    ``points``: as ``run_with_cache`` takes them (``'logits'``, ``('resid_pre', 1)``,
-    ``('z', 1, 2)``).  ``metric``: a function of the logits, or a Metric (module docstring).  A point the metric does not
+    ``points``: as ``run_with_cache`` takes them (``Point("resid_pre", 1)``, or ``'logits'``,
+    ``('resid_pre', 1)``, ``('z', 1, 2)``).  ``metric``: a function of the logits, or a Metric (module docstring).  A point the metric does not
     depend on gets a gradient of zeros.  ``inputs``, ``device``, ``dtype``: as ``cc.evaluate``.
 
     >>> grads = ex.gradients(c, lambda logits: logits[:, -1, 7].sum(), [("resid_pre", 1)])
     >>> grads["resid_pre", 1].shape                  # the node's shape, [batch, pos, d_model]
     """
-    keys = [as_key(point) for point in points]
+    keys = [as_point(point) for point in points]
     if not keys:
         raise ExperimentError("gradients: no points given; name at least one, e.g. [('resid_pre', 0)]")
     run = tracked_run(circuit, metric, keys, track=True, inputs=inputs, device=device, dtype=dtype)

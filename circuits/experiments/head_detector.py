@@ -27,6 +27,7 @@ from circuits.errors import ExperimentError
 from circuits.experiments import residual
 from circuits.experiments.activations import ActivationCache, run_with_cache
 from circuits.transformer import names
+from circuits.transformer.points import Point
 
 __all__ = ["HEAD_PATTERNS", "detect_head", "detection_pattern"]
 
@@ -104,19 +105,19 @@ def _excluded(values: torch.Tensor, bos: bool, current: bool) -> torch.Tensor:
 def _attention_cache(circuit: Circuit) -> ActivationCache:
     check_node(circuit, "detect_head: the circuit (or its ActivationCache)", ExperimentError)
     facts = residual.model_facts(circuit)
-    points: list[tuple] = []
+    points: list[Point] = []
     for layer in range(facts.n_layers):
         n_heads = facts.split_heads.get(layer)
         heads = [None] if n_heads is None else list(range(n_heads))
-        points += [("attn_probs", layer, head) for head in heads]
+        points += [Point("attn_probs", layer, head) for head in heads]
     return run_with_cache(circuit, points)
 
 
 def _layer_probs(cache: ActivationCache, layer: int, n_heads: int | None) -> torch.Tensor:
     """A layer's attention probabilities ``[batch?, head, q, k]``, from one node or one per head."""
     if n_heads is None:
-        return cache.values_at([("attn_probs", layer)])[0]
-    return torch.stack(cache.values_at([("attn_probs", layer, h) for h in range(n_heads)]), dim=-3)
+        return cache.values_at([Point("attn_probs", layer)])[0]
+    return torch.stack(cache.values_at([Point("attn_probs", layer, h) for h in range(n_heads)]), dim=-3)
 
 
 def _detection(pattern: Any, circuit: Circuit, attention: torch.Tensor) -> torch.Tensor:

@@ -88,7 +88,7 @@ def _attention_note(layer: int, kinds: dict[str, list[Circuit]]) -> str:
     if not heads:
         query = [n for n in kinds.get("attn_weight", ()) if n.name == names.attn_weight(layer, "q")]
         count = f"{query[0].shape[0]} heads, " if query and query[0].shape else ""
-        return f"{count}unsplit: cc.split_heads makes a branch per head"
+        return f"{count}unsplit: cc.passes.split_heads makes a branch per head"
     count = sum(last - first + 1 for first, last in heads)
     labels = ", ".join(names.head_label(first, last) for first, last in heads)
     return f"{count} heads split into {len(heads)} branches: {labels}"

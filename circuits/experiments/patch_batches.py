@@ -28,7 +28,7 @@ from circuits.evaluation.cache import Evaluator
 from circuits.errors import ExperimentError
 from circuits.experiments import causal_suffix
 from circuits.experiments.metrics import Metric, find
-from circuits.transformer.points import point, resolve_points
+from circuits.transformer.points import Point, resolve_points
 from circuits.rewriting.matching import get
 from circuits.core.nodes import Array, Circuit
 from circuits.rewriting.rewrite import replace
@@ -38,7 +38,7 @@ __all__ = ["PatchRun", "measure_all"]
 
 
 class PatchRun:
-    """Measures patches of the node at ``key`` (a ``(kind, layer, head)`` point) of one circuit.
+    """Measures patches of the node at ``key`` (a ``Point``) of one circuit.
 
     ``clean`` and ``corrupted`` are the model circuit on the clean and on the corrupted inputs;
     ``metric`` a ``Metric`` or a function of the logits tensor ``[B, S, V]``; ``evaluator`` keeps
@@ -101,7 +101,7 @@ def _layer_node(circuit: Circuit, key: tuple) -> Circuit:
     try:
         return resolve_points(circuit, [key])[key]
     except ExperimentError as error:
-        found = len(get(circuit, point(key[0], key[1])))
+        found = len(get(circuit, Point(key[0], key[1])))
         if found == 0:
             missing = "no MLP" if key[0].startswith("mlp") else f"no {key[0]!r} node in layer {key[1]}"
             raise ExperimentError(

@@ -1,4 +1,4 @@
-"""Activation patching and path patching.
+"""Activation patching and path patching; resample ablation is the same rewrite.
 
 ``patch(c, matcher, source_inputs)`` replaces every node the matcher finds
 by the same node computed on ``source_inputs`` (the source run), leaving the
@@ -22,16 +22,22 @@ contributes to the *value* input of head 1.2 only::
 
 Head 1.2's keys and queries, every other head and the MLPs still see head
 0.1 on the target inputs.
+
+Resample ablation (a node replaced by itself on other inputs, drawn from a
+dataset) is this rewrite: ``resample_ablate`` is another name of ``patch``
+(the same function), for the experiments that read as ablations.
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from circuits.experiments.ablation import rewrite_on_inputs
-from circuits.core.nodes import Circuit
+from circuits.core.nodes import Circuit, check_node
+from circuits.errors import ExperimentError
+from circuits.experiments.ablation import rewrite_found
+from circuits.experiments.inputs import check_keys_found, shape_changes, with_inputs
 
-__all__ = ["patch"]
+__all__ = ["patch", "resample_ablate"]
 
 
 def patch(circuit: Circuit, matcher: Any, source_inputs: Mapping[Any, Any]) -> Circuit:
@@ -39,17 +45,31 @@ def patch(circuit: Circuit, matcher: Any, source_inputs: Mapping[Any, Any]) -> C
 
     ``source_inputs`` maps a matcher form (usually ``'toks_int_var'``) to a
     tensor or node of the same shape as what it replaces; batch row ``b`` of
-    a patched node comes from row ``b`` of the source.  Patching from the
+    a patched node comes from row ``b`` of the source (for a resample
+    ablation, draw the rows from a dataset: ``dataset[torch.randint(len(dataset), (B,))]``;
+    to average over a dataset use ``mean_ablate``).  The result is a rewrite,
+    not a value: the node's subtree on the source inputs is part of the
+    circuit (and evaluates once, shared, in a sweep).  Patching from the
     circuit's own inputs gives back the same circuit.
 
     >>> patched = patch(split, "b0.a.head1", {"toks_int_var": corrupted_tokens})
     >>> cc.evaluate(patched).mean()                  # loss with head 0.1 from the corrupted run
     """
+    check_node(circuit, "patch: the circuit", ExperimentError)
+    check_keys_found(circuit, source_inputs, "patch")
 
-    return rewrite_on_inputs(
-        circuit,
-        matcher,
-        source_inputs,
-        "patch",
-        "source_inputs must have the shape of the inputs they replace (the source run is row for row)",
-    )
+    def on_inputs(node: Circuit) -> Circuit:
+        changes = shape_changes(node, source_inputs, "patch")
+        if changes:
+            raise ExperimentError(
+                f"patch: {node.describe()} {list(node.shape)} would be computed on inputs of other "
+                f"shapes: {'; '.join(changes)}; source_inputs must have the shape of the inputs they "
+                "replace (the source run is row for row; to average over a dataset use mean_ablate)"
+            )
+        return with_inputs(node, source_inputs, what="patch")[0]  # every shape kept: a plain replacement
+
+    return rewrite_found(circuit, matcher, on_inputs, "patch")
+
+
+#: Resample ablation: ``patch`` from other inputs of the same shape (the same function).
+resample_ablate = patch

@@ -40,6 +40,7 @@ from circuits.experiments.inputs import same_shape_inputs, with_targets_of
 from circuits.experiments.metrics import Metric
 from circuits.experiments.patch_batches import PatchRun, measure_all
 from circuits.experiments.workers import one_thread_if_forked
+from circuits.transformer.points import Point
 from circuits.core.nodes import Circuit, check_node
 from circuits.core.traversal import unique_nodes
 from circuits.experiments.tables import records_frame
@@ -169,7 +170,7 @@ def _layer_values(circuit, corrupted, spec: Grid, layer: int, metric, options: R
     """``(sizes, cells, values, dtype)`` of one layer's patches (module-level: it travels by pickle)."""
     one_thread_if_forked()  # an executor's forked worker would hang on torch's threads
     evaluator = evaluator or Evaluator(options.cache_bytes)
-    run = PatchRun(circuit, corrupted, (spec.kind, layer, None), metric, evaluator)
+    run = PatchRun(circuit, corrupted, Point(spec.kind, layer), metric, evaluator)
     axes = spec.axes[1:]
     sizes = {axis: run.clean_value.shape[_AXIS_FROM_END[axis]] for axis in axes}
     cells = [()]

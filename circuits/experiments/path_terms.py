@@ -25,7 +25,7 @@ from circuits.errors import ExperimentError
 from circuits.evaluation import evaluate_many
 from circuits.experiments import residual
 from circuits.experiments.composition import Compositions, head_of
-from circuits.transformer.points import as_key, resolve_points
+from circuits.transformer.points import as_point, resolve_points
 from circuits.experiments.stream import read_norm
 from circuits.core.nodes import Add, Array, Circuit, Einsum, Index, Scalar, check_node
 from circuits.passes import split_heads
@@ -60,7 +60,7 @@ class _Model:
             keys += [("head_out", layer, head) for head in range(facts.split_heads.get(layer, 0))]
             keys += [("ln1_scale", layer), ("ln1", layer)] if order > 1 and layer > 0 else []
         try:
-            self.points = resolve_points(circuit, [as_key(key) for key in keys])
+            self.points = resolve_points(circuit, keys)
         except ExperimentError as error:
             raise ExperimentError(f"path_terms needs a model circuit the builders make: {error}") from None
         scales = {("ln_final_scale", None, None): self.point("ln_final_scale")}
@@ -71,10 +71,10 @@ class _Model:
         self.scales = dict(zip(scales, (value.detach() for value in evaluate_many(list(scales.values())))))
 
     def point(self, *key) -> Circuit:
-        return self.points[as_key(key)]
+        return self.points[as_point(key)]
 
-    def scale(self, *key) -> torch.Tensor:
-        return self.scales[as_key(key)]
+    def scale(self, kind: str, layer: int | None = None) -> torch.Tensor:
+        return self.scales[(kind, layer, None)]
 
 
 def _position(pos, seq: int) -> int:
@@ -234,7 +234,7 @@ def path_terms(
     writes each head's Q, K and V inputs as sums of named terms, one per source
     (``'path.L1H1.k.L0H2'``: head 0.2 composing into head 1.1's keys); ``order=3`` expands those
     head sources in turn, and so on (``experiments.composition``).  ``layer=L`` expands the
-    residual stream entering layer ``L`` (``point('resid_pre', L)``; ``L = n_layers``: the final
+    residual stream entering layer ``L`` (``Point('resid_pre', L)``; ``L = n_layers``: the final
     residual) at ``pos`` instead of the logits: ``[batch, d_model]`` terms, no norm, no bias term.
     ``tokens`` (vocabulary ids) keeps only those logits, in that order: ``[batch, len(tokens)]``
     terms, each reading only those rows of the unembedding (much cheaper with a large vocabulary).

@@ -92,7 +92,7 @@ def model_facts(circuit: Circuit) -> ModelFacts:
         if p.kind == "head" and p.heads[0] != p.heads[1]:
             raise ExperimentError(
                 f"head branch {p.text!r} holds several heads; the analyses need one branch per head "
-                f"(cc.split_heads(c) without groups) or none"
+                f"(cc.passes.split_heads(c) without groups) or none"
             )
         if p.kind == "head":
             heads[p.layer] = heads.get(p.layer, 0) + 1

@@ -6,9 +6,9 @@
     table.baseline                          # the metric of the circuit as given
     table.to_pandas().pivot(index="layer", columns="head", values="delta")
 
-Head names work on a circuit whose layers are split (``split_heads``) or
-not: on an unsplit layer, ``'b3.a.head7'`` is ablated in the circuit with
-layer 3 alone split; the values are those of the fully split circuit, up
+Head names and head points work on a circuit whose layers are split
+(``split_heads``) or not: on an unsplit layer, ``'b3.a.head7'`` (or
+``Point('z', 3, 7)``) is ablated in the circuit with layer 3 alone split; the values are those of the fully split circuit, up
 to float rounding in how the heads are summed.  The sweep evaluates the
 clean circuit once, then per target only the nodes whose hash changed; the
 cache admits only the values a later circuit reads, and drops each after
@@ -37,10 +37,11 @@ from circuits.experiments.metrics import Metric, mean_loss
 from circuits.experiments.workers import one_thread_if_forked
 from circuits.core.nodes import Circuit, check_node
 from circuits.transformer.attention import split_heads, unsplit_head_counts
+from circuits.transformer.points import Point
 from circuits.core.traversal import unique_nodes
 from circuits.experiments.tables import records_frame
 
-__all__ = ["SweepPlan", "SweepResult", "head_names", "sweep"]
+__all__ = ["SweepPlan", "SweepResult", "head_names", "sweep", "sweep_plan"]
 
 
 class SweepResult(dict):
@@ -86,7 +87,7 @@ class SweepResult(dict):
 
 @dataclasses.dataclass(frozen=True)
 class SweepPlan:
-    """What a sweep will cost, before it runs (``sweep(..., dry_run=True)``).
+    """What a sweep will cost, before it runs (``sweep_plan``).
 
     ``flops``: FLOPs of every distinct node of the clean circuit and of every ablated one, each
     once, as the planned cache computes it once (more, if ``cache_bytes`` cannot hold what later
@@ -148,8 +149,8 @@ def _head_splitter(circuit: Circuit) -> Callable[[Any], Circuit]:
     """``base(target)``: the circuit to ablate ``target`` in, with only the target's layer split if need be.
 
     A head name (``'b3.a.head7'``, ``'b3.a.head4-7'``) that names no node
-    of ``circuit`` but a head (or heads) of an unsplit layer gets that
-    layer split, with the named heads as one branch and every other head
+    of ``circuit``, or a head's ``Point`` (``Point('z', 3, 7)``), of an
+    unsplit layer gets that layer split, with the named heads as one branch and every other head
     alone.  Any other target is ablated in ``circuit`` as it is.  Splits are
     made once per layer and grouping, and shared by the targets that need them.
     """
@@ -158,7 +159,7 @@ def _head_splitter(circuit: Circuit) -> Callable[[Any], Circuit]:
     splits: dict[tuple[int, int, int], Circuit] = {}
 
     def base(target: Any) -> Circuit:
-        heads = names.parse_head_group(target) if isinstance(target, str) and target not in present else None
+        heads = _heads_of(target, present)
         if heads is None or heads[0] not in counts:
             return circuit
         layer, first, last = heads
@@ -175,6 +176,13 @@ def _head_splitter(circuit: Circuit) -> Callable[[Any], Circuit]:
     return base
 
 
+def _heads_of(target: Any, present: set) -> tuple[int, int, int] | None:
+    """``(layer, first head, last head)`` a target names: a head name of no node, or a head's Point."""
+    if isinstance(target, Point):
+        return None if target.head is None else (target.layer, target.head, target.head)
+    return names.parse_head_group(target) if isinstance(target, str) and target not in present else None
+
+
 def _label(target: Any) -> Any:
     if isinstance(target, (str, int, tuple)):
         return target
@@ -183,11 +191,11 @@ def _label(target: Any) -> Any:
     return repr(target)
 
 
-def _targets(targets: Any) -> list[tuple[Any, Any]]:
+def _targets(targets: Any, what: str = "sweep") -> list[tuple[Any, Any]]:
     """``[(label, target)]``, refusing what cannot be a collection of targets."""
-    if isinstance(targets, (str, bytes, Circuit)):
+    if isinstance(targets, (str, bytes, Circuit, Point)):
         raise ExperimentError(
-            f"sweep: targets must be a list (or mapping) of targets, got the single {type(targets).__name__} "
+            f"{what}: targets must be a list (or mapping) of targets, got the single {type(targets).__name__} "
             f"{shown(repr(targets))}; write [{shown(repr(targets))}]"
         )
     if isinstance(targets, Mapping):
@@ -197,13 +205,13 @@ def _targets(targets: Any) -> list[tuple[Any, Any]]:
             items = [(_label(t), t) for t in targets]
         except TypeError:
             raise ExperimentError(
-                f"sweep: targets must be a list (or mapping) of targets, got {type(targets).__name__}"
+                f"{what}: targets must be a list (or mapping) of targets, got {type(targets).__name__}"
             ) from None
     counts = collections.Counter(repr(label) for label, _ in items)
     repeated = [label for label, count in counts.items() if count > 1]
     if repeated:
         raise ExperimentError(
-            f"sweep: the targets labelled {', '.join(repeated[:5])} appear more than once; give each target "
+            f"{what}: the targets labelled {', '.join(repeated[:5])} appear more than once; give each target "
             "once, or a mapping {label: target} to tell them apart"
         )
     return items
@@ -282,13 +290,12 @@ def sweep(
     progress: bool = True,
     executor: concurrent.futures.Executor | None = None,
     shards: int | None = None,
-    dry_run: bool = False,
-) -> SweepResult | SweepPlan:
+) -> SweepResult:
     """Apply ``ablation`` to each target in turn and measure ``metric``; see the module docstring.
 
-    - ``targets``: matcher forms (names such as ``'b3.a.head7'``, Matchers,
-      IterativeMatchers), or a mapping ``{label: matcher}``; the result is
-      keyed by the name (or the label).  A head name of an unsplit layer
+    - ``targets``: matcher forms (names such as ``'b3.a.head7'``, ``Point``s,
+      Matchers, IterativeMatchers), or a mapping ``{label: matcher}``; the
+      result is keyed by the name, the Point (or the label).  A head name of an unsplit layer
       is ablated with that layer split (see the module docstring).
     - ``ablation(circuit, target) -> circuit``: ``zero_ablate`` (default),
       or e.g. ``functools.partial(mean_ablate, dataset_inputs=...,
@@ -313,20 +320,36 @@ def sweep(
       use the first shard's baseline.  A worker forked from this process
       (``ProcessPoolExecutor``'s default on Linux) runs torch on one thread:
       forked, torch's thread pool would hang (``circuits.experiments.workers``).
-    - ``dry_run``: build every circuit, run nothing, and return a ``SweepPlan``: the FLOPs and
-      the peak memory the sweep will need with the cache plan it would use.
+
+    What it will cost before it runs: ``sweep_plan`` with the same arguments.
 
     >>> table = sweep(circuit, head_names(circuit))        # zero each head, mean loss
     >>> table["b0.a.head1"] - table.baseline
     """
     _check_arguments(circuit, ablation, evaluator, cache_bytes, policy)
     items = _targets(targets)
-    if dry_run:
-        return _plan(_circuits(circuit, items, ablation, metric), cache_bytes)
     if executor is not None:
         return _sharded(executor, shards, circuit, items, ablation, metric, evaluator, cache_bytes, policy)
     ev = evaluator if evaluator is not None else Evaluator(cache_bytes)
     return _sweep_items(circuit, items, ablation, metric, ev, policy, progress)
+
+
+def sweep_plan(
+    circuit: Circuit,
+    targets: Iterable[Any] | Mapping[Any, Any],
+    ablation: Callable[[Circuit, Any], Circuit] = zero_ablate,
+    metric: Metric | Callable[[torch.Tensor], Any] = mean_loss,
+    *,
+    cache_bytes: int = DEFAULT_CACHE_BYTES,
+) -> SweepPlan:
+    """What ``sweep`` with these arguments will cost, before it runs: every circuit is built and
+    nothing is evaluated; the ``SweepPlan`` has the FLOPs and the peak memory the sweep will need
+    with the cache plan it would use (``cache_bytes``).
+
+    >>> print(sweep_plan(circuit, head_names(circuit)))   # GFLOP and peak MiB
+    """
+    _check_arguments(circuit, ablation, None, cache_bytes, "planned", "sweep_plan")
+    return _plan(_circuits(circuit, _targets(targets, "sweep_plan"), ablation, metric), cache_bytes)
 
 
 def _circuits(circuit: Circuit, items: list, ablation: Callable, metric: Any) -> list[Circuit]:
@@ -428,16 +451,18 @@ def _sharded(
     return SweepResult(records, baseline, results[0].metric)
 
 
-def _check_arguments(circuit: Any, ablation: Any, evaluator: Any, cache_bytes: Any, policy: Any) -> None:
-    check_node(circuit, "sweep: the circuit", ExperimentError)
+def _check_arguments(
+    circuit: Any, ablation: Any, evaluator: Any, cache_bytes: Any, policy: Any, what: str = "sweep"
+) -> None:
+    check_node(circuit, f"{what}: the circuit", ExperimentError)
     if policy not in ("planned", "lru"):
-        raise ExperimentError(f"sweep: policy {policy!r} is not 'planned' or 'lru'")
-    check_cache_bytes(cache_bytes, "sweep")
+        raise ExperimentError(f"{what}: policy {policy!r} is not 'planned' or 'lru'")
+    check_cache_bytes(cache_bytes, what)
     if evaluator is not None and not isinstance(evaluator, Evaluator):
-        raise ExperimentError(f"sweep: evaluator must be a cc.Evaluator, got {type(evaluator).__name__}")
+        raise ExperimentError(f"{what}: evaluator must be a cc.Evaluator, got {type(evaluator).__name__}")
     if not callable(ablation):
         raise ExperimentError(
-            f"sweep: ablation must be a function (circuit, target) -> circuit, got {ablation!r}"
+            f"{what}: ablation must be a function (circuit, target) -> circuit, got {ablation!r}"
         )
 
 

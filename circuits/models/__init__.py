@@ -15,6 +15,11 @@ package ships).
 ``from_torch(module, example_inputs)`` imports any torch module through
 ``torch.export`` (``torch_import``; docs/from_torch.md): parameters named by
 module path, each op's nodes by the module that ran it.
+
+Every builder and loader takes one ``ModelOptions`` (``options.py``: ``seq_len``,
+``batch_size``, ``convention``, ``causal``, ``neg_inf``, ``rope``, ``attach``,
+``tokenizer``) after its tokens, its fields also keywords that override it;
+``causal`` is True everywhere, the demo model's too.
 """
 
 from circuits.errors import ModelError
@@ -25,6 +30,7 @@ from circuits.models.demo_model import load_demo_model
 from circuits.models.gpt2 import GPT2Config, build_gpt2, gpt2_random_weights
 from circuits.models.llama import LlamaConfig, build_llama, llama_random_weights, rope_cos_sin
 from circuits.models.neox import NeoXConfig, build_neox
+from circuits.models.options import ModelOptions
 from circuits.models.checkpoint import load_hf_checkpoint
 from circuits.models.hf import from_hf, from_hf_state_dict, hf_to_weights
 from circuits.models.gguf_file import SUPPORTED_GGUF, GGUFModel, from_gguf
@@ -44,6 +50,7 @@ __all__ = [
     "GPT2Config",
     "LlamaConfig",
     "ModelError",
+    "ModelOptions",
     "NeoXConfig",
     "attn_only_random_weights",
     "build_attn_only",

@@ -3,9 +3,10 @@
 Token embedding by ``gen_index``, shortformer positions (added to the
 query/key input only), layer norm written out, attention with heads as an
 axis, a final layer norm, unembedding, log-softmax and the per-token loss.
-The builder writes attention *unsplit* and, by default, *unmasked*:
-``cc.causal_mask`` then ``cc.split_heads`` turn the 2-layer build
-at the golden dimensions into the golden file (all but the array hashes).
+The builder writes attention *unsplit* and, by default, *causal* (masked, as
+every model is trained); built with ``causal=False`` (unmasked), ``cc.passes.causal_mask``
+then ``cc.passes.split_heads`` turn the 2-layer build at the golden dimensions into the
+golden file (all but the array hashes).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from circuits.transformer.masks import causal_mask_array
 from circuits.models import common
 from circuits.models.text import token_ids
 from circuits.models.common import einsum
+from circuits.models.options import DEFAULT, NOT_ROTARY, ModelOptions, takes_model_options
 from circuits.core.nodes import Add, Array, Circuit
 
 
@@ -66,19 +68,12 @@ def attn_only_random_weights(config: AttnOnlyConfig, seed: int = 0, dtype: torch
     return common.random_weights(shapes, seed=seed, dtype=dtype, ones=scales)
 
 
-@common.checked_options()
+@takes_model_options(NOT_ROTARY)
 def build_attn_only(
     config: AttnOnlyConfig,
     weights: Mapping[str, Any],
     tokens: Any = None,
-    *,
-    seq_len: int | None = None,
-    batch_size: int | None = None,
-    convention: str = "default",
-    causal: bool = False,
-    neg_inf: float = common.NEG_INF,
-    attach: bool = False,
-    tokenizer: Any = None,
+    options: ModelOptions = DEFAULT,
 ) -> Circuit:
     """The model as a circuit whose root is the per-token loss ``'t.loss'``.
 
@@ -90,9 +85,11 @@ def build_attn_only(
     with no targets and no loss), copied, or None with ``seq_len`` (and
     ``batch_size``) for a zero placeholder; or text (a string, or a list of
     strings of equal token length) with ``tokenizer=`` any Hugging Face
-    tokenizer (``models.to_tokens``: a BOS token in front, as TransformerLens).  ``causal=True`` writes the masked
-    form that the ``causal_mask`` pass produces; the default leaves attention
-    unmasked.  An unknown option is a ``ModelError`` listing the accepted ones.
+    tokenizer (``models.to_tokens``: a BOS token in front, as TransformerLens).  ``options``: a
+    ``models.ModelOptions``, its fields also keywords that override it (``causal=False``
+    leaves attention unmasked, as the golden file; the default writes the masked form that
+    the ``causal_mask`` pass produces).  An unknown option is a ``ModelError`` listing the
+    accepted ones.
 
     The arrays hold the given weight tensors, not copies.  ``attach=False``
     detaches them, so no gradient reaches them; ``attach=True`` keeps them in
@@ -101,23 +98,15 @@ def build_attn_only(
     circuit stale: evaluating it raises ``StaleTensorError``, so rebuild it
     after each step.
     """
-    tokens = token_ids(tokens, tokenizer)
+    tokens = token_ids(tokens, options.tokenizer)
     if not isinstance(config, AttnOnlyConfig):
         raise common.ModelError(f"build_attn_only needs an AttnOnlyConfig, got {type(config).__name__}")
-    common.check_build_options(causal, neg_inf, attach)
     tensors = common.check_weights(
-        "attention-only", weights, config.weight_shapes(), optional=_OPTIONAL, attach=attach
+        "attention-only", weights, config.weight_shapes(), optional=_OPTIONAL, attach=options.attach
     )
     w = {name: Array(tensor, name=name) for name, tensor in tensors.items()}
-    toks = common.make_tokens(
-        tokens,
-        seq_len=seq_len,
-        batch_size=batch_size,
-        convention=convention,
-        vocab_size=config.vocab_size,
-        max_positions=config.n_ctx,
-    )
-    mask = causal_mask_array(toks.seq_len, common.weights_dtype(tensors)) if causal else None
+    toks = common.make_tokens(tokens, options, vocab_size=config.vocab_size, max_positions=config.n_ctx)
+    mask = causal_mask_array(toks.seq_len, common.weights_dtype(tensors)) if options.causal else None
 
     resid: Circuit = common.embed(w[names.TOK_EMBEDS_WEIGHT], toks)
     pos = common.positions(w[names.POS_EMBEDS_WEIGHT], toks.seq_len)
@@ -133,7 +122,7 @@ def build_attn_only(
         k = einsum("kd,hcd->hkc", qk_input, w[names.attn_weight(layer, "k")], name=names.K)
         v = einsum("kd,hVd->hkV", norm, w[names.attn_weight(layer, "v")], name=names.V)
         div = common.div_head_size(w[names.attn_weight(layer, "k")])
-        out = common.attend(q, k, v, div, w[names.attn_weight(layer, "o")], layer, mask, neg_inf)
+        out = common.attend(q, k, v, div, w[names.attn_weight(layer, "o")], layer, mask, options.neg_inf)
         resid = Add(out, resid, name=names.block(layer))
     final = common.layer_norm(
         resid, *common.norm_weights(w, names.FINAL), config.ln_eps, name=names.FINAL_NORM

@@ -19,8 +19,7 @@ from typing import Any
 import torch
 
 from circuits.errors import ModelError, shown
-from circuits.transformer.masks import NEG_INF
-from circuits.models.common import checked_options
+from circuits.models.options import DEFAULT, ModelOptions, takes_model_options
 from circuits.models.hf import config_for, from_hf_state_dict
 from circuits.models.text import token_ids
 from circuits.core.nodes import Circuit
@@ -156,17 +155,11 @@ def _in_dtype(state: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict
     return {key: t.to(dtype) if t.is_floating_point() else t for key, t in state.items()}
 
 
-@checked_options()
+@takes_model_options(
+    {"attach": "the weights read are the circuit's own", "rope": "computed from config.json"}
+)
 def load_hf_checkpoint(
-    path: str | os.PathLike,
-    tokens: Any = None,
-    *,
-    seq_len: int | None = None,
-    batch_size: int | None = None,
-    convention: str = "default",
-    causal: bool = True,
-    neg_inf: float = NEG_INF,
-    tokenizer: Any = None,
+    path: str | os.PathLike, tokens: Any = None, options: ModelOptions = DEFAULT
 ) -> Circuit:
     """A circuit from a local Hugging Face checkpoint directory (``config.json`` + safetensors).
 
@@ -178,7 +171,7 @@ def load_hf_checkpoint(
     ``ModelError`` naming the file; shards the index names outside the directory
     are refused.
     """
-    tokens = token_ids(tokens, tokenizer)
+    tokens = token_ids(tokens, options.tokenizer)
     directory = Path(path)
     config_file = directory / "config.json"
     if not config_file.is_file():
@@ -197,9 +190,5 @@ def load_hf_checkpoint(
         config,
         _in_dtype(_read_checkpoint_tensors(directory), dtype),
         tokens,
-        seq_len=seq_len,
-        batch_size=batch_size,
-        convention=convention,
-        causal=causal,
-        neg_inf=neg_inf,
+        options.evolve(tokenizer=None),
     )

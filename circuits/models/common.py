@@ -16,7 +16,7 @@ import math
 import operator
 import string
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -25,6 +25,9 @@ from circuits.errors import ModelError, shown
 from circuits.transformer.masks import NEG_INF, neg_inf_bias
 from circuits.core.nodes import Add, Array, Circuit, Concat, Einsum, GeneralFunction, Index, Scalar
 from circuits.core.shapes import format_slice
+
+if TYPE_CHECKING:  # only annotations here (options.py imports this module)
+    from circuits.models.options import ModelOptions
 
 #: How the token array is cut into model inputs and targets.
 #: ``"default"``: ``[S+1]`` tokens, inputs ``[:-1]``, targets ``[1:]``.
@@ -94,18 +97,6 @@ def checked_options() -> Callable[[_F], _F]:
     return decorate
 
 
-def check_build_options(causal: Any, neg_inf: Any, attach: Any) -> None:
-    """The builders' flags, refused unless of the right kind: ``causal="no"`` would be true."""
-    for what, value in (("causal", causal), ("attach", attach)):
-        if not isinstance(value, bool):
-            raise ModelError(f"{what}={shown(repr(value))} is not a bool (True or False)")
-    if isinstance(neg_inf, bool) or not isinstance(neg_inf, (int, float)) or not -math.inf < neg_inf < 0:
-        raise ModelError(
-            f"neg_inf={shown(repr(neg_inf))} is not a finite negative number (the masked form multiplies it "
-            "by 0 where attention is allowed, so -inf would give NaN)"
-        )
-
-
 # ------------------------------------------------------------------ einsum
 
 
@@ -168,15 +159,10 @@ class Tokens:
 
 
 def make_tokens(
-    tokens: Any,
-    *,
-    seq_len: int | None,
-    batch_size: int | None,
-    convention: str,
-    vocab_size: int,
-    max_positions: int | None = None,
+    tokens: Any, options: ModelOptions, *, vocab_size: int, max_positions: int | None = None
 ) -> Tokens:
-    """The token Array and its two Index views.
+    """The token Array and its two Index views, as ``options`` (``seq_len``, ``batch_size``,
+    ``convention``) say.
 
     ``tokens`` is an integer tensor ``[S+k]`` or ``[B,S+k]`` (``k`` is 1 for the
     ``"default"`` convention, 2 for ``"golden"``), or None for an all-zero
@@ -184,6 +170,7 @@ def make_tokens(
     to be swapped later with ``update('toks_int_var', ...)``.  Given tokens
     are copied: the caller may reuse the tensor without changing the circuit.
     """
+    seq_len, batch_size, convention = options.seq_len, options.batch_size, options.convention
     if not isinstance(convention, str) or convention not in CONVENTIONS:
         raise ModelError(f"convention {shown(repr(convention))} is not one of {sorted(CONVENTIONS)}")
     extra, input_slice, target_slice = CONVENTIONS[convention]
@@ -487,7 +474,12 @@ def check_weights(
             continue
         tensors[name] = value if attach else value.detach()
     if problems:
-        raise ModelError(f"{family} weights do not fit the config:\n  " + "\n  ".join(problems))
+        raise ModelError(
+            f"{family} weights do not fit the config:\n  " + "\n  ".join(problems),
+            missing_keys=missing,
+            unexpected_keys=unknown,
+            mismatched_keys=[n for n in expected if n in weights and n not in tensors],
+        )
     dtypes = {t.dtype for t in tensors.values()}
     if len(dtypes) > 1:
         raise ModelError(

@@ -5,9 +5,8 @@
 ``circuits/data/induction_2l.safetensors`` (named as in
 ``AttnOnlyConfig.weight_shapes()``) and its config, seed and losses to
 ``circuits/data/induction_2l.json``.  ``load_demo_model(tokens)`` builds it
-as a circuit with ``build_attn_only``: unsplit and unmasked, as the builder
-gives it, so apply ``cc.causal_mask`` (it was trained causal)
-and, to study heads, ``split_heads``.
+as a circuit with ``build_attn_only``: causal, as it was trained, and unsplit,
+as the builder gives it; to study heads, apply ``split_heads``.
 """
 
 from __future__ import annotations
@@ -21,10 +20,9 @@ import safetensors.torch
 import torch
 
 from circuits.errors import ModelError
-from circuits.transformer.masks import NEG_INF
 from circuits.models.attn_only import AttnOnlyConfig, build_attn_only
-from circuits.models.common import check_seed, checked_options
-from circuits.models.text import token_ids
+from circuits.models.common import check_seed
+from circuits.models.options import DEFAULT, NOT_ROTARY, ModelOptions, takes_model_options
 from circuits.core.nodes import Circuit
 
 #: The beginning-of-sequence token that starts every row of the task.
@@ -66,38 +64,17 @@ def load_demo_weights() -> dict[str, torch.Tensor]:
     return dict(safetensors.torch.load(data))
 
 
-@checked_options()
-def load_demo_model(
-    tokens: Any = None,
-    *,
-    seq_len: int | None = None,
-    batch_size: int | None = None,
-    convention: str = "default",
-    causal: bool = False,
-    neg_inf: float = NEG_INF,
-    attach: bool = False,
-    tokenizer: Any = None,
-) -> Circuit:
+@takes_model_options(NOT_ROTARY)
+def load_demo_model(tokens: Any = None, options: ModelOptions = DEFAULT) -> Circuit:
     """The shipped induction model as a circuit whose root is the per-token loss ``'t.loss'``.
 
     ``tokens`` and the options are those of ``build_attn_only``: an int
     tensor ``[S+1]`` or ``[B,S+1]`` with ``S`` at most ``n_ctx``, e.g.
     ``repeated_tokens(...)``, or None with ``seq_len`` (and ``batch_size``).
-    The circuit is unmasked unless ``causal=True``; the model was trained
-    with a causal mask, so apply ``cc.causal_mask`` before evaluating.
+    The circuit is causal (masked), as the model was trained; ``causal=False``
+    builds the unmasked form.
     """
-    tokens = token_ids(tokens, tokenizer)
-    return build_attn_only(
-        demo_config(),
-        load_demo_weights(),
-        tokens,
-        seq_len=seq_len,
-        batch_size=batch_size,
-        convention=convention,
-        causal=causal,
-        neg_inf=neg_inf,
-        attach=attach,
-    )
+    return build_attn_only(demo_config(), load_demo_weights(), tokens, options)
 
 
 def repeated_tokens(

@@ -9,8 +9,10 @@ model is checked and built as a Hugging Face one is.  Why not ``transformers``'
 own GGUF loading (``from_pretrained(dir, gguf_file=...)``): it reads the file three
 times and builds a torch model we would then convert; reading it once here is
 several times faster (docs/models.md gives the figures), and ``transformers``'
-model stays an independent reference for the tests.  The tokenizer is
-``transformers``' (``AutoTokenizer.from_pretrained(dir, gguf_file=...)``), built
+model stays an independent reference for the tests.  ``from_gguf`` returns a ``GGUFModel``,
+the file read once; its ``circuit(tokens, options, **fields)`` builds a circuit, taking the
+``ModelOptions`` every model entry point takes.  The tokenizer is
+``transformers``' (``PreTrainedTokenizerFast.from_pretrained(dir, gguf_file=...)``), built
 from the vocabulary inside the file.
 
 Architectures: ``'llama'`` (``SUPPORTED_GGUF``; llama.cpp writes Llama, Mistral
@@ -36,11 +38,10 @@ import torch
 
 from circuits.core.nodes import Circuit
 from circuits.errors import ModelError, shown
-from circuits.models.common import checked_options
 from circuits.models.hf import from_hf_state_dict
 from circuits.models.hf_llama import llama_config_from_hf
+from circuits.models.options import DEFAULT, ModelOptions, takes_model_options
 from circuits.models.text import is_text, to_str_tokens, to_tokens
-from circuits.transformer.masks import NEG_INF
 
 __all__ = ["SUPPORTED_GGUF", "GGUFModel", "from_gguf"]
 
@@ -108,33 +109,22 @@ class GGUFModel:
             f"vocab {c['vocab_size']}; tensors {types}; tokenizer {'none' if self.tokenizer is None else 'yes'})"
         )
 
-    @checked_options()
-    def circuit(
-        self,
-        tokens: Any = None,
-        *,
-        seq_len: int | None = None,
-        batch_size: int | None = None,
-        convention: str = "default",
-        causal: bool = True,
-        neg_inf: float = NEG_INF,
-    ) -> Circuit:
-        """The model as a circuit on ``tokens`` (an int tensor ``[S+1]`` or ``[B,S+1]``, or text, read
-        with this file's tokenizer); the options are ``from_hf``'s.  The weight arrays hold this
-        object's tensors (no copy)."""
-        if is_text(tokens):
-            tokens = self.to_tokens(tokens)
-        return from_hf_state_dict(
-            self.config,
-            self.state_dict,
-            tokens,
-            seq_len=seq_len,
-            batch_size=batch_size,
-            convention=convention,
-            causal=causal,
-            neg_inf=neg_inf,
-            attach=True,
-        )
+    @takes_model_options(
+        {
+            "attach": "the circuits hold views of the tensors read (shared, read-only), never copies",
+            "rope": "the rotary tables come from the file's metadata",
+        }
+    )
+    def circuit(self, tokens: Any = None, options: ModelOptions = DEFAULT) -> Circuit:
+        """The model as a circuit on ``tokens`` (an int tensor ``[S+1]`` or ``[B,S+1]``, or text); the
+        options are ``from_hf_state_dict``'s (a ``ModelOptions`` and keyword overrides), and text is
+        read with this file's tokenizer unless ``tokenizer=`` names another.  The weight arrays hold
+        this object's tensors (no copy)."""
+        if options.tokenizer is None:
+            if is_text(tokens):
+                self._needs_tokenizer()
+            options = options.evolve(tokenizer=self.tokenizer)
+        return from_hf_state_dict(self.config, self.state_dict, tokens, options.evolve(attach=True))
 
     def to_tokens(self, text: Any, *, prepend_bos: bool = True) -> torch.Tensor:
         """``models.to_tokens`` with this file's tokenizer."""
@@ -157,12 +147,16 @@ def from_gguf(path: str | Path, *, tokenizer: bool = True) -> GGUFModel:
     """Read a GGUF checkpoint: its config, its weights dequantized to float32, and its tokenizer.
 
     ``tokenizer=False`` skips the tokenizer (which needs ``transformers``); a file without a
-    vocabulary has none either way.  ``model.circuit(tokens, ...)`` builds a circuit.
+    vocabulary has none either way.  It builds nothing: ``model.circuit(tokens, options, **fields)``
+    does, with the ``ModelOptions`` of every entry point, for as many token sets as wanted from the
+    one reading (the options depend on the tokens: ``convention``, ``seq_len``).
     """
     gguf = _gguf_package()
     path = Path(path)
     if not isinstance(tokenizer, bool):
-        raise ModelError(f"from_gguf: tokenizer={shown(repr(tokenizer))} is not a bool (True or False)")
+        raise ModelError(
+            f"from_gguf: tokenizer={shown(repr(tokenizer))} is not a bool (True or False)", "tokenizer"
+        )
     reader = _reader(gguf, path)
     fields = _metadata(gguf, reader)
     architecture = _architecture(path, fields)
@@ -228,7 +222,8 @@ def _architecture(path: Path, metadata: Mapping[str, Any]) -> str:
     if architecture not in SUPPORTED_GGUF:
         raise ModelError(
             f"{path}: 'general.architecture' is {shown(repr(architecture))}; from_gguf builds "
-            f"{', '.join(map(repr, SUPPORTED_GGUF))}"
+            f"{', '.join(map(repr, SUPPORTED_GGUF))}",
+            "general.architecture",
         )
     return architecture
 
@@ -241,7 +236,8 @@ def _check_tensor_types(gguf: Any, path: Path, tensors: Mapping[str, Any]) -> No
         more = f", ... ({len(unreadable)} in all)" if len(unreadable) > 6 else ""
         raise ModelError(
             f"{path}: tensor type not readable: {listed}{more}; the gguf package "
-            f"({_version()}) dequantizes none of these to float weights"
+            f"({_version()}) dequantizes none of these to float weights",
+            mismatched_keys=unreadable,
         )
 
 
@@ -262,12 +258,12 @@ def _field(path: Path, metadata: Mapping[str, Any], key: str, required: bool, nu
     value = metadata.get(key)
     if value is None:
         if required:
-            raise ModelError(f"{path}: the metadata has no {key!r}")
+            raise ModelError(f"{path}: the metadata has no {key!r}", key)
         return None
     kinds = (int, float) if number else (int,)
     if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value) or value <= 0:
         what = "a positive finite number" if number else "a positive int"
-        raise ModelError(f"{path}: {key!r} is {shown(repr(value))}; expected {what}")
+        raise ModelError(f"{path}: {key!r} is {shown(repr(value))}; expected {what}", key)
     return value
 
 
@@ -293,12 +289,14 @@ def _llama_config(
     if rotary is not None and rotary != head_dim:
         raise ModelError(
             f"{path}: {arch + '.rope.dimension_count'!r} is {rotary}, not the head size {head_dim}: "
-            "a partial rotary embedding, which the Llama builder does not make"
+            "a partial rotary embedding, which the Llama builder does not make",
+            f"{arch}.rope.dimension_count",
         )
     value_dim = _field(path, metadata, f"{arch}.attention.value_length", False)
     if value_dim is not None and value_dim != head_dim:
         raise ModelError(
-            f"{path}: {arch + '.attention.value_length'!r} is {value_dim}, not the key size {head_dim}"
+            f"{path}: {arch + '.attention.value_length'!r} is {value_dim}, not the key size {head_dim}",
+            f"{arch}.attention.value_length",
         )
     return config
 
@@ -309,13 +307,15 @@ def _check_with_builder(path: Path, config: Mapping[str, Any], arch: str) -> Non
     try:
         llama_config_from_hf(config, SUPPORTED_GGUF[arch])
     except ModelError as error:
-        keys = [
-            f"{hf_key} = {f'{arch}.{suffix}'!r}"
+        named = {
+            hf_key: f"{arch}.{suffix}"
             for hf_key, (suffix, _) in _LLAMA_FIELDS.items()
             if f"'{hf_key}'" in str(error)
-        ]
-        read = f" (read from {', '.join(keys)})" if keys else ""
-        raise ModelError(f"{path}: {error}{read}") from error
+        }
+        read = ", ".join(f"{hf_key} = {key!r}" for hf_key, key in named.items())
+        read = f" (read from {read})" if named else ""
+        field = next(iter(named.values())) if len(named) == 1 else None  # several: the message names them
+        raise ModelError(f"{path}: {error}{read}", field) from error
 
 
 def _refuse_llama_options(path: Path, metadata: Mapping[str, Any], arch: str) -> None:
@@ -324,13 +324,15 @@ def _refuse_llama_options(path: Path, metadata: Mapping[str, Any], arch: str) ->
     if scaling not in (None, "none"):
         raise ModelError(
             f"{path}: {arch + '.rope.scaling.type'!r} is {shown(repr(scaling))}; from_gguf builds unscaled "
-            "rotary embeddings only"
+            "rotary embeddings only",
+            f"{arch}.rope.scaling.type",
         )
     experts = metadata.get(f"{arch}.expert_count")
     if experts not in (None, 0):
         raise ModelError(
             f"{path}: {arch + '.expert_count'!r} is {shown(repr(experts))}: a mixture of experts, which "
-            "the Llama builder does not make"
+            "the Llama builder does not make",
+            f"{arch}.expert_count",
         )
 
 
@@ -339,13 +341,24 @@ def _llama_state_dict(
 ) -> dict[str, torch.Tensor]:
     """Every tensor dequantized to float32 under its Hugging Face name, queries and keys un-interleaved."""
     expected = _llama_shapes(config)
-    problems = [f"missing: {name!r} {list(shape)}" for name, shape in expected.items() if name not in tensors]
-    problems += [f"not understood: {name!r}" for name in tensors if name not in expected]
-    for name, shape in expected.items():
-        if name in tensors and _torch_shape(tensors[name]) != shape:
-            problems.append(f"{name!r} has shape {list(_torch_shape(tensors[name]))}, expected {list(shape)}")
+    missing = [name for name in expected if name not in tensors]
+    unexpected = [name for name in tensors if name not in expected]
+    misshapen = [
+        name for name in expected if name in tensors and _torch_shape(tensors[name]) != expected[name]
+    ]
+    problems = [f"missing: {name!r} {list(expected[name])}" for name in missing]
+    problems += [f"not understood: {name!r}" for name in unexpected]
+    problems += [
+        f"{name!r} has shape {list(_torch_shape(tensors[name]))}, expected {list(expected[name])}"
+        for name in misshapen
+    ]
     if problems:
-        raise ModelError(f"{path}: the tensors do not fit the metadata:\n  " + "\n  ".join(problems))
+        raise ModelError(
+            f"{path}: the tensors do not fit the metadata:\n  " + "\n  ".join(problems),
+            missing_keys=missing,
+            unexpected_keys=unexpected,
+            mismatched_keys=misshapen,
+        )
     heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
     state = {}
     for name, tensor in tensors.items():

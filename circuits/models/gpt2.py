@@ -24,6 +24,7 @@ from circuits.transformer.masks import causal_mask_array
 from circuits.models import common
 from circuits.models.text import token_ids
 from circuits.models.common import ACTIVATIONS, einsum, fn
+from circuits.models.options import DEFAULT, NOT_ROTARY, ModelOptions, takes_model_options
 from circuits.core.nodes import Add, Circuit
 
 
@@ -93,19 +94,12 @@ def gpt2_random_weights(config: GPT2Config, seed: int = 0, dtype: torch.dtype = 
     return common.random_weights(shapes, seed=seed, dtype=dtype, ones=scales)
 
 
-@common.checked_options()
+@takes_model_options(NOT_ROTARY)
 def build_gpt2(
     config: GPT2Config,
     weights: Mapping[str, Any],
     tokens: Any = None,
-    *,
-    seq_len: int | None = None,
-    batch_size: int | None = None,
-    convention: str = "default",
-    causal: bool = True,
-    neg_inf: float = common.NEG_INF,
-    attach: bool = False,
-    tokenizer: Any = None,
+    options: ModelOptions = DEFAULT,
 ) -> Circuit:
     """GPT-2 as a circuit whose root is the per-token loss ``'t.loss'``.
 
@@ -114,29 +108,23 @@ def build_gpt2(
     embedding is used); ``'t.w.unembed_bias'`` is optional.  Tokens and
     options (``attach`` too) as in ``build_attn_only``.
     """
-    tokens = token_ids(tokens, tokenizer)
+    tokens = token_ids(tokens, options.tokenizer)
     if not isinstance(config, GPT2Config):
         raise ModelError(f"build_gpt2 needs a GPT2Config, got {type(config).__name__}")
     common.check_activation("GPT-2", config.act)
-    common.check_build_options(causal, neg_inf, attach)
     optional = (names.UNEMBED_BIAS_WEIGHT,) + ((names.UNEMBED_WEIGHT,) if config.tie_word_embeddings else ())
-    tensors = common.check_weights("GPT-2", weights, config.weight_shapes(), optional=optional, attach=attach)
-    w = common.weight_arrays(tensors)
-    toks = common.make_tokens(
-        tokens,
-        seq_len=seq_len,
-        batch_size=batch_size,
-        convention=convention,
-        vocab_size=config.vocab_size,
-        max_positions=config.n_ctx,
+    tensors = common.check_weights(
+        "GPT-2", weights, config.weight_shapes(), optional=optional, attach=options.attach
     )
-    mask = causal_mask_array(toks.seq_len, common.weights_dtype(tensors)) if causal else None
+    w = common.weight_arrays(tensors)
+    toks = common.make_tokens(tokens, options, vocab_size=config.vocab_size, max_positions=config.n_ctx)
+    mask = causal_mask_array(toks.seq_len, common.weights_dtype(tensors)) if options.causal else None
     act = ACTIVATIONS[config.act]
 
     idxed = common.embed(w[names.TOK_EMBEDS_WEIGHT], toks)
     resid: Circuit = Add(idxed, common.positions(w[names.POS_EMBEDS_WEIGHT], toks.seq_len), name=names.EMBEDS)
     for layer in range(config.n_layers):
-        resid_mid = _attention(w, resid, layer, config.ln_eps, mask, neg_inf)
+        resid_mid = _attention(w, resid, layer, config.ln_eps, mask, options.neg_inf)
         resid = Add(mlp(w, resid_mid, layer, config.ln_eps, act), resid_mid, name=names.block(layer))
     final = common.layer_norm(
         resid, *common.norm_weights(w, names.FINAL), config.ln_eps, name=names.FINAL_NORM

@@ -31,8 +31,7 @@ from typing import Any
 import torch
 
 from circuits.errors import ModelError, shown
-from circuits.transformer.masks import NEG_INF
-from circuits.models.common import CONVENTIONS, checked_options
+from circuits.models.common import CONVENTIONS
 from circuits.models.gpt2 import build_gpt2
 from circuits.models.hf_gpt2 import gpt2_config_from_hf, gpt2_weights_from_hf
 from circuits.models.hf_llama import (
@@ -47,7 +46,8 @@ from circuits.models.hf_neox import neox_config_from_hf, neox_weights_from_hf
 from circuits.models.hf_opt import opt_config_from_hf, opt_weights_from_hf
 from circuits.models.llama import build_llama
 from circuits.models.neox import build_neox
-from circuits.models.reading import check_attach, get_field
+from circuits.models.options import DEFAULT, ModelOptions, takes_model_options
+from circuits.models.reading import get_field
 from circuits.models.text import token_ids
 from circuits.core.nodes import Circuit
 
@@ -135,88 +135,57 @@ def hf_to_weights(
     return family, ours, llama_weights_from_hf(ours, state_dict, attach, FAMILY_NAMES[family])
 
 
-@checked_options()
+@takes_model_options()
 def from_hf_state_dict(
-    config: Any,
-    state_dict: Mapping[str, Any],
-    tokens: Any = None,
-    *,
-    seq_len: int | None = None,
-    batch_size: int | None = None,
-    convention: str = "default",
-    causal: bool = True,
-    neg_inf: float = NEG_INF,
-    rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-    attach: bool = False,
-    tokenizer: Any = None,
+    config: Any, state_dict: Mapping[str, Any], tokens: Any = None, options: ModelOptions = DEFAULT
 ) -> Circuit:
     """A circuit from a Hugging Face config (object or ``config.json`` dict) and a state dict.
 
-    The options are the builder's (``build_gpt2``, ``build_llama`` or ``build_neox``, whose
-    defaults agree), as in ``from_hf``; with ``attach`` the arrays are views
-    of the state dict's tensors (see the module docstring).  ``rope``
-    (Llama only): the rotary ``(cos, sin)`` tables; by default the builder
-    computes them, or, for a scaled rotary variant, ``transformers`` does.
+    The options are the builder's (``build_gpt2``, ``build_llama`` or ``build_neox``), as in
+    ``from_hf``; with ``attach`` the arrays are views of the state dict's tensors (see the
+    module docstring).  ``rope`` (Llama only): the rotary ``(cos, sin)`` tables; by default
+    the builder computes them, or, for a scaled rotary variant, ``transformers`` does.
     """
-    tokens = token_ids(tokens, tokenizer)
-    family, ours, weights = hf_to_weights(config, state_dict, check_attach(attach))
-    options = {
-        "seq_len": seq_len,
-        "batch_size": batch_size,
-        "convention": convention,
-        "causal": causal,
-        "neg_inf": neg_inf,
-        "attach": attach,
-    }
+    tokens = token_ids(tokens, options.tokenizer)
+    options = options.evolve(tokenizer=None)  # the tokens are ids from here on
+    family, ours, weights = hf_to_weights(config, state_dict, options.attach)
     if family in (*GPT2_LIKE, "gpt_neox"):
-        if rope is not None:
+        if options.rope is not None:
             raise ModelError(
-                "rope= applies to Llama-style models (llama, qwen2, mistral, gemma, gemma2) only"
+                "rope= applies to Llama-style models (llama, qwen2, mistral, gemma, gemma2) only", "rope"
             )
         build = build_gpt2 if family in GPT2_LIKE else build_neox
-        return build(ours, weights, tokens, **options)
-    if rope is None and rope_type(config) != "default":
-        seq = _positions(tokens, seq_len, convention)
+        return build(ours, weights, tokens, options)
+    if options.rope is None and rope_type(config) != "default":
+        seq = _positions(tokens, options.seq_len, options.convention)
         if seq is None:
             raise ModelError(
                 f"this Llama model's {rope_type(config)!r} rotary tables need the number of positions: pass "
-                "tokens (an int tensor [S+1] or [B,S+1]) or seq_len= (a positive int), and a known convention"
+                "tokens (an int tensor [S+1] or [B,S+1]) or seq_len= (a positive int)"
             )
         config_dict = config if isinstance(config, Mapping) else config.to_dict()
         dtype = next(iter(weights.values())).dtype
-        rope = rope_from_transformers(config_dict, seq, dtype)
-    return build_llama(ours, weights, tokens, rope=rope, **options)
+        options = options.evolve(rope=rope_from_transformers(config_dict, seq, dtype))
+    return build_llama(ours, weights, tokens, options)
 
 
-@checked_options()
-def from_hf(
-    model: Any,
-    tokens: Any = None,
-    *,
-    seq_len: int | None = None,
-    batch_size: int | None = None,
-    convention: str = "default",
-    causal: bool = True,
-    neg_inf: float = NEG_INF,
-    attach: bool = False,
-    tokenizer: Any = None,
-) -> Circuit:
+@takes_model_options({"rope": "the model's own rotary tables are used"})
+def from_hf(model: Any, tokens: Any = None, options: ModelOptions = DEFAULT) -> Circuit:
     """A circuit equal to an in-memory ``GPT2LMHeadModel``, ``LlamaForCausalLM``, ``Qwen2ForCausalLM``,
     ``MistralForCausalLM``, ``GemmaForCausalLM``, ``Gemma2ForCausalLM``, ``GPTNeoXForCausalLM`` or ``OPTForCausalLM``.
 
     ``tokens``: an int tensor ``[S+1]`` or ``[B,S+1]`` (inputs all but the
     last, targets all but the first; copied), or None with ``seq_len=`` (and
-    ``batch_size=``) for a placeholder, or text with ``tokenizer=``.  The other options are the builders'
-    (``build_gpt2``, ``build_llama``, ``build_neox``): ``convention="golden"`` for ``[S+2]``
-    tokens, ``causal`` (the masked form, as the model computes it),
-    ``neg_inf`` (the masked scores' value), and ``attach=True`` to make
-    every weight array a view of the model's parameter, so that a backward
-    pass through the circuit fills ``model.parameters()``'s ``.grad``
-    (rebuild the circuit after an optimizer step: see the module docstring).
-    A Llama-style model's rotary tables are its own.  The root is the per-token
-    loss ``'t.loss'``; the logits are ``'t.call'``.
+    ``batch_size=``) for a placeholder, or text with ``tokenizer=``.  ``options``: a
+    ``models.ModelOptions``, its fields also keywords that override it (the builders'
+    options): ``convention="golden"`` for ``[S+2]`` tokens, ``causal`` (the masked form, as
+    the model computes it; the default), ``neg_inf`` (the masked scores' value), and
+    ``attach=True`` to make every weight array a view of the model's parameter, so that a
+    backward pass through the circuit fills ``model.parameters()``'s ``.grad`` (rebuild the
+    circuit after an optimizer step: see the module docstring).  A Llama-style model's rotary
+    tables are its own.  The root is the per-token loss ``'t.loss'``; the logits are ``'t.call'``.
     """
-    tokens = token_ids(tokens, tokenizer)
+    tokens = token_ids(tokens, options.tokenizer)
     config = getattr(model, "config", None)
     if config is None or not hasattr(model, "state_dict"):
         raise ModelError(f"from_hf needs a Hugging Face model with a .config, got {type(model).__name__}")
@@ -226,23 +195,11 @@ def from_hf(
         raise ModelError(
             f"from_hf: got a {type(model).__name__} ({model_type}); expected {expected} (a model with its LM head)"
         )
-    rope = None
     if model_type not in (*GPT2_LIKE, "gpt_neox"):
-        seq = _positions(tokens, seq_len, convention)
+        seq = _positions(tokens, options.seq_len, options.convention)
         rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
         if seq is not None and rotary is not None:
             dtype = model.get_input_embeddings().weight.dtype
-            rope = hf_rope_tables(rotary, seq, dtype)
-    state = model.state_dict(keep_vars=check_attach(attach))
-    return from_hf_state_dict(
-        config,
-        state,
-        tokens,
-        seq_len=seq_len,
-        batch_size=batch_size,
-        convention=convention,
-        causal=causal,
-        neg_inf=neg_inf,
-        rope=rope,
-        attach=attach,
-    )
+            options = options.evolve(rope=hf_rope_tables(rotary, seq, dtype))
+    state = model.state_dict(keep_vars=options.attach)
+    return from_hf_state_dict(config, state, tokens, options.evolve(tokenizer=None))

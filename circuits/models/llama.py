@@ -39,6 +39,7 @@ from circuits.transformer.masks import causal_mask_array
 from circuits.models import common
 from circuits.models.text import token_ids
 from circuits.models.common import ACTIVATIONS, einsum, fn
+from circuits.models.options import DEFAULT, ModelOptions, takes_model_options
 from circuits.core.nodes import Add, Array, Circuit, Index, Scalar
 
 
@@ -241,20 +242,12 @@ def _rotate(x: Circuit, cos: Circuit, sin: Circuit, name: str) -> Add:
     return Add(with_cos, with_sin, name=name)
 
 
-@common.checked_options()
+@takes_model_options()
 def build_llama(
     config: LlamaConfig,
     weights: Mapping[str, Any],
     tokens: Any = None,
-    *,
-    seq_len: int | None = None,
-    batch_size: int | None = None,
-    convention: str = "default",
-    causal: bool = True,
-    neg_inf: float = common.NEG_INF,
-    rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-    attach: bool = False,
-    tokenizer: Any = None,
+    options: ModelOptions = DEFAULT,
 ) -> Circuit:
     """A Llama-style decoder as a circuit whose root is the per-token loss ``'t.loss'``.
 
@@ -264,31 +257,27 @@ def build_llama(
     (copied, never attached); by default they are ``rope_cos_sin(config, S)``.
     Tokens and options (``attach`` too) as in ``build_attn_only``.
     """
-    tokens = token_ids(tokens, tokenizer)
+    tokens = token_ids(tokens, options.tokenizer)
     if not isinstance(config, LlamaConfig):
         raise ModelError(f"build_llama needs a LlamaConfig, got {type(config).__name__}")
     common.check_activation("Llama", config.act)
-    common.check_build_options(causal, neg_inf, attach)
     heads, kv_heads = config.n_heads, config.kv_heads
     if heads % kv_heads:
         raise ModelError(f"Llama: {heads} query heads are not a multiple of {kv_heads} key/value heads")
     if config.head_size % 2:
         raise ModelError(f"Llama: rotary embedding needs an even head size, got d_head {config.head_size}")
     optional = (names.UNEMBED_WEIGHT,) if config.tie_word_embeddings else ()
-    tensors = common.check_weights("Llama", weights, config.weight_shapes(), optional=optional, attach=attach)
+    tensors = common.check_weights(
+        "Llama", weights, config.weight_shapes(), optional=optional, attach=options.attach
+    )
     dtype = common.weights_dtype(tensors)
     w = common.weight_arrays(tensors)
     toks = common.make_tokens(
-        tokens,
-        seq_len=seq_len,
-        batch_size=batch_size,
-        convention=convention,
-        vocab_size=config.vocab_size,
-        max_positions=config.max_positions,
+        tokens, options, vocab_size=config.vocab_size, max_positions=config.max_positions
     )
     seq = toks.seq_len
-    rotary = _rope_arrays(config, rope, seq, dtype)
-    masks = _masks(config, seq, dtype) if causal else [None] * config.n_layers
+    rotary = _rope_arrays(config, options.rope, seq, dtype)
+    masks = _masks(config, seq, dtype) if options.causal else [None] * config.n_layers
     act = ACTIVATIONS[config.act]
     group = heads // kv_heads
     repeat = torch.arange(kv_heads).repeat_interleave(group) if group > 1 else None
@@ -296,7 +285,7 @@ def build_llama(
 
     resid = _embed(config, w[names.TOK_EMBEDS_WEIGHT], toks, dtype)
     for layer in range(config.n_layers):
-        resid_mid = _attention(w, resid, layer, config, rotary, head_pick, masks[layer], neg_inf)
+        resid_mid = _attention(w, resid, layer, config, rotary, head_pick, masks[layer], options.neg_inf)
         mlp = _post_norm(config, _mlp(w, resid_mid, layer, config, act), w, names.mlp_prefix(layer))
         resid = Add(mlp, resid_mid, name=names.block(layer))
     final = _rms_norm(config, resid, w, names.FINAL, names.FINAL_NORM)

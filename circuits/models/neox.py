@@ -34,6 +34,7 @@ from circuits.errors import ModelError, shown
 from circuits.transformer.masks import causal_mask_array
 from circuits.models import common
 from circuits.models.common import ACTIVATIONS, einsum
+from circuits.models.options import DEFAULT, NOT_ROTARY_TABLES, ModelOptions, takes_model_options
 from circuits.models.gpt2 import mlp
 from circuits.models.text import token_ids
 from circuits.core.nodes import Add, Array, Circuit
@@ -130,19 +131,12 @@ def neox_rope_cos_sin(
     return cos.to(dtype), sin.to(dtype)
 
 
-@common.checked_options()
+@takes_model_options(NOT_ROTARY_TABLES)
 def build_neox(
     config: NeoXConfig,
     weights: Mapping[str, Any],
     tokens: Any = None,
-    *,
-    seq_len: int | None = None,
-    batch_size: int | None = None,
-    convention: str = "default",
-    causal: bool = True,
-    neg_inf: float = common.NEG_INF,
-    attach: bool = False,
-    tokenizer: Any = None,
+    options: ModelOptions = DEFAULT,
 ) -> Circuit:
     """GPT-NeoX as a circuit whose root is the per-token loss ``'t.loss'``.
 
@@ -150,33 +144,27 @@ def build_neox(
     ``tie_word_embeddings`` ``'t.w.unembed'`` may be left out.  Tokens and
     options (``attach`` too) as in ``build_attn_only``.
     """
-    tokens = token_ids(tokens, tokenizer)
+    tokens = token_ids(tokens, options.tokenizer)
     if not isinstance(config, NeoXConfig):
         raise ModelError(f"build_neox needs a NeoXConfig, got {type(config).__name__}")
     common.check_activation("GPT-NeoX", config.act)
-    common.check_build_options(causal, neg_inf, attach)
     optional = (names.UNEMBED_WEIGHT,) if config.tie_word_embeddings else ()
     tensors = common.check_weights(
-        "GPT-NeoX", weights, config.weight_shapes(), optional=optional, attach=attach
+        "GPT-NeoX", weights, config.weight_shapes(), optional=optional, attach=options.attach
     )
     dtype = common.weights_dtype(tensors)
     w = common.weight_arrays(tensors)
     toks = common.make_tokens(
-        tokens,
-        seq_len=seq_len,
-        batch_size=batch_size,
-        convention=convention,
-        vocab_size=config.vocab_size,
-        max_positions=config.max_positions,
+        tokens, options, vocab_size=config.vocab_size, max_positions=config.max_positions
     )
     cos, sin = neox_rope_cos_sin(config, toks.seq_len, dtype)
     rotary = (Array(cos, name=names.ROPE_COS), Array(sin, name=names.ROPE_SIN), config.rotary_dims)
-    mask = causal_mask_array(toks.seq_len, dtype) if causal else None
+    mask = causal_mask_array(toks.seq_len, dtype) if options.causal else None
     act = ACTIVATIONS[config.act]
 
     resid: Circuit = common.embed(w[names.TOK_EMBEDS_WEIGHT], toks)
     for layer in range(config.n_layers):
-        resid_mid = _attention(w, resid, layer, config.ln_eps, rotary, mask, neg_inf)
+        resid_mid = _attention(w, resid, layer, config.ln_eps, rotary, mask, options.neg_inf)
         mlp_in = resid if config.parallel_residual else resid_mid
         resid = Add(mlp(w, mlp_in, layer, config.ln_eps, act), resid_mid, name=names.block(layer))
     final = common.layer_norm(

@@ -36,26 +36,30 @@ class Reader:
         self.state = state_dict
         self.attach = attach
         self.used: set[str] = set()
-        self.missing: list[str] = []
+        self.missing: list[str] = []  # what the message lists (a loader may add a hint)
         self.misshapen: list[str] = []
+        self.missing_keys: list[str] = []  # the keys alone, for ModelError's fields
+        self.mismatched_keys: list[str] = []
 
     def take(self, key: str, shape: tuple[int, ...], optional: bool = False) -> torch.Tensor | None:
         if key not in self.state:
             if not optional:
                 self.missing.append(f"{key!r} {list(shape)}")
+                self.missing_keys.append(key)
             return None
         self.used.add(key)
         tensor = self.state[key]
         if not isinstance(tensor, torch.Tensor):
-            self.misshapen.append(f"{key!r} is a {type(tensor).__name__}, not a tensor")
-            return None
-        if tuple(tensor.shape) != tuple(shape):
-            self.misshapen.append(f"{key!r} has shape {list(tensor.shape)}, expected {list(shape)}")
-            return None
-        if tensor.is_meta:
-            self.misshapen.append(f"{key!r} is a meta tensor, which has a shape but no values")
-            return None
-        return tensor if self.attach else tensor.detach()
+            problem = f"is a {type(tensor).__name__}, not a tensor"
+        elif tuple(tensor.shape) != tuple(shape):
+            problem = f"has shape {list(tensor.shape)}, expected {list(shape)}"
+        elif tensor.is_meta:
+            problem = "is a meta tensor, which has a shape but no values"
+        else:
+            return tensor if self.attach else tensor.detach()
+        self.misshapen.append(f"{key!r} {problem}")
+        self.mismatched_keys.append(key)
+        return None
 
     def finish(self, ignore: Callable[[str], bool] = lambda key: False) -> None:
         unknown = sorted((k for k in self.state if k not in self.used and not ignore(k)), key=str)
@@ -69,7 +73,12 @@ class Reader:
             listed += f", ... ({len(unknown)} in all)" if len(unknown) > 12 else ""
             problems.append(f"not understood (another architecture or an unsupported option?): {listed}")
         if problems:
-            raise ModelError(f"{self.family} state dict does not fit the config:\n  " + "\n  ".join(problems))
+            raise ModelError(
+                f"{self.family} state dict does not fit the config:\n  " + "\n  ".join(problems),
+                missing_keys=self.missing_keys,
+                unexpected_keys=unknown,
+                mismatched_keys=self.mismatched_keys,
+            )
 
     def weights(self, out: Mapping[str, torch.Tensor | None]) -> dict[str, torch.Tensor]:
         """The converted weights: views of the state dict's tensors if attached, private copies if not."""

@@ -18,13 +18,13 @@ import torch
 
 from circuits.transformer import names
 from circuits.errors import ModelError, shown
-from circuits.transformer.masks import NEG_INF
 from circuits.models.attn_only import AttnOnlyConfig, build_attn_only
-from circuits.models.common import CONVENTIONS, checked_options
+from circuits.models.common import CONVENTIONS
 from circuits.models.gpt2 import GPT2Config, build_gpt2
 from circuits.models.llama import build_llama
 from circuits.models.neox import build_neox
-from circuits.models.reading import Reader, check_attach
+from circuits.models.options import DEFAULT, ModelOptions, takes_model_options
+from circuits.models.reading import Reader
 from circuits.models.tl_config import LLAMA_LIKE, STATE_ONLY, cfg_number, check_cfg, family_of, raw, tl_act
 from circuits.models.tl_families import (
     llama_config_from_tl,
@@ -95,7 +95,8 @@ def _tl_dims(state: Mapping[str, Any], family: str) -> dict[str, int]:
         raise ModelError(
             f"TransformerLens {family}: missing {', '.join(repr(k) for k in missing)}, needed to read the "
             f"model's dimensions{hint}; accepted keys: "
-            f"{', '.join(f'{k} {s}' for k, s in TRANSFORMER_LENS_KEYS.items())}"
+            f"{', '.join(f'{k} {s}' for k, s in TRANSFORMER_LENS_KEYS.items())}",
+            missing_keys=missing,
         )
     for key, rank in ranks.items():
         if not isinstance(state[key], torch.Tensor) or state[key].ndim != rank:
@@ -172,6 +173,17 @@ def _positions(tokens: Any, seq_len: Any, convention: Any) -> int | None:
     return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else None
 
 
+def _check_direction(cfg: Any, causal: bool) -> None:
+    """A bidirectional cfg built causal would be a different model: refused (``causal=True`` is
+    the default, so a bidirectional model must ask for ``causal=False``)."""
+    if causal and raw(cfg, "attention_dir", "causal") == "bidirectional":
+        raise ModelError(
+            "from_transformer_lens: the cfg's attention_dir is 'bidirectional' but causal=True (the default, "
+            "as for every model); pass causal=False to build it unmasked",
+            "causal",
+        )
+
+
 def _own_or_cfg(name: str, given: Any, cfg: Any, key: str, default: Any) -> Any:
     """An option the cfg also sets (``ln_eps`` as ``eps``, ``act`` as ``act_fn``): the cfg's when not given,
     refused when given unlike it."""
@@ -185,22 +197,16 @@ def _own_or_cfg(name: str, given: Any, cfg: Any, key: str, default: Any) -> Any:
     return ours
 
 
-@checked_options()
+@takes_model_options({"rope": "computed from the cfg's rotary_base"})
 def from_transformer_lens(
     state_dict: Any,
     tokens: Any = None,
+    options: ModelOptions = DEFAULT,
     *,
     family: str | None = None,
     cfg: Any = None,
     ln_eps: float | None = None,
     act: str | None = None,
-    seq_len: int | None = None,
-    batch_size: int | None = None,
-    convention: str = "default",
-    causal: bool | None = None,
-    neg_inf: float = NEG_INF,
-    attach: bool = False,
-    tokenizer: Any = None,
 ) -> Circuit:
     """A circuit from a TransformerLens ``HookedTransformer``, or its state dict (and ``cfg=``).
 
@@ -213,15 +219,16 @@ def from_transformer_lens(
     windows, soft-caps are not in a state dict).  With a cfg, its ``eps`` and
     ``act_fn`` are used (``ln_eps``/``act`` must agree if given) and an option
     the builder cannot reproduce (folded layer norms among them) is refused.
-    The other options are the builder's (``build_gpt2``, ``build_attn_only``,
-    ``build_llama``, ``build_neox``); ``causal=None`` means the cfg's
-    ``attention_dir``, or without a cfg the family's default (False for
-    ``"attn_only"``, unmasked as the golden file).  With ``attach=True`` the
+    ``options``: a ``models.ModelOptions``, its fields also keywords that override it (the
+    builders' options).  ``causal`` is True by default, as everywhere; a cfg whose
+    ``attention_dir`` is ``"bidirectional"`` needs ``causal=False`` (a ModelError says so,
+    rather than masking a model that was not).  With ``attach=True`` the
     arrays are views of the model's tensors (for gradients pass the model, or
     ``model.state_dict(keep_vars=True)``).
     """
-    tokens = token_ids(tokens, tokenizer)
-    state, cfg = _state_and_cfg(state_dict, cfg, check_attach(attach))
+    tokens = token_ids(tokens, options.tokenizer)
+    options = options.evolve(tokenizer=None)  # the tokens are ids from here on
+    state, cfg = _state_and_cfg(state_dict, cfg, options.attach)
     family = family_of(family, cfg)
     if cfg is None and family not in (*STATE_ONLY, "opt"):
         raise ModelError(
@@ -231,37 +238,33 @@ def from_transformer_lens(
     if cfg is not None:
         own_tables = family in LLAMA_LIKE and isinstance(state, Mapping)
         check_cfg(family, cfg, own_tables and all(k in state for k in rope_table_keys(cfg)))
-        if causal is None:
-            causal = raw(cfg, "attention_dir", "causal") == "causal"
+        _check_direction(cfg, options.causal)
     if not isinstance(state, Mapping) or not all(isinstance(k, str) for k in state):
         raise ModelError(
             f"from_transformer_lens needs a HookedTransformer or a state dict (str keys to tensors), "
             f"got {type(state).__name__}"
         )
-    options: dict[str, Any] = {"seq_len": seq_len, "batch_size": batch_size, "convention": convention}
-    options.update(neg_inf=neg_inf, attach=attach)
-    if causal is not None:  # None: the family's builder's default
-        options["causal"] = causal
     ln_eps = _own_or_cfg("ln_eps", ln_eps, cfg, "eps", 1e-5)  # the rotary families' come from the cfg
     act = _own_or_cfg("act", act, cfg, "act_fn", "relu" if family == "opt" else "gelu_new")
     if family in LLAMA_LIKE:
         config = llama_config_from_tl(family, cfg)
-        weights = llama_weights_from_tl(family, config, state, attach, _ignored)
-        rope = tl_rope_tables(family, cfg, state, _positions(tokens, seq_len, convention))
-        return build_llama(config, weights, tokens, rope=rope, **options)
+        weights = llama_weights_from_tl(family, config, state, options.attach, _ignored)
+        rope = tl_rope_tables(family, cfg, state, _positions(tokens, options.seq_len, options.convention))
+        return build_llama(config, weights, tokens, options, rope=rope)
     if family == "neox":
         config = neox_config_from_tl(cfg)
-        return build_neox(config, neox_weights_from_tl(config, state, attach, _ignored), tokens, **options)
-    return _gpt2_like(family, state, tokens, ln_eps, act, attach, options)
+        weights = neox_weights_from_tl(config, state, options.attach, _ignored)
+        return build_neox(config, weights, tokens, options)
+    return _gpt2_like(family, state, tokens, ln_eps, act, options)
 
 
 def _gpt2_like(
-    family: str, state: Mapping[str, Any], tokens: Any, ln_eps: float, act: str, attach: bool, options
+    family: str, state: Mapping[str, Any], tokens: Any, ln_eps: float, act: str, options: ModelOptions
 ) -> Circuit:
     """GPT-2 and OPT (``build_gpt2``) or the attention-only model (``build_attn_only``) from a state dict."""
     dims = _tl_dims(state, family)
     V, d, P, H, c, L = (dims[k] for k in "VdPHcL")
-    r = Reader(f"TransformerLens {family}", state, attach)
+    r = Reader(f"TransformerLens {family}", state, options.attach)
     out: dict[str, Any] = {
         names.TOK_EMBEDS_WEIGHT: r.take("embed.W_E", (V, d)),
         names.POS_EMBEDS_WEIGHT: r.take("pos_embed.W_pos", (P, d)),
@@ -290,7 +293,7 @@ def _gpt2_like(
         config = AttnOnlyConfig(
             n_layers=L, n_heads=H, d_model=d, d_head=c, vocab_size=V, n_ctx=P, ln_eps=ln_eps
         )
-        return build_attn_only(config, weights, tokens, **options)
+        return build_attn_only(config, weights, tokens, options)
     if H * c != d:
         raise ModelError(f"TransformerLens {family}: {H} heads x d_head {c} != d_model {d}")
     config = GPT2Config(
@@ -304,4 +307,4 @@ def _gpt2_like(
         act=act,
         tie_word_embeddings=False,
     )
-    return build_gpt2(config, weights, tokens, **options)
+    return build_gpt2(config, weights, tokens, options)

@@ -11,7 +11,6 @@ imports the other's passes and a user finds every pass here.
 """
 
 from circuits.rewriting.passes import (
-    PassError,
     canonicalize,
     concat_drop_size_zero,
     concat_elim_split,
@@ -39,7 +38,6 @@ from circuits.rewriting.passes import (
 from circuits.transformer.attention import causal_mask, layer_of, split_heads, unsplit_head_counts
 
 __all__ = [
-    "PassError",
     "canonicalize",
     "causal_mask",
     "concat_drop_size_zero",

@@ -1,4 +1,5 @@
-"""Where a node sits in a model, and why a name finds nothing: hints a naming convention gives.
+"""Where a node sits in a model, why a name finds nothing, and what else names a spot: what a naming
+convention teaches the matcher.
 
 The matcher knows no naming convention, yet its messages read better with
 one: ``get_unique`` says which layer and head each of several found nodes
@@ -14,33 +15,62 @@ transformer naming convention's hints (``import circuits`` imports it).
   last.  The first answer wins.
 - ``NO_MATCH_HINTS``: each ``hint(circuit, name)`` returns a sentence for
   a name that finds nothing in ``circuit`` (``''`` for none).
+- ``MATCHER_FORMS``: ``{type: to_matcher}``, values that are matcher forms
+  besides the generic ones: ``to_matcher(value)`` returns the Matcher or
+  IterativeMatcher the value stands for (the transformer convention's
+  ``Point(kind, layer, head)``).  ``Matcher(form)`` and ``as_iterative``
+  convert them through ``matcher_form``, so every function that takes a
+  matcher takes them.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 from circuits.core.nodes import Circuit
 
-__all__ = ["NO_MATCH_HINTS", "PLACERS", "Placement", "no_match_hints", "placement", "register"]
+__all__ = [
+    "MATCHER_FORMS",
+    "NO_MATCH_HINTS",
+    "PLACERS",
+    "Placement",
+    "matcher_form",
+    "no_match_hints",
+    "placement",
+    "register",
+]
 
 #: ``(layer, (first head, last head))``, or ``(layer, None)`` for a node of the whole layer.
 Placement = Tuple[int, Optional[Tuple[int, int]]]
 
 PLACERS: list[Callable[[Circuit, Sequence[Circuit]], "Placement | None"]] = []
 NO_MATCH_HINTS: list[Callable[[Circuit, str], str]] = []
+MATCHER_FORMS: dict[type, Callable[[Any], Any]] = {}
 
 
 def register(
     *,
     placer: Callable[[Circuit, Sequence[Circuit]], Placement | None] | None = None,
     no_match: Callable[[Circuit, str], str] | None = None,
+    matcher_form: tuple[type, Callable[[Any], Any]] | None = None,
 ) -> None:
-    """Add a placer and/or a no-match hint (each once, however often its layer registers it)."""
+    """Add a placer, a no-match hint and/or a matcher form ``(type, to_matcher)`` (each once,
+    however often its layer registers it)."""
     if placer is not None and placer not in PLACERS:
         PLACERS.append(placer)
     if no_match is not None and no_match not in NO_MATCH_HINTS:
         NO_MATCH_HINTS.append(no_match)
+    if matcher_form is not None:
+        form_type, to_matcher = matcher_form
+        MATCHER_FORMS[form_type] = to_matcher
+
+
+def matcher_form(form: Any) -> Any:
+    """The matcher a registered form stands for (``MATCHER_FORMS``), or ``form`` as it is."""
+    for form_type, to_matcher in MATCHER_FORMS.items():
+        if isinstance(form, form_type):
+            return to_matcher(form)
+    return form
 
 
 def placement(node: Circuit, path: Sequence[Circuit] = ()) -> Placement | None:

@@ -19,6 +19,9 @@ form                   matches
 ``{"a", "b"}``         any element (names, nodes, classes, ... mixed)
 a node                 nodes structurally equal to it (names included)
 ``True`` / ``False``   every node / no node
+a registered form      what it stands for (``circuits.rewriting.hints``:
+                       the transformer layer's ``Point(kind, layer,
+                       head)``, one layer's or head's activation)
 =====================  ==================================================
 
 and they combine with ``&``, ``|`` and ``~`` (``Matcher("a.q") | "a.k"``,
@@ -113,7 +116,7 @@ from circuits.errors import MatcherError, MatchError
 from circuits.core.gcpause import gc_paused
 from circuits.core.nodes import Circuit, check_node
 from circuits.core.traversal import unique_nodes
-from circuits.rewriting.hints import no_match_hints, placement
+from circuits.rewriting.hints import matcher_form, no_match_hints, placement
 
 __all__ = [
     "FoundRoutes",
@@ -309,6 +312,7 @@ class Matcher(_Finding):
         return bool(self._predicate(node))
 
     def __and__(self, other: Any) -> Any:
+        other = matcher_form(other)
         if isinstance(other, IterativeMatcher):
             return as_iterative(self) & other
         other = Matcher(other)
@@ -319,10 +323,12 @@ class Matcher(_Finding):
             self._checks + other._checks,
         )
 
-    def __rand__(self, other: Any) -> Matcher:
-        return Matcher(other) & self
+    def __rand__(self, other: Any) -> Any:
+        other = matcher_form(other)
+        return as_iterative(other) & self if isinstance(other, IterativeMatcher) else Matcher(other) & self
 
     def __or__(self, other: Any) -> Any:
+        other = matcher_form(other)
         if isinstance(other, IterativeMatcher):
             return as_iterative(self) | other
         other = Matcher(other)
@@ -333,8 +339,9 @@ class Matcher(_Finding):
             self._checks + other._checks,
         )
 
-    def __ror__(self, other: Any) -> Matcher:
-        return Matcher(other) | self
+    def __ror__(self, other: Any) -> Any:
+        other = matcher_form(other)
+        return as_iterative(other) | self if isinstance(other, IterativeMatcher) else Matcher(other) | self
 
     def __invert__(self) -> Matcher:
         a = self._predicate
@@ -352,6 +359,13 @@ _NAMES, _TYPES, _NODES, _PREDICATE = "names", "types", "nodes", "predicate"
 
 
 def _convert(form: Any) -> tuple[Callable[[Circuit], bool], str, tuple]:
+    registered = matcher_form(form)
+    if registered is not form:  # a registered form (a Point): what it stands for, if that is plain
+        if isinstance(registered, IterativeMatcher) and registered.is_plain:
+            registered = registered.plain_matcher
+        if isinstance(registered, Matcher):
+            return registered._predicate, registered._text, registered._checks
+        form = registered
     if isinstance(form, bool):
         predicate = (lambda node: True) if form else (lambda node: False)
         return predicate, f"Matcher({form})", ((_PREDICATE, predicate, f"Matcher({form})"),)
@@ -514,6 +528,12 @@ class IterativeMatcher(_Finding):
         stop_at_match: bool = False,
         term_early_at: Any = None,
     ):
+        registered = matcher_form(matcher)
+        options = (min_depth, max_depth, positions, stop_at_match, term_early_at)
+        if isinstance(registered, IterativeMatcher) and options == (0, None, None, False, None):
+            # a registered form that restricts paths (a head's Point), with no stage options: as it is
+            self._set_stages(registered._stages, registered._following, registered._heads)
+            return
         stage = _Stage(matcher, min_depth, max_depth, positions, stop_at_match, term_early_at)
         self._set_stages((stage,), ((),), (0,))
 
@@ -605,7 +625,7 @@ class IterativeMatcher(_Finding):
         from a root.
         """
         result: IterativeMatcher = self
-        for form in rest:
+        for form in map(matcher_form, rest):
             if not isinstance(form, IterativeMatcher):
                 result = result.then(form, min_depth=1 if must_be_sub else 0)
             else:
@@ -1019,6 +1039,7 @@ def chain_excluding(parent: Any, child: Any, term_early_at: Any = False) -> Iter
 
 def as_iterative(form: Any) -> IterativeMatcher:
     """An IterativeMatcher as given, or a plain one from any matcher form."""
+    form = matcher_form(form)
     if isinstance(form, IterativeMatcher):
         return form
     return IterativeMatcher(Matcher(form))
@@ -1312,6 +1333,7 @@ def no_match_hint(circuit: Circuit, form: Any) -> str:
 
 def _names_of(form: Any) -> list[str]:
     """The names ``form`` looks for (a Matcher's name parts, every stage's of an IterativeMatcher)."""
+    form = matcher_form(form)
     if isinstance(form, Circuit):
         return [] if form.name is None else [form.name]
     if isinstance(form, IterativeMatcher):

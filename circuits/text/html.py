@@ -15,8 +15,9 @@ Ids are ``c{root hash prefix}-{n}``, so two different circuits on one page
 do not collide.  Every name and extra is HTML-escaped.  The walk is
 iterative: depth only costs nesting in the output, never Python stack.
 ``max_nodes`` bounds the number of nodes written in full; past it the
-writer stops and says how many were left out.  ``comment`` and ``color``
-are the text printer's annotations, checked by the same functions.
+writer stops and says how many were left out.  ``comment``, ``color`` and
+``costs`` are the text printer's annotations (``cc.PrintOptions`` fields),
+checked by the same functions.
 
 ``pretty_text`` is the plain-text display (``Circuit._repr_pretty_``, for
 IPython): the FORMAT.md text, whole for a circuit of at most
@@ -25,13 +26,17 @@ IPython): the FORMAT.md text, whole for a circuit of at most
 
 from __future__ import annotations
 
+import functools
 import html
 import io
 from collections import defaultdict
-from typing import Iterable
+from typing import Any, Iterable
 
 from circuits.core.nodes import Circuit
-from circuits.text.printing import NodeText, colour_of, comment_of, quote_name, repr_many
+from circuits.errors import PrintError
+from circuits.evaluation.costs import cost
+from circuits.text.print_options import NodeText, PrintOptions, spells_out_print_options
+from circuits.text.printing import colour_of, comment_of, quote_name, repr_many
 from circuits.core.shapes import format_shape
 from circuits.core.traversal import unique_nodes
 
@@ -71,21 +76,29 @@ def pretty_text(circuit: Circuit) -> str:
     return text
 
 
+#: The print options a page can show: the annotations (the layout is the page's own).
+HTML_OPTIONS = ("comment", "color", "costs")
+
+
+@functools.partial(spells_out_print_options, fields=HTML_OPTIONS)
 def to_html(
     circuits: Circuit | Iterable[Circuit],
+    options: PrintOptions | None = None,
+    /,
     *,
     open_depth: int = 2,
     max_nodes: int = 5000,
-    comment: NodeText | None = None,
-    color: NodeText | None = None,
+    **overrides: Any,
 ) -> str:
     """A ``<div>`` showing ``circuits`` as nested ``<details>``; see the module docstring.
 
-    ``comment`` and ``color`` are the text printer's (``circuits.text.printing.repr_many``): a
-    node's comment follows its line written in full, grey, after ``#``; its colour tints
-    that line and the links that repeat it.
+    ``options`` is a ``cc.PrintOptions`` (keywords are its fields and override it) setting
+    only ``comment``, ``color`` or ``costs``, read as the text printer reads them: a node's
+    comment follows its line written in full, grey, after ``#``; its colour tints that line
+    and the links that repeat it.  Another option set is a PrintError naming it.
     """
     roots = [circuits] if isinstance(circuits, Circuit) else list(circuits)
+    comment, color = _annotations(roots, PrintOptions.resolve(options, overrides, "to_html"))
     distinct_by_name: dict[str, set[bytes]] = defaultdict(set)
     everything = unique_nodes(roots)
     for node in everything:
@@ -145,6 +158,17 @@ def to_html(
         stack.extend((child, level + 1) for child in reversed(node.children))
     write("</div>")
     return out.getvalue()
+
+
+def _annotations(roots: list[Circuit], options: PrintOptions) -> tuple[NodeText | None, NodeText | None]:
+    """``(comment, color)`` of ``options``; a PrintError naming an option a page does not show."""
+    unused = [name for name in options.changed() if name not in HTML_OPTIONS]
+    if unused:
+        raise PrintError(
+            f"to_html: the print option {unused[0]} is not shown on a page (it takes {', '.join(HTML_OPTIONS)})",
+            unused[0],
+        )
+    return (cost(roots).comment if options.costs else options.comment), options.color
 
 
 def _line(node: Circuit, reference: str, comment: str, tint: str) -> str:

@@ -15,24 +15,28 @@ The layout options of rust_circuit (``only_child_below``, ``arrows``,
 ``comment_arg_names``) are small passes over pass 1's result, each a loop
 over the lines, run between the two passes only when asked for.
 
+The options are one ``PrintOptions`` object (``print_options.py``), checked
+when it is made; ``repr_many`` takes it and keywords that override its fields.
+
 The traversal seam.  The printer asks only the small ``Traversal``
-protocol below (a start state and the state for each child of a node; a
+protocol (a start state and the state for each child of a node; a
 falsy state means "stop"), which ``IterativeMatcher`` implements; any other
-matcher form (a name, a ``Matcher``) becomes an ``IterativeMatcher`` first
-(``as_traversal``): the text layer sits above the rewriting layer.
+matcher form (a name, a ``Matcher``) becomes an ``IterativeMatcher`` when
+the options are made (``as_traversal``): the text layer sits above the
+rewriting layer.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from circuits.errors import PrintError
 from circuits.evaluation.costs import cost
 from circuits.core.gcpause import gc_paused
 from circuits.core.nodes import Array, Circuit, Einsum, Index, Scalar, Scatter, Symbol
 from circuits.core.shapes import EINSUM_LETTERS, format_shape
+from circuits.text.print_options import NodeText, PrintOptions, Traversal, spells_out_print_options
 from circuits.text.store import TensorStore
-from circuits.rewriting.matching import as_iterative
 
 # Variants whose shape FORMAT.md prints by default: it does not follow from children.
 SHAPED_KINDS = (Array, Scalar, Symbol, Index, Scatter)  # as rust_circuit prints them
@@ -59,32 +63,6 @@ _COMMENT_ESCAPES = str.maketrans(
     {ch: ch.encode("unicode_escape").decode("ascii") for ch in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"}
 )
 
-NodeText = Callable[[Circuit], "str | None"]
-
-
-class Traversal(Protocol):
-    """What ``traversal=`` needs: how far below each node the printout goes.
-
-    ``start`` is the state at each root; ``child_states(node, state)`` gives
-    one state per child of ``node`` (reached in ``state``).  The printer
-    writes a node's children only if the node's state and at least one
-    child's state are truthy; a child whose state is falsy is still written,
-    with its own children left out (``... N children not shown``), as
-    rust_circuit's printer does.
-    """
-
-    @property
-    def start(self) -> Any: ...
-
-    def child_states(self, node: Circuit, state: Any) -> Sequence[Any]: ...
-
-
-def as_traversal(form: Any) -> Traversal:
-    """``form`` if it is a ``Traversal``, else the ``IterativeMatcher`` of a matcher form."""
-    if hasattr(form, "child_states") and hasattr(form, "start"):
-        return form
-    return as_iterative(form)
-
 
 def quote_name(name: str) -> str:
     """``'name'`` with quote and backslash escaped, and the line breaks ``\\n`` and ``\\r``
@@ -93,81 +71,30 @@ def quote_name(name: str) -> str:
     return f"'{escaped}'"
 
 
-def repr_many(
-    circuits: Iterable[Circuit],
-    *,
-    depth: int | None = None,
-    shapes: bool = False,
-    serials: bool = False,
-    store: TensorStore | None = None,
-    traversal: Any = None,
-    comment: NodeText | None = None,
-    color: NodeText | None = None,
-    costs: bool = False,
-    minimal_shapes: bool = False,
-    only_child_below: bool = False,
-    arrows: bool = False,
-    comment_arg_names: bool = False,
-) -> str:
+@spells_out_print_options
+def repr_many(circuits: Iterable[Circuit], options: PrintOptions | None = None, /, **overrides: Any) -> str:
     """Print several circuits together, sharing references and serial numbers.
 
-    ``depth`` stops below that depth, writing ``...`` where children were left
-    out (such text is for reading, not parsing); ``shapes`` writes every
-    node's shape; ``serials`` gives every node a serial number; ``store``
-    saves the tensor of every array written.
-
-    ``traversal`` (an ``IterativeMatcher`` or any matcher form) stops the
-    printout where the traversal stops, as ``depth`` does (see
-    ``Traversal``; with both, either one stops it).  ``comment(node)``
-    returns text written after the node's line as ``  # text`` (None or ""
-    for none; line breaks in it are written as escapes such as ``\\n``),
-    called once per node, on the line where the node is written in full
-    (a repeat line is only a reference).  ``color(node)`` returns a colour
-    name of ``ANSI_COLORS`` or None; every line of the node, repeats
-    included, is wrapped in that ANSI colour.  The parser skips comments and
-    colour codes, so annotated text reads back to the same circuits.
-    ``costs=True`` comments each node with its own static cost (``comment=cc.cost(circuits).comment``).
-
-    Options of rust_circuit's ``PrintOptions``, whose text the parser reads back:
-    ``minimal_shapes`` leaves out every shape the parser can work out (see
-    ``shape_needed``), going further than rust_circuit's
-    ``shape_only_when_necessary``, which is this printer's default;
-    ``only_child_below`` writes a node's only child at the node's own indent
-    after a ``▼`` line instead of one level deeper, so chains of one-child
-    nodes do not march to the right.  ``arrows`` draws the tree in the
-    indent (``├‣`` before a child, ``└‣`` before a last child, ``│`` down to
-    later siblings), as rust_circuit's ``arrows`` does; the parser reads the
-    drawing as indent.  ``comment_arg_names`` comments each operand line of an
-    Einsum, repeats included, with its axes (``  # ab``) before any
-    ``comment=`` text, as rust_circuit's option of that name does.
-    ``serials=True`` is rust_circuit's ``force_use_serial_numbers``.
+    ``options`` is a ``PrintOptions`` (None: the defaults); keywords are its
+    fields and override the object's (``repr_many(roots, options, depth=2)``).
+    What each option does: ``PrintOptions``.  Comments and colours are for
+    reading but still parse back; so does text laid out with
+    ``minimal_shapes``, ``only_child_below``, ``arrows`` or ``comment_arg_names``;
+    text cut by ``depth`` or ``traversal`` does not.
     """
     circuits = list(circuits)
-    _check_flags(
-        minimal_shapes=minimal_shapes,
-        only_child_below=only_child_below,
-        arrows=arrows,
-        comment_arg_names=comment_arg_names,
-    )
-    if minimal_shapes and shapes:
-        raise PrintError(
-            "repr: shapes=True writes every shape and minimal_shapes=True as few as parse back; pass one"
-        )
-    if costs:
-        if comment is not None:
-            raise PrintError("repr: costs=True writes the comments; pass comment= or costs=, not both")
-        comment = cost(circuits).comment
-    walker = None if traversal is None else as_traversal(traversal)
+    options = PrintOptions.resolve(options, overrides, "repr")
+    comment = cost(circuits).comment if options.costs else options.comment
     with gc_paused():
-        layout = _layout(circuits, depth, walker)
-        if comment_arg_names:
+        layout = _layout(circuits, options.depth, options.traversal)
+        if options.comment_arg_names:
             _name_einsum_operands(layout)  # before only_child_below changes the levels
-        if only_child_below:
+        if options.only_child_below:
             _only_children_below(layout)
-        if arrows:
+        if options.arrows:
             _draw_arrows(layout)
-        shown = _shape_rule(shapes, minimal_shapes, store)
-        return _text(layout, shown, serials, store, comment, color)
+        shown = _shape_rule(options.shapes, options.minimal_shapes, options.store)
+        return _text(layout, shown, options.serials, options.store, comment, options.color)
 
 
 class _Layout:
@@ -329,13 +256,6 @@ def _shared_names(firsts: list[Circuit | None]) -> set[str]:
             if first_with_name.setdefault(node.name, node.hash) != node.hash:
                 shared.add(node.name)
     return shared
-
-
-def _check_flags(**flags: Any) -> None:
-    """A PrintError naming the first option that is not a bool (``1`` or ``"yes"`` would pass a truth test)."""
-    for option, value in flags.items():
-        if not isinstance(value, bool):
-            raise PrintError(f"repr: {option}={value!r}; expected True or False")
 
 
 def _shape_rule(shapes: bool, minimal_shapes: bool, store: TensorStore | None) -> Callable[[Circuit], bool]:

@@ -109,7 +109,8 @@ def _check_tensors_at_hand(missing: Sequence[Array], tensors: Path) -> None:
                 cause = error
         raise MissingTensorError(
             f"save: {node.describe()} {list(node.shape)} with hash {node.extra} has no tensor "
-            f"(it was parsed without its store) and {shown(str(tensors))} does not hold it"
+            f"(it was parsed without its store) and {shown(str(tensors))} does not hold it",
+            node=node,
         ) from cause
 
 

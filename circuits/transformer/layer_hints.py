@@ -92,7 +92,7 @@ def split_heads_hint(circuit: Circuit, form: Any) -> str:
         return ""  # no such layer, or split already (an Add of head branches)
     text = (
         f"layer {layer} is not split into heads ({attention!r} is one Einsum over them): heads are "
-        f"nodes only after cc.split_heads(c), or cc.split_heads(c, layers=[{layer}])"
+        f"nodes only after cc.passes.split_heads(c), or cc.passes.split_heads(c, layers=[{layer}])"
     )
     if first != last:
         text += f" with heads= listing every head in contiguous groups, one of them {list(range(first, last + 1))}"

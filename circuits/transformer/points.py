@@ -1,4 +1,14 @@
-"""Activation points: ``point(kind, layer, head)``, a matcher that finds one layer's (one head's) activation.
+"""Activation points: ``Point(kind, layer, head)``, the one value that names a spot in a model.
+
+A ``Point`` is a small frozen value (a named tuple: ``Point("z", 1, 2) == ("z", 1, 2)``), and it is
+accepted everywhere a spot is named: as a matcher (``c.get_unique(Point("attn_probs", 1))``,
+``ex.patch(c, Point("resid_pre", 1), inputs)``, a ``sweep`` target: the transformer layer registers
+it as a matcher form with ``circuits.rewriting.hints``) and as a key (``run_with_cache`` and
+``gradients`` points, ``cache[Point("z", 1, 2)]``).  Every spelling of a key resolves through one
+function, ``as_point`` (as TransformerLens's through ``get_act_name``): ``'logits'``,
+``("attn_probs", 1)`` and ``("z", 1, 2)`` are short spellings of ``Point('logits')``,
+``Point('attn_probs', 1)`` and ``Point('z', 1, 2)``.  ``Point(...).matcher()`` is the matcher
+itself, for what only a matcher object has (``.then(...)``).
 
 Attention and MLP internals have the same name in every layer (``'a.attn_probs'``, ``'m.act'``;
 see ``circuits.transformer.names``), and a later layer's attention contains the earlier layers below its input
@@ -10,7 +20,7 @@ naming convention alone (no hashes), so one point fits every circuit the builder
 not, masked or not.
 
 - A layer point of a per-head kind (``q k v attn_scores attn_probs z``) finds the layer's node on
-  an unsplit layer; on a split layer (``cc.split_heads``) the layer has no such node, and the
+  an unsplit layer; on a split layer (``cc.passes.split_heads``) the layer has no such node, and the
   point finds every head branch's node (one per head or group; together they are the layer's).
 - A head point (``head=h``) finds head ``h``'s node on a split layer.  On an unsplit layer (or one
   whose head ``h`` is inside a group branch) head ``h`` has no node of its own: using the point
@@ -36,7 +46,7 @@ in shape or meaning from those hooks: docs/models.md.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Callable, Iterator, NamedTuple, Union
+from typing import Any, Callable, Iterator, NamedTuple, Optional, Union
 
 import torch
 
@@ -51,13 +61,13 @@ __all__ = [
     "POINT_KINDS",
     "POST_NORM",
     "TRANSFORMER_LENS_HOOKS",
-    "as_key",
-    "point",
+    "Point",
+    "as_point",
     "resolve_points",
     "show_key",
 ]
 
-#: Every kind ``point`` takes, in the order of a forward pass (``names.ACTIVATION_KINDS``).
+#: Every kind a ``Point`` takes, in the order of a forward pass (``names.ACTIVATION_KINDS``).
 POINT_KINDS = tuple(names.ACTIVATION_KINDS)
 
 #: The kinds that take a head: the attention internals and ``head_out`` (which needs one).
@@ -131,28 +141,52 @@ _STREAM = Matcher.from_predicate(_is_stream, "Matcher(<residual stream or norm>)
 _RESIDUAL = Matcher.from_predicate(_is_residual, "Matcher(<residual stream>)")
 
 
-def point(kind: str, layer: int | None = None, head: int | None = None) -> PointMatcher:
-    """A matcher for the activation ``kind`` of ``layer`` (and ``head``); see the module docstring.
+class _Fields(NamedTuple):
+    kind: str
+    layer: Optional[int] = None
+    head: Optional[int] = None
+
+
+class Point(_Fields):
+    """The activation ``kind`` of ``layer`` (and ``head``): one spot in a model; see the module docstring.
 
     ``kind`` is one of ``POINT_KINDS`` (``'resid_pre'``, ``'q'``, ``'attn_probs'``, ``'z'``,
     ``'head_out'``, ``'mlp_post'``, ``'logits'``, ...); ``layer`` is needed for every kind but the
     model-wide ones (``embed``, ``pos_embed``, ``resid_final``, ``ln_final``, ``ln_final_scale``,
     ``logits``, ``log_probs``, ``loss``), which take none; ``head`` only for ``HEAD_KINDS``
-    (``head_out`` needs it).  Use it wherever a matcher goes: ``c.get_unique(point('attn_probs',
-    1, 2))``, ``ex.patch(c, point('resid_pre', 1), inputs)``.
+    (``head_out`` needs it).  Checked when made: a bad kind, layer or head is an ``ExperimentError``.
+    A named tuple, so it equals (and hashes as) the ``(kind, layer, head)`` tuple.
     """
-    spec = _spec(kind, layer, head)
-    if spec.whole is not None:
-        return spec.whole
-    if spec.outermost:
-        return IterativeMatcher(spec.start, stop_at_match=True)
-    return spec.start if spec.tail is None else spec.tail(IterativeMatcher(spec.start))
+
+    __slots__ = ()
+
+    def __new__(cls, kind: str, layer: int | None = None, head: int | None = None) -> Point:
+        _checked(kind, layer, head)
+        return super().__new__(cls, kind, layer, head)
+
+    def __repr__(self) -> str:
+        """As written: ``Point('z', 1, 2)``, ``Point('attn_probs', 1)``, ``Point('logits')``."""
+        parts = [self.kind] if self.layer is None else [self.kind, self.layer]
+        return f"Point({', '.join(map(repr, parts + ([] if self.head is None else [self.head])))})"
+
+    def _replace(self, **changes: Any) -> Point:
+        """A Point with ``changes`` (checked as a new one is)."""
+        return Point(**{**self._asdict(), **changes})
+
+    def matcher(self) -> PointMatcher:
+        """The matcher that finds this point's node(s): a Matcher, or an IterativeMatcher to chain."""
+        spec = _spec(*self)
+        if spec.whole is not None:
+            return spec.whole
+        if spec.outermost:
+            return IterativeMatcher(spec.start, stop_at_match=True)
+        return spec.start if spec.tail is None else spec.tail(IterativeMatcher(spec.start))
 
 
 class _Spec(NamedTuple):
     """A point as its stage 0 (a named node of the layer, found by name) and the stages below it.
 
-    ``point`` chains them into one matcher; ``resolve_points`` finds the stage-0 nodes by name
+    ``Point.matcher`` chains them into one matcher; ``resolve_points`` finds the stage-0 nodes by name
     and runs only the tail from each, instead of a walk of the whole circuit per point."""
 
     start: Matcher
@@ -207,10 +241,10 @@ def _stop_at(form) -> Callable[[IterativeMatcher], IterativeMatcher]:
 def _checked(kind, layer, head) -> names.ActivationKind:
     if not isinstance(kind, str) or kind not in names.ACTIVATION_KINDS:
         raise ExperimentError(
-            f"point: unknown activation kind {kind!r}; the kinds are {', '.join(POINT_KINDS)}"
+            f"Point: unknown activation kind {kind!r}; the kinds are {', '.join(POINT_KINDS)}"
         )
     entry = names.ACTIVATION_KINDS[kind]
-    where = f"point({kind!r}, layer={layer!r}, head={head!r})"
+    where = f"Point({kind!r}, layer={layer!r}, head={head!r})"
     if entry.scope == "model":
         if layer is not None:
             raise ExperimentError(f"{where}: {kind!r} is one node for the whole model; give no layer")
@@ -277,19 +311,19 @@ def _check_split(node: Circuit, kind: str, layer: int, head: int) -> None:
     groups = [g for g in groups if g is not None and g[0] == layer]
     if (layer, head, head) in groups:
         return
-    where = f"point({kind!r}, layer={layer}, head={head})"
-    split = f"cc.split_heads(c) (or cc.split_heads(c, layers=[{layer}]))"
+    where = f"Point({kind!r}, layer={layer}, head={head})"
+    split = f"cc.passes.split_heads(c) (or cc.passes.split_heads(c, layers=[{layer}]))"
     if not groups:
         raise ExperimentError(
             f"{where}: layer {layer}'s heads are not split ({node.name!r} is one {node.kind} over every head), "
             f"so head {head} has no node of its own; split them first: {split}, or take "
-            f"point({kind!r}, layer={layer}) and index head {head} on its head axis"
+            f"Point({kind!r}, layer={layer}) and index head {head} on its head axis"
         )
     within = [names.head(*g) for g in groups if g[1] <= head <= g[2]]
     if within:
         raise ExperimentError(
             f"{where}: head {head} is inside the branch {within[0]!r}, not a branch of its own; "
-            f"split it alone: cc.split_heads(c, layers=[{layer}], heads=...)"
+            f"split it alone: cc.passes.split_heads(c, layers=[{layer}], heads=...)"
         )
     raise ExperimentError(
         f"{where}: layer {layer} has no head {head}; its branches are "
@@ -297,18 +331,25 @@ def _check_split(node: Circuit, kind: str, layer: int, head: int) -> None:
     )
 
 
-def resolve_points(circuit: Circuit, keys: list | None = None) -> dict:
-    """``{(kind, layer, head): node}``: the one node each key's ``point`` finds in ``circuit``.
+def resolve_points(circuit: Circuit, keys: list | None = None) -> dict[Point, Circuit]:
+    """``{Point: node}``: the one node each key's point (``as_point``) finds in ``circuit``.
 
     ``keys`` of None: every kind of every layer the circuit has that names one node (per-head
     kinds of a split layer are one node per head: ask for them with a head).  A key that finds
     no node, or several, raises ``ExperimentError`` naming it.
     """
-    return _default_points(circuit) if keys is None else _resolve(circuit, keys)
+    return _default_points(circuit) if keys is None else _resolve(circuit, [as_point(key) for key in keys])
 
 
-def as_key(key) -> tuple:
-    """``'logits'``, ``('attn_probs', 1)`` or ``('z', 1, 2)`` as the full ``(kind, layer, head)``."""
+def as_point(key: Any) -> Point:
+    """The ``Point`` a key names: a ``Point`` as it is, ``'logits'``, ``('attn_probs', 1)`` or
+    ``('z', 1, 2)``; the one function every key of the experiments resolves through."""
+    return key if isinstance(key, Point) else Point(*_parts(key))
+
+
+def _parts(key: Any) -> tuple:
+    """``(kind, layer, head)`` of a key, unchecked beyond its shape (a lookup of an unknown kind
+    finds nothing; ``Point`` checks the kind)."""
     parts = (key,) if isinstance(key, str) else tuple(key) if isinstance(key, tuple) else None
     if not parts or len(parts) > 3 or not isinstance(parts[0], str):
         raise ExperimentError(f"{key!r}: a point is a kind, (kind, layer) or (kind, layer, head)")
@@ -316,7 +357,7 @@ def as_key(key) -> tuple:
 
 
 def show_key(key: tuple) -> str:
-    """A ``(kind, layer, head)`` as written: ``('z', 1, 2)``, ``('attn_probs', 1)``, ``'logits'``."""
+    """A point (or ``(kind, layer, head)``) as written: ``('z', 1, 2)``, ``('attn_probs', 1)``, ``'logits'``."""
     return repr(tuple(part for part in key if part is not None)) if key[1] is not None else repr(key[0])
 
 
@@ -336,7 +377,8 @@ class PointCollector:
 
 
 class ByPoint(Mapping):
-    """Tensors by point, read-only: ``m["logits"]``, ``m["attn_probs", 1]``, ``m["z", 1, 2]``.
+    """Tensors by ``Point``, read-only: ``m[Point("z", 1, 2)]``, or ``m["logits"]``, ``m["attn_probs", 1]``,
+    ``m["z", 1, 2]``.
 
     The base of ``ActivationCache`` and ``Gradients``; ``missing`` words the ``MissingPointError``
     (a ``KeyError``)."""
@@ -348,7 +390,7 @@ class ByPoint(Mapping):
 
     def __getitem__(self, key: Any) -> torch.Tensor:
         try:
-            normalized = as_key(key)
+            normalized = _parts(key)  # equal to the Point keys held
         except ExperimentError as error:
             raise MissingPointError(str(error)) from None
         if normalized not in self._by_point:
@@ -397,7 +439,7 @@ def _default_points(circuit: Circuit) -> dict:
         for layer in [None] if entry.scope == "model" else layers:
             nodes = _find(circuit, index, _spec(kind, layer, None))
             if len(nodes) == 1:
-                resolved[(kind, layer, None)] = next(iter(nodes))
+                resolved[Point(kind, layer)] = next(iter(nodes))
     return resolved
 
 

@@ -9,7 +9,6 @@ The attention passes, which read the transformer naming convention, are in
 ``circuits.transformer.attention``; ``circuits.passes`` gathers both.
 """
 
-from circuits.errors import PassError
 from circuits.rewriting.passes.algebra import (
     distribute,
     distribute_all,
@@ -39,7 +38,6 @@ from circuits.rewriting.passes.simplify import (
 )
 
 __all__ = [
-    "PassError",
     "canonicalize",
     "concat_drop_size_zero",
     "concat_elim_split",
