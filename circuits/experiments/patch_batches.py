@@ -11,8 +11,9 @@ the chunk as one batch (big matmuls instead of many small runs).
 
 Why a leaf: the metric is built, and its index pushed down (``logit_diff`` unembeds one
 position), over the corrupted circuit in which the patched node is an Array of its corrupted
-value.  The pushed index stops at that leaf, so the last position's path still reads the patched
-node, and nothing below the node is recomputed (its value is all the layers above need).
+value.  The pushed index stops at that leaf (or higher, at the stream the last layer reads), so the
+last position's path still reads the patched node, and nothing below the node is recomputed (its
+value is all the layers above need).
 """
 
 from __future__ import annotations
