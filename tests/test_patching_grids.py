@@ -293,6 +293,24 @@ def test_a_corruption_of_late_positions_only_gives_the_torch_grids():
         assert (heads.values - torch_grid).abs().max().item() < 1e-9
 
 
+def test_the_layers_of_a_grid_share_one_cache(monkeypatch):
+    """One Evaluator for the whole local grid: the second layer reads the clean and corrupted runs
+    the first computed.  (An empty Evaluator is falsy, and ``evaluator or Evaluator(...)`` gave
+    every layer a fresh one: on SmolLM2 each layer recomputed both runs, 10 s of CPU a layer.)"""
+    made = []
+
+    class Counted(cc.Evaluator):
+        def __init__(self, cache_bytes):
+            super().__init__(cache_bytes)
+            made.append(self)
+
+    monkeypatch.setattr(grids, "Evaluator", Counted)
+    circuit, corrupted = _small_gpt2()
+    metric = ex.metrics.logit_diff(-1, GOOD, BAD)
+    grids.act_patch_attn_head_out_all_pos(circuit, {"toks_int_var": corrupted}, metric)
+    assert len(made) == 1 and made[0].stats.hits > 0
+
+
 def test_first_change_is_the_first_position_where_any_value_differs():
     clean = torch.zeros(2, 3, 5, 4)  # [batch, head, pos, d]
     corrupted = clean.clone()

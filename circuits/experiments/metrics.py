@@ -35,7 +35,6 @@ that read no next tokens (``logit_diff``, ``kl_div``) are the same either way.
 from __future__ import annotations
 
 import operator
-import uuid
 from typing import Any, Callable
 
 import torch
@@ -43,7 +42,6 @@ import torch
 from circuits.transformer import names
 from circuits.evaluation.cache import Evaluator
 from circuits.evaluation import evaluate
-from circuits.rewriting.rewrite import replace
 from circuits.errors import ExperimentError, shown
 from circuits.core.nodes import (
     Add,
@@ -53,7 +51,6 @@ from circuits.core.nodes import (
     GeneralFunction,
     Index,
     Scalar,
-    Symbol,
     check_node,
 )
 from circuits.core.traversal import unique_nodes
@@ -253,12 +250,7 @@ def _pushed_above_the_last_layer(at: Index, logits: Circuit) -> Circuit:
         if parsed is not None and parsed.kind == "block":
             blocks.setdefault(parsed.layer, []).append(node)
     below = [layer for layer in blocks if layer < max(blocks, default=0)]
-    if not below:
-        return push_index(at)
-    streams = blocks[max(below)]
-    stops = {stream: Symbol(stream.shape, "metric.stream", uuid=uuid.uuid4()) for stream in streams}
-    pushed = push_index(replace(at, stops, assert_all_found=False))
-    return replace(pushed, {stop: stream for stream, stop in stops.items()}, assert_all_found=False)
+    return push_index(at, stop_at=blocks[max(below)] if below else ())
 
 
 def kl_div(clean: Circuit, *, log_probs: str = "log_probs") -> Metric:
