@@ -10,21 +10,7 @@ import circuits.models as cm
 from circuits import experiments as ex
 from circuits.errors import ExperimentError
 from circuits.experiments import head_detector
-
-
-def tl_gpt2(seed: int = 0):
-    """A small random HookedTransformer (GPT-2 layout), every weight perturbed."""
-    lens = pytest.importorskip("transformer_lens")  # imported here: it takes seconds
-    config = lens.HookedTransformerConfig(
-        n_layers=2, d_model=12, n_heads=3, d_head=4, d_mlp=20, d_vocab=7, n_ctx=16, act_fn="gelu_new",
-        normalization_type="LN", seed=seed, dtype=torch.float32, device="cpu",
-    )  # fmt: skip
-    model = lens.HookedTransformer(config)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.copy_(param + 0.5 * torch.randn(param.shape, generator=generator))
-    return model.eval()
+from factories import tl_model
 
 
 def tl_scores(model, tokens, kind, **options):
@@ -33,14 +19,15 @@ def tl_scores(model, tokens, kind, **options):
 
     rows = []
     for row in tokens:
-        _, cache = model.run_with_cache(row[None], remove_batch_dim=True)
+        with torch.no_grad():
+            _, cache = model.run_with_cache(row[None])
         detection = getattr(hd, f"get_{kind}_detection_pattern")(row[None])
         rows.append(
             torch.tensor(
                 [
                     [
                         hd.compute_head_attention_similarity_score(
-                            cache["pattern", layer][head], detection_pattern=detection, **options
+                            cache["pattern", layer][0, head], detection_pattern=detection, **options
                         )
                         for head in range(model.cfg.n_heads)
                     ]
@@ -52,14 +39,12 @@ def tl_scores(model, tokens, kind, **options):
 
 
 @pytest.mark.slow  # importing TransformerLens alone takes seconds
-@pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated")
 @pytest.mark.parametrize("kind", head_detector.HEAD_PATTERNS)
 def test_detect_head_equals_transformer_lens(kind):
-    model = tl_gpt2()
+    model = tl_model("gpt2", d_vocab=7)  # TransformerLens 4's GPT-2 layout, every weight perturbed
     # a small vocabulary, so tokens repeat and every pattern has ones
     tokens = torch.randint(0, 7, (3, 11), generator=torch.Generator().manual_seed(1))
-    state = {k: v.detach() for k, v in model.state_dict().items()}
-    circuit = cm.from_transformer_lens(state, tokens, family="gpt2", convention="prompt")
+    circuit = cm.from_transformer_lens(model, tokens, convention="prompt")
     split = cc.passes.split_heads(circuit)
     for options in (
         dict(exclude_bos=False, exclude_current_token=False, error_measure="mul"),
