@@ -72,11 +72,12 @@ def batched_chunks(
     items: list[tuple[Any, Any]],
     ablation: Callable,
     measure: Callable[[Circuit], Circuit],
-    batch_bytes: int = BATCH_BYTES,
+    batch_bytes: int | None = None,
 ) -> tuple[list[Chunk], list[tuple[Any, Any]]]:
     """The chunks of ``items`` (``(label, target)`` pairs) that the batched path measures, and the
     items it leaves to the general path (in their order).  ``measure(circuit)`` builds the
-    measured circuit (the metric's, or the circuit itself)."""
+    measured circuit (the metric's, or the circuit itself); ``batch_bytes``: default
+    ``BATCH_BYTES``."""
     if ablation is not zero_ablate:
         return [], items
     layers = _Layers(circuit)
@@ -96,7 +97,8 @@ def batched_chunks(
             rest.extend(item for item, _ in members)
             continue
         if size is None:
-            size = max(1, batch_bytes // max(1, cost(template[1]).peak_value_bytes))
+            budget = BATCH_BYTES if batch_bytes is None else batch_bytes
+            size = max(1, budget // max(1, cost(template[1]).peak_value_bytes))
         for start in range(0, len(members), size):
             chunks.append(_chunk(*template, members[start : start + size]))
     return chunks, rest
