@@ -160,8 +160,11 @@ def _mean_of(node: cc.Circuit) -> cc.Circuit:
     return cc.Einsum.from_einsum_string(f"{letters},->", node, cc.Scalar(1.0 / math.prod(node.shape)))
 
 
-def test_the_plan_counts_the_flops_the_batched_sweep_runs(deep):
+@pytest.mark.parametrize("budget", [None, 1], ids=["a-layer-per-chunk", "a-head-per-chunk"])
+def test_the_plan_counts_the_flops_the_batched_sweep_runs(deep, monkeypatch, budget):
     _, _, circuit = deep
+    if budget is not None:
+        monkeypatch.setattr(sweep_batches, "BATCH_BYTES", budget)
     names = ex.head_names(circuit)
     plan = ex.sweep_plan(circuit, names)
     with FlopCounterMode(display=False) as counter:

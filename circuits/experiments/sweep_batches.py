@@ -99,8 +99,7 @@ def batched_chunks(
         if size is None:
             budget = BATCH_BYTES if batch_bytes is None else batch_bytes
             size = max(1, budget // max(1, cost(template[1]).peak_value_bytes))
-        for start in range(0, len(members), size):
-            chunks.append(_chunk(*template, members[start : start + size]))
+        chunks += _chunks(*template, members, size)
     return chunks, rest
 
 
@@ -123,15 +122,24 @@ def _template(circuit: Circuit, layer_node: Circuit, measure: Callable) -> tuple
         return None
 
 
-def _chunk(symbol: Symbol, measured: Circuit, members: list) -> Chunk:
-    batched_symbol = Symbol.new_with_random_uuid((len(members), *symbol.shape), name=symbol.name)
-    return Chunk(
-        [label for (label, _), _ in members],
-        [value for _, value in members],
-        batched_symbol,
-        expand(measured, {symbol: batched_symbol}),
-        measured.rank,
-    )
+def _chunks(symbol: Symbol, measured: Circuit, members: list, size: int) -> list[Chunk]:
+    """One layer's targets in chunks of ``size``, each over its own batched circuit (a circuit
+    per chunk: the plan counts each chunk's work); the first of each size is ``expand``-ed, the
+    next ones are it with another Symbol, which rebuilds without deriving anything again."""
+    chunks: list[Chunk] = []
+    expanded: dict[int, tuple[Symbol, Circuit]] = {}
+    for start in range(0, len(members), size):
+        part = members[start : start + size]
+        batched_symbol = Symbol.new_with_random_uuid((len(part), *symbol.shape), name=symbol.name)
+        if len(part) in expanded:
+            first_symbol, first = expanded[len(part)]
+            batched = replace(first, {first_symbol: batched_symbol})
+        else:
+            batched = expand(measured, {symbol: batched_symbol})
+            expanded[len(part)] = batched_symbol, batched
+        labels, values = [label for (label, _), _ in part], [value for _, value in part]
+        chunks.append(Chunk(labels, values, batched_symbol, batched, measured.rank))
+    return chunks
 
 
 def _zero(node: Circuit) -> Scalar:
