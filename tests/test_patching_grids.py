@@ -409,3 +409,22 @@ def test_the_causal_suffix_changes_no_value():
         suffixed = causal_suffix.from_position(circuit, position, prefixes)
         assert torch.equal(suffixed.evaluate(), circuit.evaluate())
         assert circuit.get_unique("b1").shape == suffixed.get_unique("b1").shape
+
+
+def test_the_layers_of_a_grid_share_one_cache(monkeypatch):
+    """Every layer's patches read the clean and corrupted runs from one Evaluator.  An Evaluator
+    holding nothing is falsy (its ``len`` is 0): taking that for "no evaluator given" made a new
+    one per layer, which computed both runs again for every layer."""
+    made = []
+
+    class Counted(cc.Evaluator):
+        def __init__(self, cache_bytes):
+            super().__init__(cache_bytes)
+            made.append(self)
+
+    monkeypatch.setattr(grids, "Evaluator", Counted)
+    circuit, corrupted = _small_gpt2()
+    metric = ex.metrics.logit_diff(-1, GOOD, BAD)
+    grid = grids.act_patch_resid_pre(circuit, {"toks_int_var": corrupted}, metric)
+    assert grid.values.shape[0] == 2
+    assert len(made) == 1 and made[0].stats.hits > 0

@@ -155,7 +155,8 @@ class RunOptions:
 def _layer_values(circuit, corrupted, spec: Grid, layer: int, metric, options: RunOptions, evaluator=None):
     """``(sizes, cells, values, dtype)`` of one layer's patches (module-level: it travels by pickle)."""
     one_thread_if_forked()  # an executor's forked worker would hang on torch's threads
-    evaluator = evaluator or Evaluator(options.cache_bytes)
+    if evaluator is None:  # not ``evaluator or ...``: an Evaluator holding nothing yet is falsy (len 0)
+        evaluator = Evaluator(options.cache_bytes)
     run = PatchRun(circuit, corrupted, Point(spec.kind, layer), metric, evaluator)
     axes = spec.axes[1:]
     sizes = {axis: run.clean_value.shape[_AXIS_FROM_END[axis]] for axis in axes}

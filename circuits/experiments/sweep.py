@@ -54,8 +54,9 @@ class SweepResult(dict):
     ``records`` is a list of dicts, one per target: ``target``, ``metric``,
     ``baseline``, ``delta`` (metric - baseline), ``seconds`` (evaluation
     time; the targets of one batch share its time equally), and
-    ``layer``/``head`` when the target is a head branch name (``'b3.a.head7'``).  ``to_pandas()`` makes a DataFrame of them (pandas is
-    not a dependency; install it to use this).
+    ``layer``/``head`` when the target is a head branch name
+    (``'b3.a.head7'``).  ``to_pandas()`` makes a DataFrame of them (pandas
+    is not a dependency; install it to use this).
     """
 
     def __init__(self, records: list[dict], baseline: float, metric: str):
@@ -93,12 +94,14 @@ class SweepResult(dict):
 class SweepPlan:
     """What a sweep will cost, before it runs (``sweep_plan``).
 
-    ``flops``: FLOPs of every distinct node of the clean circuit and of every ablated one, each
+    ``flops``: FLOPs of every distinct node of the sweep's evaluations (the clean circuit, every
+    ablated one, and the batches that measure a layer's heads at once, ``sweep_batches``), each
     once, as the planned cache computes it once (more, if ``cache_bytes`` cannot hold what later
-    circuits read).  ``peak_bytes``: the largest, over the circuits in run order, of one circuit's
-    own evaluation peak (``cc.cost``) plus the values the cache holds for later circuits then
-    (capped at ``cache_bytes``): an estimate, not a bound.  ``circuits``: how many evaluations;
-    ``cached_bytes``: the most the cache holds at once.  ``cost``: ``cc.cost`` of them all.
+    evaluations read).  ``peak_bytes``: the largest, over the evaluations in run order, of one
+    evaluation's own peak (``cc.cost``) plus the values the cache holds for later ones then
+    (capped at ``cache_bytes``): an estimate, not a bound.  ``circuits``: how many circuits are
+    measured (the clean one and one per target); ``cached_bytes``: the most the cache holds at
+    once.  ``cost``: ``cc.cost`` of them all.
     """
 
     circuits: int
