@@ -102,6 +102,10 @@ def test_logit_diff_sweep_pushes_its_index_down_to_the_layer_input(deep, split):
         want = (last[rows, good] - last[rows, bad]).mean().item()
         assert table[f"b{layer}.a.head{head}"] == pytest.approx(want, abs=TOL)
     assert table["b1.a.head2"] == pytest.approx(alone(split, "b1.a.head2", metric), abs=TOL)
+    # below the top layer every position is computed for the next layer's keys: the index stops there
+    chunks, _ = sweep_batches.batched_chunks(circuit, [("b0.a.head0",) * 2], ex.zero_ablate, metric.circuit)
+    mlps = [node.name for node in cc.unique_nodes(chunks[0].batched) if (node.name or "").endswith(".m")]
+    assert sorted(mlps) == [f"b{layer}.m" for layer in range(LAYERS)]
 
 
 def test_a_function_of_the_root_and_chunks_smaller_than_a_layer(deep, monkeypatch):

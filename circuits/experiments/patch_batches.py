@@ -17,7 +17,6 @@ node, and nothing below the node is recomputed (its value is all the layers abov
 
 from __future__ import annotations
 
-import uuid
 from numbers import Real
 from typing import Any, Sequence
 
@@ -31,8 +30,8 @@ from circuits.experiments import causal_suffix
 from circuits.experiments.metrics import Metric, find
 from circuits.transformer.points import Point, resolve_points
 from circuits.rewriting.matching import get
-from circuits.core.nodes import Array, Circuit, Tag
-from circuits.rewriting.rewrite import replace, update
+from circuits.core.nodes import Array, Circuit
+from circuits.rewriting.rewrite import replace
 from circuits.core.traversal import unique_nodes
 
 __all__ = ["PatchRun", "measure_all"]
@@ -54,8 +53,8 @@ class PatchRun:
         self.clean_value = evaluator.evaluate(resolve_points(clean, [key])[key])
         self.corrupted_value = evaluator.evaluate(node)
         self.leaf = Array(self.corrupted_value, name=f"patch.{key[0]}")
-        blocks = _blocks(corrupted, key[1])
-        self.leafed = _opaque(replace(corrupted, {node: self.leaf}), blocks)
+        blocks = causal_suffix.blocks(corrupted, key[1])
+        self.leafed = causal_suffix.unpushed_below_top(replace(corrupted, {node: self.leaf}), blocks)
         self.measured = self._measured(self.leafed)
         self.shared = {n.hash for n in unique_nodes([self.measured])}
         self.prefixes = None
@@ -113,35 +112,6 @@ def _layer_node(circuit: Circuit, key: tuple) -> Circuit:
             f"{error}; a patching grid patches one node per layer (a head by its index on the head axis): "
             "give it the circuit before split_heads"
         ) from None
-
-
-def _blocks(corrupted: Circuit, layer: int) -> dict[str, Circuit]:
-    """The corrupted run's residual stream ``'b{l}'`` for every ``l >= layer``, by name."""
-    blocks = {}
-    for node in unique_nodes([corrupted]):
-        parsed = names.parse(node.name) if node.name is not None else None
-        if parsed is not None and parsed.kind == "block" and parsed.layer >= layer:
-            blocks[node.name] = node
-    return blocks
-
-
-def _opaque(circuit: Circuit, blocks: dict[str, Circuit]) -> Circuit:
-    """``circuit`` with each of ``blocks`` but the topmost under a Tag, which no Index is pushed
-    through (the value is unchanged).
-
-    Every position of those blocks is computed anyway: the next layer's keys and values read
-    them all.  A metric's index pushed down through them (``logit_diff``: the last position)
-    would compute its position once more in every layer, and cost a rewrite of every layer per
-    run; stopped at the top block's input, it goes through the last layer only.
-    """
-    below_top = set(sorted(blocks, key=lambda name: names.parse(name).layer)[:-1])
-    if not below_top:
-        return circuit
-    return update(circuit, below_top, lambda block: Tag(block, _OPAQUE), assert_any_found=False)
-
-
-#: The uuid of ``_opaque``'s Tags.
-_OPAQUE = uuid.UUID("6f70617175652d626c6f636b2d746167")
 
 
 def _number(value: Any, metric: Any) -> float:
