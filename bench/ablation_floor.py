@@ -48,7 +48,7 @@ from benchtools import add_gpt2_size_arguments, tl_gpt2_model
 
 def fused_weights(model) -> tuple[list[tuple[torch.Tensor, ...]], tuple[torch.Tensor, ...]]:
     """Per layer, the weights laid out for ``linear``; and the final norm and unembedding."""
-    state = model.state_dict()
+    state = {key: value.detach() for key, value in model.tl_parameters().items()}
     blocks = []
     for layer in range(model.cfg.n_layers):
         p = f"blocks.{layer}."
@@ -134,7 +134,7 @@ def main() -> None:
 
     with torch.no_grad():
         # the perfect cache, untimed: every layer's input and heads' outputs in the clean run
-        x = model.embed(inputs) + model.pos_embed(inputs)
+        x = model.embed(inputs) + model.pos_embed.W_pos[: inputs.shape[-1]]  # the first positions' rows
         clean_inputs, clean_z = [], []
         for weights in blocks:
             clean_inputs.append(x)

@@ -5,10 +5,11 @@ Issue 7's benchmark at GPT-2-small dimensions (12 layers, 12 heads, d_model
 float32, 2 threads: zero-ablate each of the 144 heads in turn, metric =
 mean loss.
 
-- TransformerLens 3.x: a ``HookedTransformer`` with random weights, one
+- TransformerLens 4.x: its natively booted GPT-2 (``TransformerBridge.boot_native``,
+  what ``HookedTransformer(cfg)`` was in 3.x) with random weights, one
   ``run_with_hooks(tokens, return_type="loss")`` per head with a hook that
   zeroes ``blocks.{L}.attn.hook_z[:, :, h]``.
-- circuits: the same weights through ``models.from_transformer_lens``,
+- circuits: the same weights through ``models.from_transformer_lens`` (the bridge),
   then one ``sweep(circuit, head_names(circuit), zero_ablate, mean_loss)``
   call (the clean run included), which evaluates through a cached
   ``Evaluator``: per head, only what lies above that head is recomputed.
@@ -25,7 +26,7 @@ with glibc told to keep freed memory for reuse (``--malloc``, see
 printed too (less sensitive to other load on the machine).  The last line
 is the headline ratio, circuits / TransformerLens (target <= 0.5).
 
-    pip install -e ".[bench]"                # transformer-lens < 4
+    pip install -e ".[bench]"                # transformer-lens >= 4
     python bench/ablation_sweep.py           # the issue's dimensions (several minutes)
     python bench/ablation_sweep.py --d-model 384 --vocab 8192 --batch 4 --seq 64   # quick: ~30 s
     python bench/ablation_sweep.py --policy lru      # the sweep's cache with plain LRU admission
@@ -131,9 +132,7 @@ def main() -> None:
     tokens = torch.randint(
         0, args.vocab, (args.batch, args.seq + 1), generator=torch.Generator().manual_seed(args.seed + 1)
     )
-    (build_time, _), circuit = timed(
-        lambda: models.from_transformer_lens(model.state_dict(), tokens, family="gpt2")
-    )
+    (build_time, _), circuit = timed(lambda: models.from_transformer_lens(model, tokens, family="gpt2"))
     split_time = 0.0
     if args.presplit:
         (split_time, _), circuit = timed(lambda: split_heads(circuit))
@@ -145,7 +144,7 @@ def main() -> None:
         f"batch {args.batch} x {args.seq}, float32, {args.threads} threads, {len(names)} heads to ablate"
     )
     print(
-        f"circuit from the TransformerLens state dict {build_time:.2f} s"
+        f"circuit from the TransformerLens bridge {build_time:.2f} s"
         + (f", split_heads {split_time:.2f} s" if args.presplit else ", layers split by the sweep")
         + " (setup, not timed below)"
     )

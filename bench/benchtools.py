@@ -89,14 +89,17 @@ def hf_gpt2_model(args: argparse.Namespace):
 
 
 def tl_gpt2_model(args: argparse.Namespace):
-    """A TransformerLens GPT-2 of the size flags (and ``args.seed``), every parameter perturbed.
+    """A TransformerLens 4 GPT-2 of the size flags (and ``args.seed``), every parameter perturbed.
 
-    TransformerLens initialises biases to 0 and norms to 1: each parameter gets noise so each one matters.
+    TransformerLens 4 has no ``HookedTransformer``: this is its natively booted model
+    (``TransformerBridge.boot_native``) in GPT-2's layout, what ``HookedTransformer(cfg)`` was.  It
+    initialises biases to 0 and norms to 1: each parameter gets noise so each one matters.
     """
     import torch
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
+    from transformer_lens import TransformerBridgeConfig
+    from transformer_lens.model_bridge.sources import boot_native
 
-    cfg = HookedTransformerConfig(
+    cfg = TransformerBridgeConfig(
         n_layers=args.layers,
         n_heads=args.heads,
         d_model=args.d_model,
@@ -108,7 +111,7 @@ def tl_gpt2_model(args: argparse.Namespace):
         normalization_type="LN",
         seed=args.seed,
     )
-    model = HookedTransformer(cfg).eval()
+    model = boot_native(cfg).eval()
     generator = torch.Generator().manual_seed(args.seed)
     with torch.no_grad():
         for parameter in model.parameters():

@@ -5,10 +5,11 @@ Issue 15's benchmark at GPT-2-small dimensions (12 layers, 12 heads, d_model 768
 difference at the last position (one good and one bad token per row).  The corrupted tokens differ
 from the clean ones at every third position.
 
-- TransformerLens 3.x: ``run_with_cache`` on the clean tokens, then
+- TransformerLens 4.x (its natively booted GPT-2, ``benchtools.tl_gpt2_model``): ``run_with_cache``
+  on the clean tokens, then
   ``patching.get_act_patch_resid_pre`` (one ``run_with_hooks`` per (layer, position), every
   position unembedded).
-- circuits: the same weights through ``models.from_transformer_lens``, then one
+- circuits: the same weights through ``models.from_transformer_lens`` (the bridge), then one
   ``act_patch_resid_pre(circuit, {"toks_int_var": corrupted}, logit_diff(-1, good, bad))`` call (the
   clean and corrupted values included): per layer, every position's patch in one batched
   evaluation of the layers above it, one position unembedded.
@@ -103,7 +104,7 @@ def main() -> None:
 
     model = tl_gpt2_model(args)
     clean, corrupted, good, bad = inputs(args)
-    circuit = models.from_transformer_lens(model.state_dict(), clean, family="gpt2")
+    circuit = models.from_transformer_lens(model, clean, family="gpt2")
     metric = ex.metrics.logit_diff(-1, good, bad)
     options = {"patches_per_run": args.patches_per_run, "positions_per_run": args.positions_per_run}
 

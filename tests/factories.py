@@ -1,6 +1,6 @@
 """The small models the tests build, in one place: Hugging Face models of each family (random
-weights, nothing downloaded), TransformerLens's HookedTransformer, and our builders' circuits with
-random weights.
+weights, nothing downloaded), TransformerLens 4's natively booted model, and our builders' circuits
+with random weights.
 
 Each factory's defaults are the model its family's tests use; a test that needs another size, seed
 or perturbation passes it (``gpt2(n_layer=1, n_embd=8, perturb=None)``), so its numbers stay its
@@ -46,6 +46,19 @@ def shifted(std: float, where: Callable[[str], bool] | None = None, seed: int | 
         for name, param in model.named_parameters():
             if where is None or where(name):
                 param.add_(torch.randn(param.shape, generator=generator, dtype=param.dtype) * std)
+
+    return perturb
+
+
+def sorted_shifted(std: float, seed: int) -> Perturbation:
+    """Adds normal noise of ``std`` to every parameter, drawn from a generator seeded with ``seed`` in
+    the order of the parameters' sorted names (the draw does not depend on how a model registers them)."""
+
+    @torch.no_grad()
+    def perturb(model: torch.nn.Module) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        for _, param in sorted(model.named_parameters()):
+            param.add_(std * torch.randn(param.shape, generator=generator, dtype=param.dtype))
 
     return perturb
 
@@ -332,35 +345,49 @@ def transformer_lens_state(model, detach: bool = True) -> dict:
 # ------------------------------------------------------------------ TransformerLens
 
 
-def tl_model(family: str, masked: bool, seed: int = 0, n_layers: int = 2):
-    """A HookedTransformer of odd dimensions with every weight random (biases and norms too)."""
-    lens = pytest.importorskip("transformer_lens")  # imported here: it takes seconds
+def tl_model(
+    family: str = "gpt2",
+    masked: bool = True,
+    seed: int = 0,
+    n_layers: int = 2,
+    *,
+    compat: bool = False,
+    dtype: torch.dtype = torch.float32,
+    **fields,
+):
+    """TransformerLens 4's natively booted model (``boot_native``, a ``TransformerBridge``) in GPT-2's
+    layout at odd dimensions (d_model 12, 3 heads of 4, d_mlp 20, vocab 17), every weight then moved
+    by ``sorted_shifted(0.3, seed)`` (biases and norms too), so wiring mistakes show; ``masked``: its
+    ``attention_dir`` causal or bidirectional; ``compat``: compatibility mode (HookedTransformer's
+    weight processing); ``fields`` override the ``TransformerBridgeConfig``.  Its attention has no
+    ``use_attn_result``: per-head results come from ``ActivationCache.compute_head_results``.
+
+    Only ``family="gpt2"``: TransformerLens 3's attention-only model with shortformer positions has no
+    TransformerLens 4 equivalent (its tests check the attention-only model against torch instead)."""
+    if family != "gpt2":
+        raise ValueError(f"TransformerLens 4 has no {family!r} model (shortformer positions)")
+    sources = pytest.importorskip("transformer_lens.model_bridge.sources")  # here: it takes seconds
+    from transformer_lens import TransformerBridgeConfig
+
     options = dict(
         n_layers=n_layers,
         d_model=12,
         n_heads=3,
         d_head=4,
+        d_mlp=20,
         d_vocab=17,
         n_ctx=16,
         act_fn="gelu_new",
         normalization_type="LN",
-        use_attn_result=True,
         attention_dir="causal" if masked else "bidirectional",
         seed=seed,
-        dtype=torch.float32,
+        dtype=dtype,
         device="cpu",
     )
-    if family == "gpt2":
-        options["d_mlp"] = 20
-    else:
-        options.update(attn_only=True, positional_embedding_type="shortformer")
-    model = lens.HookedTransformer(lens.HookedTransformerConfig(**options))
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for key, param in model.named_parameters():
-            zero_bias = family == "attn_only" and ".attn.b_" in key  # the attention-only builder has none
-            if not zero_bias:
-                param.copy_(param + 0.3 * torch.randn(param.shape, generator=generator))
+    model = sources.boot_native(TransformerBridgeConfig(**dict(options, **fields)), dtype=dtype)
+    sorted_shifted(0.3, seed)(model.original_model)
+    if compat:
+        model.enable_compatibility_mode(disable_warnings=True)
     return model.eval()
 
 

@@ -67,12 +67,28 @@ HF_FAMILIES = {
     "gemma2": ("Gemma2Config", GEMMA2),
     "qwen2": ("Qwen2Config", LLAMA_LIKE),
     "mistral": ("MistralConfig", dict(LLAMA_LIKE, sliding_window=4)),
+    "qwen3": ("Qwen3Config", dict(LLAMA_LIKE, head_dim=8)),
+    "gemma3": (
+        "Gemma3TextConfig",
+        dict(
+            LLAMA_LIKE,
+            head_dim=8,
+            query_pre_attn_scalar=6,
+            sliding_window=4,
+            sliding_window_pattern=2,
+            rope_local_base_freq=100.0,
+            attn_implementation="eager",
+        ),
+    ),
+    "phi3": ("Phi3Config", dict(LLAMA_LIKE, partial_rotary_factor=0.7, pad_token_id=0, eos_token_id=1)),
+    "mixtral": ("MixtralConfig", dict(LLAMA_LIKE, num_local_experts=3, num_experts_per_tok=2)),
 }
 FAMILIES = ["attn-only", *HF_FAMILIES]
 CAUSAL_LM = {
     "GPT2Config": "GPT2LMHeadModel",
     "GPTNeoXConfig": "GPTNeoXForCausalLM",
     "OPTConfig": "OPTForCausalLM",
+    "Gemma3TextConfig": "Gemma3ForCausalLM",
 }
 #: the final norm's and each layer's pre-MLP norm's module (inputs: the stream after the last layer,
 #: and between a layer's attention and MLP); None: no such stream (parallel GPT-NeoX)
@@ -82,6 +98,7 @@ NORM_MODULES = {
     "neox-parallel": ("gpt_neox.final_layer_norm", None),
     "neox-sequential": ("gpt_neox.final_layer_norm", "gpt_neox.layers.{}.post_attention_layernorm"),
     "gemma2": ("model.norm", "model.layers.{}.pre_feedforward_layernorm"),
+    "gemma3": ("model.norm", "model.layers.{}.pre_feedforward_layernorm"),
 }
 LLAMA_NORMS = ("model.norm", "model.layers.{}.post_attention_layernorm")
 
@@ -112,9 +129,12 @@ def hf_model(family: str, dtype: torch.dtype = torch.float32):
     """A random model of ``family`` with every parameter perturbed (biases and norms too)."""
     config_name, fields = HF_FAMILIES[family]
     model_class = CAUSAL_LM.get(config_name, config_name.replace("Config", "ForCausalLM"))
-    return factories.hf_causal_lm(
+    model = factories.hf_causal_lm(
         model_class, config_name, fields, perturb=factories.shifted(0.2), dtype=dtype
     )
+    if family == "mixtral":  # its default grouped_mm experts refuse these sizes on a CPU
+        model.set_experts_implementation("eager")
+    return model
 
 
 def _captured(model, path: str, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -279,7 +299,7 @@ def test_path_terms_sum_to_the_model_logits_and_stream(family):
     assert_close(stream.terms.evaluate(), model.resid[1][:, -1])
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma", "gemma2", "neox-parallel"])
+@pytest.mark.parametrize("family", ["llama", "gemma", "gemma2", "neox-parallel", "qwen3", "gemma3", "phi3"])
 def test_second_order_path_terms_sum_to_the_model_logits(family):
     """``order=2`` writes each head's inputs through its layer's norm weight (Gemma: ``1 + w``)."""
     model = model_of(family)
@@ -387,7 +407,6 @@ def _tl_gemma(model, **processing):
 
 
 def _lens(test):
-    test = pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated")(test)
     return pytest.mark.slow(test)
 
 
@@ -395,8 +414,8 @@ def _lens(test):
 @pytest.mark.parametrize("family", ["gemma", "gemma2"])
 def test_logit_attrs_equal_transformer_lens_with_folded_norms(family):
     """Our ``logit_attrs`` of ``decompose_resid`` (and, on Gemma, of ``stack_head_results``) equal
-    TransformerLens's on its model with the norms folded (its Gemma weights hold ``1 + w``; it ignores
-    the soft-cap, which ``uncapped=True`` asks of ours)."""
+    TransformerLens 4's on its bridge with the norms folded (compatibility mode, ``fold_ln`` alone; it
+    ignores the soft-cap, which ``uncapped=True`` asks of ours)."""
     model = hf_model(family)
     toks = tokens()
     cache = ex.run_with_cache(cm.from_hf(model, toks))

@@ -1,9 +1,10 @@
 """The cache analyses, direct logit attribution and the logit lens, against TransformerLens and torch.
 
-GPT-2 of odd dimensions: every analysis against TransformerLens 3.x on the same weights.  Ours
-never applies the norms' weights in ``apply_ln_to_stack`` and folds the final norm's weight into
-the unembedding in ``logit_attrs``; TransformerLens gives those numbers on its model with the norms
-folded (``fold_ln=True``, nothing centred), which is the reference here.  The attention-only
+GPT-2 of odd dimensions: every analysis against TransformerLens 4.x on the same weights (its natively
+booted GPT-2 layout, ``factories.tl_model``).  Ours never applies the norms' weights in
+``apply_ln_to_stack`` and folds the final norm's weight into the unembedding in ``logit_attrs``;
+TransformerLens gives those numbers on its model with the norms folded (compatibility mode with
+``fold_ln=True``, nothing centred), which is the reference here.  The attention-only
 family is checked against ``experiments_reference``'s torch forward, Llama against
 ``test_points.llama_reference``.
 """
@@ -41,11 +42,14 @@ def gpt2():
     """Our GPT-2 circuit, its cache, TransformerLens's cache, and TransformerLens's folded model's cache."""
     model = tl_model("gpt2", masked=True)
     tokens = _tokens()
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    circuit = cm.from_transformer_lens(state, tokens, family="gpt2", causal=True)
-    folded = tl_model("gpt2", masked=True)
-    folded.load_and_process_state_dict(
-        state, fold_ln=True, center_writing_weights=False, center_unembed=False, fold_value_biases=False
+    circuit = cm.from_transformer_lens(model, tokens, family="gpt2", causal=True)
+    folded = tl_model("gpt2", masked=True)  # the same weights (the same seed), then folded
+    folded.enable_compatibility_mode(
+        disable_warnings=True,
+        fold_ln=True,
+        center_writing_weights=False,
+        center_unembed=False,
+        fold_value_biases=False,
     )
     with torch.no_grad():
         _, tl_cache = model.run_with_cache(tokens[:, :-1])
@@ -80,7 +84,6 @@ def _check_same(gpt2, method, **options):
 
 def _lens(test):
     """A test that runs TransformerLens: slow (importing it alone takes seconds)."""
-    test = pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated")(test)
     return pytest.mark.slow(test)
 
 

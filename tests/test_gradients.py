@@ -47,21 +47,38 @@ _HOOKS = {
 }
 
 
+#: TransformerLens 4's ``hook_resid_mid`` is its second norm's input hook, so a backward hook there sees
+#: the gradient through the MLP only; the residual path's is ``hook_resid_post``'s, which is added.
+_RESIDUAL_PATH = {"resid_mid": "blocks.{L}.hook_resid_post"}
+
+
+def _tl_hooks(kind, layer):
+    """The hooks whose values and gradients give ``kind``'s at ``layer``."""
+    return [h.format(L=layer) for h in (_HOOKS[kind][0], _RESIDUAL_PATH.get(kind)) if h is not None]
+
+
+def _tl_grad(grads, kind, layer):
+    """TransformerLens's gradient at ``kind``'s hook, in our layout, the residual path included."""
+    hook, layout = _HOOKS[kind]
+    grad = grads[hook.format(L=layer)]
+    if kind in _RESIDUAL_PATH:
+        grad = grad + grads[_RESIDUAL_PATH[kind].format(L=layer)]
+    return layout(grad)
+
+
 def _tl_run(model, tokens, names, backward=True):
     """TransformerLens's metric, and the activations and gradients at the hooks ``names``."""
     acts, grads = {}, {}
 
-    def fwd(tensor, hook):
-        acts[hook.name] = tensor.detach()
-
-    def bwd(tensor, hook):
-        grads[hook.name] = tensor.detach()
+    def keep(store, name):  # by the name asked for: TransformerLens 4's hook_resid_pre is an alias
+        return lambda tensor, hook: store.__setitem__(name, tensor.detach())
 
     def leaf(tensor, hook):  # the weights need no gradient: the embeddings start the graph
         return tensor.detach().requires_grad_()
 
-    hooks = [("hook_embed", leaf)] * backward + [(name, fwd) for name in names]
-    with model.hooks(fwd_hooks=hooks, bwd_hooks=[(name, bwd) for name in names] if backward else []):
+    hooks = [("hook_embed", leaf)] * backward + [(name, keep(acts, name)) for name in names]
+    bwd_hooks = [(name, keep(grads, name)) for name in names] if backward else []
+    with model.hooks(fwd_hooks=hooks, bwd_hooks=bwd_hooks):
         metric = _tl_logit_diff(model(tokens[:, :-1]))
         if backward:
             metric.backward()
@@ -74,17 +91,15 @@ def gpt2():
     model = tl_model("gpt2", masked=True, seed=4)
     for param in model.parameters():
         param.requires_grad_(False)
-    state = {k: v.detach() for k, v in model.state_dict().items()}
-    return model, state
+    return model
 
 
 @pytest.mark.slow
-@pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated")
 @pytest.mark.parametrize("split", [False, True])
 def test_gradients_equal_transformer_lens_backward_hooks(gpt2, split):
-    model, state = gpt2
+    model = gpt2
     tokens = _tokens(1)
-    circuit = cm.from_transformer_lens(state, tokens, family="gpt2", causal=True)
+    circuit = cm.from_transformer_lens(model, tokens, family="gpt2", causal=True)
     if split:
         circuit = cc.passes.split_heads(circuit)
     keys = [
@@ -100,18 +115,17 @@ def test_gradients_equal_transformer_lens_backward_hooks(gpt2, split):
         logit_diff(-1, torch.tensor(GOOD), torch.tensor(BAD), push_down=False) if split else _tl_logit_diff
     )
     ours = gradients(circuit, metric, keys)
-    hooks = sorted({_HOOKS[k][0].format(L=layer) for k, layer, *_ in keys if k in _HOOKS})
-    hooks.append("blocks.1.attn.hook_result")
-    model.cfg.use_attn_result = True
+    hooks = sorted({hook for k, layer, *_ in keys if k in _HOOKS for hook in _tl_hooks(k, layer)})
+    hooks.append("blocks.1.hook_attn_out")
     expected_metric, _, tl_grads = _tl_run(model, tokens, hooks)
     assert abs(ours.metric - expected_metric) < TOL
     for key in keys:
         kind, layer, *head = key
-        if kind == "head_out":
-            expected = tl_grads[f"blocks.{layer}.attn.hook_result"][:, :, head[0]]
+        if kind == "head_out":  # the attention output is the heads' sum (plus b_O): each head's gradient
+            # is the output's (TransformerLens 4's native attention has no per-head hook_result)
+            expected = tl_grads[f"blocks.{layer}.hook_attn_out"]
         else:
-            hook, layout = _HOOKS[kind]
-            expected = layout(tl_grads[hook.format(L=layer)])
+            expected = _tl_grad(tl_grads, kind, layer)
             if head:
                 expected = expected[:, head[0]]
         got = ours[key]
@@ -191,8 +205,8 @@ def _expected_attribution(model, clean, corrupted, kind, layer):
     hook, layout = _HOOKS[kind]
     name = hook.format(L=layer)
     _, clean_acts, _ = _tl_run(model, clean, [name], backward=False)
-    _, corrupted_acts, corrupted_grads = _tl_run(model, corrupted, [name])
-    product = layout(corrupted_grads[name] * (clean_acts[name] - corrupted_acts[name]))
+    _, corrupted_acts, corrupted_grads = _tl_run(model, corrupted, _tl_hooks(kind, layer))
+    product = _tl_grad(corrupted_grads, kind, layer) * layout(clean_acts[name] - corrupted_acts[name])
     if kind in ("z", "v"):
         return product.sum((0, -1))  # [head, pos]
     if kind == "attn_probs":
@@ -201,13 +215,12 @@ def _expected_attribution(model, clean, corrupted, kind, layer):
 
 
 @pytest.mark.slow
-@pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated")
 @pytest.mark.parametrize("split", [False, True])
 def test_attribution_patching_equals_transformer_lens(gpt2, split):
-    model, state = gpt2
+    model = gpt2
     clean, corrupted = _tokens(1), _tokens(1).clone()
     corrupted[:, [1, 4, 6]] = _tokens(2)[:, [1, 4, 6]]  # several positions differ
-    circuit = cm.from_transformer_lens(state, clean, family="gpt2", causal=True)
+    circuit = cm.from_transformer_lens(model, clean, family="gpt2", causal=True)
     if split:
         circuit = cc.passes.split_heads(circuit)
     kinds = ["resid_pre", "resid_mid", "attn_out", "mlp_out", "mlp_post", "z", "v", "attn_probs"]

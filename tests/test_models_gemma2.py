@@ -64,9 +64,8 @@ def test_each_gemma2_change_matters(change):
 
 
 def test_unsupported_options_name_the_field():
+    # (query_pre_attn_scalar other than head_dim is supported: tests/test_models_families_2026.py)
     config = gemma2().config.to_dict()
-    with pytest.raises(ModelError, match=r"query_pre_attn_scalar=16 \(not head_dim 10\)"):
-        cm.from_hf_state_dict(dict(config, query_pre_attn_scalar=16), {})
     with pytest.raises(ModelError, match="attention_bias=True"):
         cm.from_hf_state_dict(dict(config, attention_bias=True), {})
     with pytest.raises(ModelError, match="'layer_types' is"):

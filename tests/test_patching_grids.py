@@ -52,15 +52,13 @@ def _reference_metric_at_4(logits: torch.Tensor) -> torch.Tensor:
 def gpt2_setup():
     model = factories.tl_model("gpt2", True)  # d_model 12, 3 heads, d_head 4, d_mlp 20, vocab 17, 2 layers
     clean, corrupted = _inputs(17)
-    state = {k: v.detach() for k, v in model.state_dict().items()}
-    circuit = cm.from_transformer_lens(state, clean, family="gpt2", causal=True)
+    circuit = cm.from_transformer_lens(model, clean, family="gpt2", causal=True)
     with torch.no_grad():
         _, cache = model.run_with_cache(clean[:, :-1])
     return model, circuit, cache, clean, corrupted
 
 
 @pytest.mark.slow  # importing TransformerLens alone takes seconds
-@pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated")
 @pytest.mark.parametrize("grid", [*grids.GRIDS, *grids.EVERY])
 def test_every_grid_equals_transformer_lens(gpt2_setup, grid):
     patching = pytest.importorskip("transformer_lens.patching")
@@ -81,7 +79,6 @@ def test_every_grid_equals_transformer_lens(gpt2_setup, grid):
 
 
 @pytest.mark.slow
-@pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated")
 @pytest.mark.parametrize("grid", [*grids.GRIDS, *grids.EVERY])
 def test_every_grid_at_an_earlier_position_equals_transformer_lens(gpt2_setup, grid):
     """The metric at position 4 of 8: a run of patches all after it cannot reach it (zero effect)."""
@@ -106,7 +103,6 @@ def test_every_grid_at_an_earlier_position_equals_transformer_lens(gpt2_setup, g
 
 
 @pytest.mark.slow
-@pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated")
 def test_mean_loss_grid_scores_the_clean_targets_as_transformer_lens_users_do(gpt2_setup):
     """TransformerLens's metric is a function of the logits; its users score the clean prompt's next tokens."""
     patching = pytest.importorskip("transformer_lens.patching")
@@ -129,7 +125,6 @@ def test_mean_loss_grid_scores_the_clean_targets_as_transformer_lens_users_do(gp
 
 
 @pytest.mark.slow
-@pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated")
 def test_records_name_each_patch(gpt2_setup):
     _, circuit, _, _, corrupted = gpt2_setup
     metric = ex.metrics.logit_diff(-1, GOOD, BAD)
@@ -335,15 +330,13 @@ def test_a_model_without_mlps_has_no_mlp_grid():
 
 
 @pytest.mark.slow
-@pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated")
 @pytest.mark.parametrize("grid", ["resid_pre", "attn_head_k_by_pos"])
 def test_bidirectional_attention_patches_every_position(grid):
     """Without a causal mask a patch reaches earlier positions too: no suffix shortcut."""
     patching = pytest.importorskip("transformer_lens.patching")
     model = factories.tl_model("gpt2", False)
     clean, corrupted = _inputs(17)
-    state = {k: v.detach() for k, v in model.state_dict().items()}
-    circuit = cm.from_transformer_lens(state, clean, family="gpt2", causal=False)
+    circuit = cm.from_transformer_lens(model, clean, family="gpt2", causal=False)
     assert not causal_suffix.is_causal(circuit)
     with torch.no_grad():
         _, cache = model.run_with_cache(clean[:, :-1])

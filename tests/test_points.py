@@ -1,7 +1,10 @@
 """``Point(kind, layer, head)``: one layer's (one head's) node, on every family, split or not, masked or not.
 
-Values are checked against TransformerLens's ``run_with_cache`` on the same weights (GPT-2 and the
-attention-only family, the shipped demo model included) and against a Llama written in torch.
+Values are checked against TransformerLens 4's ``run_with_cache`` on the same weights (its natively
+booted GPT-2 layout, read through ``from_transformer_lens``) and against the attention-only model (the
+shipped demo model included) and a Llama written in torch.  The attention-only model's shortformer
+positions have no TransformerLens 4 equivalent (neither its native model nor any Hugging Face one has
+them), so its reference is torch code here, where TransformerLens 3's ``HookedTransformer`` was.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ import circuits.models as cm
 from circuits import experiments as ex
 from circuits.transformer import names, points
 from circuits.transformer.points import HEAD_KINDS, POINT_KINDS, TRANSFORMER_LENS_HOOKS, Point
-from experiments_reference import attn_only_transformer_lens_state
 from factories import llama_config, tl_model
 
 TOL = 1e-4
@@ -50,6 +52,8 @@ def tl_expected(model, cache, kind, layer, head, tokens):
         return value * norm.w + norm.b
     if kind.endswith("_scale"):  # ours is 1/sqrt(var + eps), [batch, pos]
         return 1 / value.squeeze(-1)
+    if kind == "attn_scores" and model.cfg.architecture == "TransformerLensNative":
+        value = _native_scores(model, cache, layer)
     if kind in ("q", "k", "v", "z"):  # ours [batch, head, pos, d_head]
         value = value.transpose(1, 2)
     if kind in ("q", "k", "v", "z", "attn_scores", "attn_probs") and head is not None:
@@ -71,6 +75,18 @@ def tl_expected(model, cache, kind, layer, head, tokens):
     return value
 
 
+def _native_scores(model, cache, layer):
+    """The scores of TransformerLens 4's native model, from its ``hook_q`` and ``hook_k``: that model's
+    attention hands the bridge its pattern where the bridge expects scores, so its
+    ``hook_attn_scores`` holds the probabilities (tests/test_models_tl_bridge.py checks it)."""
+    q, k = cache[f"blocks.{layer}.attn.hook_q"], cache[f"blocks.{layer}.attn.hook_k"]
+    scores = torch.einsum("bqhc,bkhc->bhqk", q, k) / q.shape[-1] ** 0.5
+    if model.cfg.attention_dir == "causal":
+        seq = scores.shape[-1]
+        scores = scores.masked_fill(~torch.ones(seq, seq, dtype=torch.bool).tril(), float("-inf"))
+    return scores
+
+
 def _close(ours, expected, kind, masked, label):
     assert ours.shape == expected.shape, (label, ours.shape, expected.shape)
     if kind == "attn_scores" and masked:  # masked pairs: TransformerLens -inf, ours NEG_INF
@@ -80,92 +96,119 @@ def _close(ours, expected, kind, masked, label):
     assert (ours - expected).abs().max().item() < TOL, label
 
 
-def check_against_transformer_lens(model, circuit_of, family, masked, tokens):
-    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+def check_points(circuit, family, masked, n_layers, n_heads, expected_of):
+    """Every point of the circuit, built and split (one node per head branch), against
+    ``expected_of(kind, layer, head)``; a kind the family lacks finds no node."""
+    for variant, c in _variants(circuit, family, masked).items():
+        keys = []
+        for kind in POINT_KINDS:
+            entry = names.ACTIVATION_KINDS[kind]
+            if entry.names[family] is None:
+                assert _nodes(c, kind, *([0] if entry.scope != "model" else [])) == []
+                continue
+            for layer in [None] if entry.scope == "model" else range(n_layers):
+                split = kind in HEAD_KINDS and variant == "split"
+                if split and kind != "head_out":
+                    assert len(_nodes(c, kind, layer)) == n_heads  # one per head branch
+                if kind != "head_out" or split:
+                    keys += [(kind, layer, head) for head in (range(n_heads) if split else [None])]
+        found = ex.run_with_cache(c, keys)  # one evaluation for every point
+        for kind, layer, head in keys:
+            key = kind if layer is None else (kind, layer) if head is None else (kind, layer, head)
+            expected = expected_of(kind, layer, head)
+            _close(found[key], expected, kind, masked, f"{variant} {kind} {layer} {head}")
+
+
+def check_against_transformer_lens(model, circuit, family, masked, tokens):
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens[:, :-1])
-        for variant, circuit in _variants(circuit_of(), family, masked).items():
-            for kind in POINT_KINDS:
-                entry = names.ACTIVATION_KINDS[kind]
-                if entry.names[family] is None:
-                    assert _nodes(circuit, kind, *([0] if entry.scope != "model" else [])) == []
-                    continue
-                for layer in [None] if entry.scope == "model" else range(n_layers):
-                    heads = [None]
-                    if kind in HEAD_KINDS and variant == "split":
-                        heads = list(range(n_heads))
-                        if kind != "head_out":
-                            assert len(_nodes(circuit, kind, layer)) == n_heads  # one per head branch
-                    if kind == "head_out" and variant == "unsplit":
-                        continue
-                    for head in heads:
-                        ours = _value(circuit, kind, layer, head)
-                        expected = tl_expected(model, cache, kind, layer, head, tokens)
-                        _close(ours, expected, kind, masked, f"{variant} {kind} {layer} {head}")
+        cache.compute_head_results()  # TransformerLens's per-head results, from its hook_z and W_O
+
+        def expected_of(kind, layer, head):
+            return tl_expected(model, cache, kind, layer, head, tokens)
+
+        check_points(circuit, family, masked, model.cfg.n_layers, model.cfg.n_heads, expected_of)
 
 
 @pytest.mark.slow  # importing TransformerLens alone takes seconds
-@pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated")
 @pytest.mark.parametrize("masked", [True, False])
-@pytest.mark.parametrize("family", ["gpt2", "attn_only"])
-def test_every_point_equals_transformer_lens(family, masked):
-    model = tl_model(family, masked)
+def test_every_point_equals_transformer_lens(masked):
+    model = tl_model("gpt2", masked)
     tokens = torch.randint(0, 17, (3, 9), generator=torch.Generator().manual_seed(1))
-    state = {k: v.detach() for k, v in model.state_dict().items()}
 
-    def circuit_of():
-        return cm.from_transformer_lens(state, tokens, family=family, causal=masked)
-
-    check_against_transformer_lens(model, circuit_of, family, masked, tokens)
+    circuit = cm.from_transformer_lens(model, tokens, causal=masked)  # a bidirectional cfg needs causal=False
+    check_against_transformer_lens(model, circuit, "gpt2", masked, tokens)
 
 
-def demo_transformer_lens(masked: bool):
-    """The shipped demo model's weights in a HookedTransformer."""
-    from circuits.models.demo_model import demo_config, load_demo_weights
+def _layer_norm(x, scale, bias, eps):
+    rsqrt = torch.rsqrt((x - x.mean(-1, keepdim=True)).pow(2).mean(-1) + eps)
+    return (x - x.mean(-1, keepdim=True)) * rsqrt[..., None] * scale + bias, rsqrt
 
-    lens = pytest.importorskip("transformer_lens")
-    config, w = demo_config(), load_demo_weights()
-    model = lens.HookedTransformer(
-        lens.HookedTransformerConfig(
-            n_layers=config.n_layers,
-            d_model=config.d_model,
-            n_heads=config.n_heads,
-            d_head=config.d_head,
-            d_vocab=config.vocab_size,
-            n_ctx=config.n_ctx,
-            attn_only=True,
-            positional_embedding_type="shortformer",
-            normalization_type="LN",
-            use_attn_result=True,
-            attention_dir="causal" if masked else "bidirectional",
-            dtype=torch.float32,
-            device="cpu",
-        )
+
+def attn_only_reference(config, w, tokens, masked):
+    """Every activation of the attention-only model (shortformer positions: added to the queries' and
+    keys' inputs only) written in torch: ``{(kind, layer[, head]): value}``, our layouts."""
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    seq, eps = inputs.shape[1], config.ln_eps
+    out = {}
+    resid = out["embed", None] = w["t.w.tok_embeds"][inputs]
+    pos = out["pos_embed", None] = w["t.w.pos_embeds"][:seq]
+    for L in range(config.n_layers):
+        out["resid_pre", L] = resid
+        norm, out["ln1_scale", L] = _layer_norm(resid, w[f"a{L}.ln.w.scale"], w[f"a{L}.ln.w.bias"], eps)
+        out["ln1", L] = norm
+        q = torch.einsum("bsd,hcd->bhsc", norm + pos, w[f"a{L}.w.q"])
+        k = torch.einsum("bsd,hcd->bhsc", norm + pos, w[f"a{L}.w.k"])
+        v = torch.einsum("bsd,hcd->bhsc", norm, w[f"a{L}.w.v"])
+        scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+        if masked:
+            scores = scores.masked_fill(~torch.ones(seq, seq, dtype=torch.bool).tril(), cm.NEG_INF)
+        probs = torch.softmax(scores, dim=-1)
+        z = probs @ v
+        heads = torch.einsum("bhsc,hdc->bhsd", z, w[f"a{L}.w.o"])
+        out.update({("q", L): q, ("k", L): k, ("v", L): v, ("attn_scores", L): scores})
+        out.update({("attn_probs", L): probs, ("z", L): z, ("attn_out", L): heads.sum(1)})
+        out.update({("head_out", L, h): heads[:, h] for h in range(config.n_heads)})
+        resid = out["resid_post", L] = resid + heads.sum(1)
+    out["resid_final", None] = resid
+    final = out["ln_final", None], out["ln_final_scale", None] = _layer_norm(
+        resid, w["final.ln.w.scale"], w["final.ln.w.bias"], eps
     )
-    # the causal mask buffers are TransformerLens's own (attention_dir decides them)
-    state = {
-        k: v
-        for k, v in attn_only_transformer_lens_state(config, w).items()
-        if not k.endswith(("mask", "IGNORE"))
-    }
-    missing, unexpected = model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
-    assert not unexpected and all(
-        ".b_" in k or "unembed.b_U" in k or k.endswith(("mask", "IGNORE")) for k in missing
-    )
-    return model.eval()
+    logits = out["logits", None] = final[0] @ w["t.w.unembed"].T + w.get("t.w.unembed_bias", 0.0)
+    log_probs = out["log_probs", None] = torch.log_softmax(logits, dim=-1)
+    out["loss", None] = -log_probs.gather(-1, targets[..., None])[..., 0]
+    return out
+
+
+def check_against_reference(circuit, reference, family, masked, n_layers, n_heads):
+    """Every point of the circuit (split and not) against ``reference`` (``llama_reference``'s form)."""
+
+    def expected_of(kind, layer, head):
+        return _reference_value(reference, kind, layer, head)
+
+    check_points(circuit, family, masked, n_layers, n_heads, expected_of)
+
+
+@pytest.mark.parametrize("masked", [True, False])
+def test_every_attn_only_point_equals_torch(masked):
+    config = cm.AttnOnlyConfig(n_layers=2, n_heads=3, d_model=12, d_head=4, vocab_size=17, n_ctx=16)
+    w = cm.attn_only_random_weights(config, seed=2)
+    tokens = torch.randint(0, 17, (3, 9), generator=torch.Generator().manual_seed(1))
+    circuit = cm.build_attn_only(config, w, tokens, causal=masked)
+    reference = attn_only_reference(config, w, tokens, masked)
+    check_against_reference(circuit, reference, "attn_only", masked, config.n_layers, config.n_heads)
 
 
 @pytest.mark.slow
-@pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated")
 @pytest.mark.parametrize("masked", [True, False])
-def test_demo_model_points_equal_transformer_lens(masked):
-    from circuits.models.demo_model import repeated_tokens
+def test_demo_model_points_equal_torch(masked):
+    from circuits.models.demo_model import demo_config, load_demo_weights, repeated_tokens
 
-    model = demo_transformer_lens(masked)
-    tokens = repeated_tokens(2, 10)
-    check_against_transformer_lens(
-        model, lambda: cm.load_demo_model(tokens, causal=masked), "attn_only", masked, tokens.to(torch.long)
-    )
+    config, w = demo_config(), load_demo_weights()
+    tokens = repeated_tokens(2, 10).to(torch.long)
+    reference = attn_only_reference(config, w, tokens, masked)
+    circuit = cm.load_demo_model(tokens, causal=masked)
+    check_against_reference(circuit, reference, "attn_only", masked, config.n_layers, config.n_heads)
 
 
 # --------------------------------------------------------------------- Llama in torch
@@ -222,7 +265,7 @@ def llama_reference(config, w, tokens, masked):
     return out
 
 
-def _llama_expected(reference, kind, layer, head):
+def _reference_value(reference, kind, layer, head):
     if kind == "head_out":
         return reference[kind, layer, head]
     value = reference[kind, layer]
@@ -235,19 +278,7 @@ def test_every_llama_point_equals_torch(masked):
     tokens = torch.randint(0, LLAMA.vocab_size, (2, 8), generator=torch.Generator().manual_seed(4))
     reference = llama_reference(LLAMA, w, tokens, masked)
     circuit = cm.build_llama(LLAMA, w, tokens, causal=masked)
-    for variant, c in _variants(circuit, "llama", masked).items():
-        for kind in POINT_KINDS:
-            entry = names.ACTIVATION_KINDS[kind]
-            if entry.names["llama"] is None:
-                continue
-            for layer in [None] if entry.scope == "model" else range(LLAMA.n_layers):
-                heads = list(range(LLAMA.n_heads)) if kind in HEAD_KINDS and variant == "split" else [None]
-                if kind == "head_out" and variant == "unsplit":
-                    continue
-                for head in heads:
-                    ours = _value(c, kind, layer, head)
-                    expected = _llama_expected(reference, kind, layer, head)
-                    _close(ours, expected, kind, masked, f"{variant} {kind} {layer} {head}")
+    check_against_reference(circuit, reference, "llama", masked, LLAMA.n_layers, LLAMA.n_heads)
 
 
 # ------------------------------------------------------------------------ quick checks

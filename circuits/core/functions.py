@@ -5,7 +5,7 @@ prints; so a user's own function round-trips through text once registered.
 The ``gen_index_at_D[_batch_x][_no_batch_index][_c]``,
 ``explicit_index_at_D_x_non_b_N[_c]``, ``cast_from_{...}_to_{...}``,
 ``multinomial[_no_replace]_[sizes]`` and ``aten.OP.OVERLOAD(ARGS)[OUT]``
-(circuits/core/aten_functions.py) families are infinite sets of names,
+(circuits/core/aten_functions.py) and ``top_k_K[_normalized]`` families are infinite sets of names,
 so they are built on demand from the name instead of listed.
 """
 
@@ -34,6 +34,9 @@ EXPLICIT_INDEX_NAME = re.compile(r"explicit_index_at_(?P<dim>-?\d+)_x_non_b_(?P<
 MULTINOMIAL_NAME = re.compile(
     r"multinomial(?P<no_replace>_no_replace)?_\[\s*(?P<shape>(?:\d+\s*,\s*)*(?:\d+\s*)?)\]"
 )
+# Top-k routing (mixture of experts): ``top_k_2`` keeps the 2 largest entries of the last axis,
+# ``top_k_2_normalized`` divides them by their sum; both zero the rest.
+TOP_K_NAME = re.compile(r"top_k_(?P<k>[1-9][0-9]*)(?P<normalized>_normalized)?")
 # rust_circuit's casts: ``cast_from_{device:D,dtype:T}_to_{device:D,dtype:T}``, each D
 # and T a name or None (None: no requirement on the input, or left as it is).
 _CAST_DTYPES = {
@@ -106,7 +109,14 @@ def _is_family_name(name: str) -> bool:
     """Whether ``name`` belongs to a family built on demand from the name (indexes, casts, samplers)."""
     return any(
         family.fullmatch(name)
-        for family in (GEN_INDEX_NAME, EXPLICIT_INDEX_NAME, CAST_NAME, MULTINOMIAL_NAME, ATEN_NAME)
+        for family in (
+            GEN_INDEX_NAME,
+            EXPLICIT_INDEX_NAME,
+            CAST_NAME,
+            MULTINOMIAL_NAME,
+            ATEN_NAME,
+            TOP_K_NAME,
+        )
     )
 
 
@@ -135,7 +145,7 @@ def register_function(spec: FunctionSpec, *, replace: bool = False) -> FunctionS
         )
     if _is_family_name(spec.name):
         raise FunctionSpecError(
-            f"{spec.name!r} is reserved for the gen_index, explicit_index, cast, multinomial or aten family"
+            f"{spec.name!r} is reserved for the gen_index, explicit_index, cast, multinomial, aten or top_k family"
         )
     _REGISTRY[spec.name] = spec
     return spec
@@ -167,6 +177,9 @@ def get_function(name: str) -> FunctionSpec:
         return multinomial_spec(shape, replacement=not match["no_replace"])
     if ATEN_NAME.fullmatch(name):
         return aten_spec(name)
+    match = TOP_K_NAME.fullmatch(name)
+    if match:
+        return top_k_spec(int(match["k"]), normalized=bool(match["normalized"]))
     if " at " in name:
         raise FunctionSpecError(
             f"{name!r} is rust_circuit's 'NAME at PYTHON_PATH' spelling, which imports and runs a class "
@@ -176,8 +189,8 @@ def get_function(name: str) -> FunctionSpec:
     raise FunctionSpecError(
         f"no GeneralFunction named {name!r}; registered: {', '.join(sorted(_REGISTRY))}, "
         "gen_index_at_D[_batch_x][_no_batch_index][_c], explicit_index_at_D_x_non_b_N[_c], "
-        "cast_from_{device:D,dtype:T}_to_{device:D,dtype:T}, multinomial[_no_replace]_[sizes] "
-        "and aten.OP.OVERLOAD(ARGS)[OUT]"
+        "cast_from_{device:D,dtype:T}_to_{device:D,dtype:T}, multinomial[_no_replace]_[sizes], "
+        "top_k_K[_normalized] and aten.OP.OVERLOAD(ARGS)[OUT]"
     )
 
 
@@ -400,6 +413,37 @@ def multinomial_spec(shape: Shape, replacement: bool) -> FunctionSpec:
         return draws.reshape(tuple(probs.shape[:-1]) + shape)
 
     return _library(FunctionSpec(name, 2, functools.partial(_multinomial_shape, shape=shape), function))
+
+
+# ------------------------------------------------------------------------ top_k
+
+
+def _top_k_shape(shapes: Sequence[Shape], k: int) -> Shape:
+    shape = _last_axis(shapes)
+    if shape[-1] < k:
+        raise ValueError(f"keeps the {k} largest entries of the last axis, which has only {shape[-1]}")
+    return shape
+
+
+@functools.lru_cache(maxsize=None)
+def top_k_spec(k: int, normalized: bool) -> FunctionSpec:
+    """``top_k_K[_normalized]``: the ``k`` largest entries of the last axis, the others zero.
+
+    The entries kept are ``torch.topk``'s own choice (so ties break as they do in a
+    Hugging Face mixture-of-experts router, which calls it); ``_normalized`` divides them
+    by their sum first, as Mixtral's router does.  Applied to a softmax of router logits,
+    it gives each expert's routing weight, zero for the experts a token is not sent to.
+    """
+    name = f"top_k_{k}{'_normalized' if normalized else ''}"
+
+    def function(x: torch.Tensor) -> torch.Tensor:
+        values, indices = torch.topk(x, k, dim=-1)
+        if normalized:
+            values = values / values.sum(dim=-1, keepdim=True)
+        return torch.zeros_like(x).scatter(-1, indices, values)
+
+    shape_fn = functools.partial(_top_k_shape, k=k)
+    return _library(FunctionSpec(name, 1, shape_fn, function, num_non_batchable_output_dims=1))
 
 
 # ------------------------------------------------------------------- gen_index

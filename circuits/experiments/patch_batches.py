@@ -34,14 +34,15 @@ from circuits.core.nodes import Array, Circuit
 from circuits.rewriting.rewrite import replace
 from circuits.core.traversal import unique_nodes
 
-__all__ = ["PatchRun", "measure_all"]
+__all__ = ["PatchRun", "measure_all", "model_output"]
 
 
 class PatchRun:
     """Measures patches of the node at ``key`` (a ``Point``) of one circuit.
 
     ``clean`` and ``corrupted`` are the model circuit on the clean and on the corrupted inputs;
-    ``metric`` a ``Metric`` or a function of the logits tensor ``[B, S, V]``; ``evaluator`` keeps
+    ``metric`` a ``Metric`` or a function of the logits tensor ``[B, S, V]`` (of an encoder's output,
+    its root, where the circuit has no logits: ``model_output``); ``evaluator`` keeps
     what every chunk reads (the corrupted layers below the node, for instance).  On a causal
     circuit, a chunk whose patches all sit at positions ``>= p`` recomputes positions ``>= p``
     only (``causal_suffix``).
@@ -64,7 +65,7 @@ class PatchRun:
     def _measured(self, circuit: Circuit) -> Circuit:
         if isinstance(self.metric, Metric):
             return self.metric.circuit(circuit)
-        return find(circuit, names.LOGITS, "patching grid")
+        return model_output(circuit)
 
     def values(self, indices: Sequence[tuple], first_position: int = 0) -> list[float]:
         """The metric with ``patched[index] = clean[index]`` for each index, evaluated as one batch.
@@ -96,6 +97,14 @@ class PatchRun:
     def _reused(self, node: Circuit) -> bool:
         """Keep only values every chunk reads (the unpatched part), not one chunk's batched ones."""
         return node.hash in self.shared
+
+
+def model_output(circuit: Circuit) -> Circuit:
+    """What a metric function reads: the logits ``'t.call'``, or in a circuit without them (an
+    encoder) its root, the model's output (BERT's last hidden state or sentence embedding)."""
+    if circuit.name != names.LOGITS and not circuit.are_any_found(names.LOGITS):
+        return circuit
+    return find(circuit, names.LOGITS, "patching grid")
 
 
 def _layer_node(circuit: Circuit, key: tuple) -> Circuit:

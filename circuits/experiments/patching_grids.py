@@ -114,7 +114,8 @@ def patch_grid(
     ``Metric`` (``logit_diff(-1, good, bad)`` unembeds one position; ``mean_loss`` scores the next
     tokens of the run its ``targets`` names, the clean prompt's by default, as TransformerLens
     users score them) or a function of the logits tensor ``[B, S, V]`` (every position unembedded)
-    returning one number.  A patch that cannot reach the measured position (a later one, under a
+    returning one number; in a circuit without logits (an encoder: ``build_bert``) the function
+    gets the circuit's root, its output (the last hidden state, or the pooled embedding ``[B, d]``).  A patch that cannot reach the measured position (a later one, under a
     causal mask) leaves the corrupted run's metric.  ``patches_per_run``: patches evaluated as
     one batch; ``positions_per_run``: how many positions one batch spans (on a causal model a
     batch recomputes only from its first patched position on).  ``executor``: a

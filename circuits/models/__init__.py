@@ -1,10 +1,14 @@
 """Transformer builders and weight loaders (``import circuits.models``).
 
-Builders (``attn_only``, ``gpt2``, ``llama``, ``neox``, sharing ``common``) take a
+Builders (``attn_only``, ``gpt2``, ``llama`` (its mixture-of-experts MLP: ``moe``), ``neox``,
+sharing ``common``) take a
 config, a dict of weight tensors named as in the circuit, and the tokens, and
 return a circuit whose root is the per-token loss ``'t.loss'``; the logits are
 ``'t.call'``, the token input ``'toks_int_var'`` (every name is built by
-``circuits.transformer.names``).  With ``convention="prompt"`` the tokens are a prompt
+``circuits.transformer.names``).  The encoder ``bert`` (``build_bert``) has no loss: its root is
+the last hidden state or a pooled sentence embedding; ``hf_bert.from_hf_bert`` reads a
+``BertModel``, ``sentence_transformer.load_sentence_transformer`` a sentence-transformers model
+directory or zip.  With ``convention="prompt"`` the tokens are a prompt
 alone (no next token to predict) and the root is the logits.  Loaders, one module per source: ``hf`` (in-memory
 Hugging Face models and state dicts, converted by ``hf_gpt2``,
 ``hf_llama``, ``hf_neox`` and ``hf_opt``), ``checkpoint`` (a local checkpoint directory) and
@@ -22,11 +26,15 @@ Every builder and loader takes one ``ModelOptions`` (``options.py``: ``seq_len``
 
 from circuits.errors import ModelError
 from circuits.models.attn_only import AttnOnlyConfig, attn_only_random_weights, build_attn_only
+from circuits.models.bert import BertConfig, bert_random_weights, build_bert
+from circuits.models.hf_bert import from_hf_bert
+from circuits.models.sentence_transformer import load_sentence_transformer, sentence_transformer_tokenizer
 from circuits.transformer.masks import NEG_INF
 from circuits.models.common import CONVENTIONS
 from circuits.models.demo_model import load_demo_model
 from circuits.models.gpt2 import GPT2Config, build_gpt2, gpt2_random_weights
-from circuits.models.llama import LlamaConfig, build_llama, llama_random_weights, rope_cos_sin
+from circuits.models.llama import LlamaConfig, build_llama, llama_random_weights
+from circuits.models.rotary import rope_cos_sin
 from circuits.models.neox import NeoXConfig, build_neox
 from circuits.models.options import ModelOptions
 from circuits.models.checkpoint import load_hf_checkpoint
@@ -40,17 +48,21 @@ __all__ = [
     "NEG_INF",
     "TRANSFORMER_LENS_KEYS",
     "AttnOnlyConfig",
+    "BertConfig",
     "GPT2Config",
     "LlamaConfig",
     "ModelError",
     "ModelOptions",
     "NeoXConfig",
     "attn_only_random_weights",
+    "bert_random_weights",
     "build_attn_only",
+    "build_bert",
     "build_gpt2",
     "build_llama",
     "build_neox",
     "from_hf",
+    "from_hf_bert",
     "from_hf_state_dict",
     "from_torch",
     "from_transformer_lens",
@@ -59,7 +71,9 @@ __all__ = [
     "llama_random_weights",
     "load_demo_model",
     "load_hf_checkpoint",
+    "load_sentence_transformer",
     "rope_cos_sin",
+    "sentence_transformer_tokenizer",
     "to_str_tokens",
     "to_tokens",
 ]

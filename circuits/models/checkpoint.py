@@ -21,6 +21,7 @@ import torch
 from circuits.errors import ModelError, shown
 from circuits.models.options import DEFAULT, ModelOptions, takes_model_options
 from circuits.models.hf import config_for, from_hf_state_dict
+from circuits.models.reading import WEIGHT_DTYPES
 from circuits.models.text import token_ids
 from circuits.core.nodes import Circuit
 
@@ -150,9 +151,11 @@ def _config_dtype(config: Mapping[str, Any], config_file: Path) -> torch.dtype |
 
 
 def _in_dtype(state: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """The weights in ``dtype``; a quantised tensor (float8, int8) is left as it is, for the reader to refuse
+    by name: converted, its values would look like weights without being them (its scales are elsewhere)."""
     if dtype is None:
         return state
-    return {key: t.to(dtype) if t.is_floating_point() else t for key, t in state.items()}
+    return {key: t.to(dtype) if t.dtype in WEIGHT_DTYPES else t for key, t in state.items()}
 
 
 @takes_model_options(

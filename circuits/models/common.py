@@ -321,15 +321,20 @@ def norm_weights(w: Mapping[str, Circuit], prefix: str) -> tuple[Circuit, Circui
     return w[names.norm_weight(prefix, "scale")], w[names.norm_weight(prefix, "bias")]
 
 
-def rms_norm(x: Circuit, scale: Circuit, eps: float, name: str) -> Einsum:
-    """RMSNorm (Llama): ``scale * x * rsqrt(mean(x^2) + eps)``, with ``'rms.*'`` names."""
+def rms_norm(x: Circuit, scale: Circuit, eps: float, name: str, lead: str = "i") -> Einsum:
+    """RMSNorm (Llama): ``scale * x * rsqrt(mean(x^2) + eps)`` over the last axis, with ``'rms.*'`` names.
+
+    ``lead`` letters the other axes of the unbatched ``x`` (``'hq'`` for queries ``[h, q, c]``:
+    Qwen3's and Gemma 3's norms of each head).
+    """
     part = functools.partial(names.norm_node, names.RMS)
     recip = _recip_hidden_size(x, names.RMS)
-    var = einsum("ih,ih,i->i", x, x, recip, name=part("var"))
+    a, f = lead, "c" if "h" in lead else "h"  # the other axes, the normalized one
+    var = einsum(f"{a}{f},{a}{f},{a}->{a}", x, x, recip, name=part("var"))
     var_p_eps = Add(Scalar(eps, name=part("c.eps")), var, name=part("var_p_eps"))
     rsqrt = fn("rsqrt", var_p_eps, name=part("rsqrt"))
-    y = einsum("ih,i->ih", x, rsqrt, name=part("y"))
-    return einsum("ih,h->ih", y, scale, name=name)
+    y = einsum(f"{a}{f},{a}->{a}{f}", x, rsqrt, name=part("y"))
+    return einsum(f"{a}{f},{f}->{a}{f}", y, scale, name=name)
 
 
 # --------------------------------------------------------------- attention

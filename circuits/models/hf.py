@@ -1,15 +1,17 @@
 """Hugging Face models in memory and state dicts: ``from_hf``, ``from_hf_state_dict``, ``hf_to_weights``.
 
 - ``from_hf(model, tokens)``: an in-memory ``GPT2LMHeadModel``,
-  ``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``MistralForCausalLM``,
-  ``GemmaForCausalLM``, ``Gemma2ForCausalLM`` (these five are ``build_llama`` circuits), ``GPTNeoXForCausalLM`` (Pythia,
-  ``build_neox``) or ``OPTForCausalLM`` (a ``build_gpt2`` circuit: ``hf_opt``);
-  the config is read from the model.
+  ``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``, ``MistralForCausalLM``,
+  ``GemmaForCausalLM``, ``Gemma2ForCausalLM``, ``Gemma3ForCausalLM``, ``Phi3ForCausalLM``,
+  ``MixtralForCausalLM`` (these nine are ``build_llama`` circuits), ``GPTNeoXForCausalLM`` (Pythia,
+  ``build_neox``) or ``OPTForCausalLM`` (a ``build_gpt2`` circuit: ``hf_opt``); the config is read
+  from the model.
 - ``from_hf_state_dict(config, state_dict, tokens)``: the same from a config
   (object or ``config.json`` dict) and a state dict.
 
-The per-family conversions are in ``hf_gpt2``, ``hf_llama`` (Qwen2,
-Mistral and the Gemmas too), ``hf_neox`` and ``hf_opt``; a checkpoint directory is read by ``checkpoint.load_hf_checkpoint``.  Weights are copied
+The per-family conversions are in ``hf_gpt2``, ``hf_llama`` (Qwen2, Qwen3, Mistral, the Gemmas,
+Phi-3 and Mixtral too; their rotary variants: ``hf_rope``; Mixtral's experts: ``hf_mixtral``),
+``hf_neox`` and ``hf_opt``; a checkpoint directory is read by ``checkpoint.load_hf_checkpoint``.  Weights are copied
 (so later changes to the model do not make the circuit's array hashes stale)
 and converted to the builders' layouts.  With ``attach=True`` they are not
 copied: every weight array holds a view of the model's parameter (a transpose,
@@ -20,7 +22,10 @@ optimizer step) changes the arrays' tensors, so evaluating the circuit raises
 ``StaleTensorError``; rebuild it after each step.
 
 Every mistake (an unknown option, a config field of the wrong kind, weights
-that do not fit) is a ``ModelError`` naming the option, field or key at fault.
+that do not fit) is a ``ModelError`` naming the option, field or key at fault;
+so is what the builders cannot reproduce (an unknown architecture or rotary
+variant, a ``quantization_config``, a quantised tensor), never a circuit that
+computes something else.
 """
 
 from __future__ import annotations
@@ -34,13 +39,13 @@ from circuits.errors import ModelError, shown
 from circuits.models.common import CONVENTIONS
 from circuits.models.gpt2 import build_gpt2
 from circuits.models.hf_gpt2 import gpt2_config_from_hf, gpt2_weights_from_hf
-from circuits.models.hf_llama import (
-    FAMILY_NAMES,
-    hf_rope_tables,
-    llama_config_from_hf,
-    llama_weights_from_hf,
-    rope_from_transformers,
-    rope_type,
+from circuits.models.hf_llama import FAMILY_NAMES, FUSED, llama_config_from_hf, llama_weights_from_hf
+from circuits.models.hf_rope import (
+    PER_KIND,
+    module_tables,
+    rope_kinds,
+    scaled_kinds,
+    tables_from_transformers,
 )
 from circuits.models.hf_neox import neox_config_from_hf, neox_weights_from_hf
 from circuits.models.hf_opt import opt_config_from_hf, opt_weights_from_hf
@@ -55,9 +60,13 @@ SUPPORTED_HF = {
     "gpt2": "GPT2LMHeadModel",
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
     "mistral": "MistralForCausalLM",
     "gemma": "GemmaForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
     "gpt_neox": "GPTNeoXForCausalLM",
     "opt": "OPTForCausalLM",
 }
@@ -96,17 +105,38 @@ def _model_type(config: Any) -> str:
             f"unsupported architecture: model_type {shown(repr(model_type))}"
             + (f" ({shown(str(listed))})" if listed else "")
             + f"; supported: {', '.join(f'{t!r} ({c})' for t, c in SUPPORTED_HF.items())}"
+            + (
+                "; a BERT encoder: models.from_hf_bert or models.load_sentence_transformer"
+                if model_type == "bert"
+                else ""
+            )
         )
     return model_type
+
+
+def _refuse_quantized(config: Any) -> None:
+    """A quantised checkpoint or model (``quantization_config``: GPTQ, AWQ, bitsandbytes, fp8, ...) holds
+    packed or scaled tensors the builders cannot read as weights: refused, naming the field and method."""
+    quantization = get_field(config, "quantization_config")
+    if quantization is None:
+        return
+    method = get_field(quantization, "quant_method")  # a dict's key, or a QuantizationConfig's attribute
+    method = getattr(method, "value", method)  # transformers' QuantizationMethod enum
+    raise ModelError(
+        f"quantised models are not supported: the config's 'quantization_config' has quant_method "
+        f"{shown(repr(method))}; load the unquantised weights (or dequantise them) and build from those"
+    )
 
 
 def config_for(config: Any) -> tuple[str, Any]:
     """``(model_type, builder config)`` from a Hugging Face config, every field checked.
 
     ``'gpt2'`` and ``'opt'`` have a ``GPT2Config``, ``'gpt_neox'`` a ``NeoXConfig``, every other model_type a
-    ``LlamaConfig`` (Qwen2, Mistral and the Gemmas are Llama variants).
+    ``LlamaConfig`` (Qwen2, Qwen3, Mistral, the Gemmas and Phi-3 are Llama variants).  A
+    ``quantization_config`` is refused, naming it.
     """
     model_type = _model_type(config)
+    _refuse_quantized(config)
     if model_type == "gpt2":
         return model_type, gpt2_config_from_hf(config)
     if model_type == "opt":
@@ -132,7 +162,48 @@ def hf_to_weights(
         return family, ours, opt_weights_from_hf(ours, state_dict, attach)
     if family == "gpt_neox":
         return family, ours, neox_weights_from_hf(ours, state_dict, attach)
-    return family, ours, llama_weights_from_hf(ours, state_dict, attach, FAMILY_NAMES[family])
+    weights = llama_weights_from_hf(ours, state_dict, attach, FAMILY_NAMES[family], fused=family in FUSED)
+    return family, ours, weights
+
+
+def _scaled_tables(
+    config: Any,
+    model_type: str,
+    tokens: Any,
+    seq_len: int | None,
+    convention: str,
+    dtype: torch.dtype,
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]] | None:
+    """The tables of the layer kinds with a scaled rotary variant, computed by transformers (None: none
+    has one, and the builder computes every table)."""
+    family = FAMILY_NAMES[model_type]
+    kinds = rope_kinds(family, config, model_type)
+    scaled = scaled_kinds(kinds)
+    if not scaled:
+        return None
+    seq = _positions(tokens, seq_len, convention)
+    if seq is None:
+        variants = ", ".join(repr(kinds[kind]["rope_type"]) for kind in scaled)
+        raise ModelError(
+            f"this {family} model's {variants} rotary tables need the number of positions: pass tokens "
+            "(an int tensor [S+1] or [B,S+1]) or seq_len= (a positive int), and a known convention"
+        )
+    config_dict = config if isinstance(config, Mapping) else config.to_dict()
+    return tables_from_transformers(family, config_dict, model_type, scaled, seq, dtype)
+
+
+def _own_tables(
+    model: Any, model_type: str, seq: int | None
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]] | None:
+    """A Llama-style model's own rotary tables for ``seq`` positions, per layer kind; None where the
+    positions are unknown (the builder then says what is wrong) or the model has no rotary module."""
+    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+    if seq is None or rotary is None:
+        return None
+    dtype = model.get_input_embeddings().weight.dtype
+    kinds = rope_kinds(FAMILY_NAMES[model_type], model.config, model_type)
+    per_kind = model_type in PER_KIND
+    return {kind: module_tables(rotary, seq, dtype, kind if per_kind else None) for kind in kinds}
 
 
 @takes_model_options()
@@ -143,36 +214,31 @@ def from_hf_state_dict(
 
     The options are the builder's (``build_gpt2``, ``build_llama`` or ``build_neox``), as in
     ``from_hf``; with ``attach`` the arrays are views of the state dict's tensors (see the
-    module docstring).  ``rope`` (Llama only): the rotary ``(cos, sin)`` tables; by default
-    the builder computes them, or, for a scaled rotary variant, ``transformers`` does.
+    module docstring).  ``rope`` (Llama-style only): the rotary ``(cos, sin)`` tables, or a
+    mapping from layer kinds to them (as ``build_llama`` takes it); by default the builder
+    computes them, or, for a scaled rotary variant, ``transformers`` does (``hf_rope``).
     """
     tokens = token_ids(tokens, options.tokenizer)
     options = options.evolve(tokenizer=None)  # the tokens are ids from here on
     family, ours, weights = hf_to_weights(config, state_dict, options.attach)
     if family in (*GPT2_LIKE, "gpt_neox"):
         if options.rope is not None:
-            raise ModelError(
-                "rope= applies to Llama-style models (llama, qwen2, mistral, gemma, gemma2) only", "rope"
-            )
+            raise ModelError(f"rope= applies to Llama-style models ({', '.join(FAMILY_NAMES)}) only", "rope")
         build = build_gpt2 if family in GPT2_LIKE else build_neox
         return build(ours, weights, tokens, options)
-    if options.rope is None and rope_type(config) != "default":
-        seq = _positions(tokens, options.seq_len, options.convention)
-        if seq is None:
-            raise ModelError(
-                f"this Llama model's {rope_type(config)!r} rotary tables need the number of positions: pass "
-                "tokens (an int tensor [S+1] or [B,S+1]) or seq_len= (a positive int)"
-            )
-        config_dict = config if isinstance(config, Mapping) else config.to_dict()
+    if options.rope is None:
         dtype = next(iter(weights.values())).dtype
-        options = options.evolve(rope=rope_from_transformers(config_dict, seq, dtype))
+        scaled = _scaled_tables(config, family, tokens, options.seq_len, options.convention, dtype)
+        options = options.evolve(rope=scaled)
     return build_llama(ours, weights, tokens, options)
 
 
 @takes_model_options({"rope": "the model's own rotary tables are used"})
 def from_hf(model: Any, tokens: Any = None, options: ModelOptions = DEFAULT) -> Circuit:
-    """A circuit equal to an in-memory ``GPT2LMHeadModel``, ``LlamaForCausalLM``, ``Qwen2ForCausalLM``,
-    ``MistralForCausalLM``, ``GemmaForCausalLM``, ``Gemma2ForCausalLM``, ``GPTNeoXForCausalLM`` or ``OPTForCausalLM``.
+    """A circuit equal to an in-memory model of ``SUPPORTED_HF`` (``GPT2LMHeadModel``,
+    ``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``, ``MistralForCausalLM``,
+    ``GemmaForCausalLM``, ``Gemma2ForCausalLM``, ``Gemma3ForCausalLM``, ``Phi3ForCausalLM``,
+    ``MixtralForCausalLM``, ``GPTNeoXForCausalLM`` or ``OPTForCausalLM``).
 
     ``tokens``: an int tensor ``[S+1]`` or ``[B,S+1]`` (inputs all but the
     last, targets all but the first; copied), or None with ``seq_len=`` (and
@@ -183,7 +249,9 @@ def from_hf(model: Any, tokens: Any = None, options: ModelOptions = DEFAULT) -> 
     ``attach=True`` to make every weight array a view of the model's parameter, so that a
     backward pass through the circuit fills ``model.parameters()``'s ``.grad`` (rebuild the
     circuit after an optimizer step: see the module docstring).  A Llama-style model's rotary
-    tables are its own.  The root is the per-token loss ``'t.loss'``; the logits are ``'t.call'``.
+    tables are its own (a copy of its module computes them, so the model is left as it was),
+    and so is a Gemma's embedding scale.  The root is the per-token loss ``'t.loss'``; the
+    logits are ``'t.call'``.
     """
     tokens = token_ids(tokens, options.tokenizer)
     config = getattr(model, "config", None)
@@ -195,11 +263,11 @@ def from_hf(model: Any, tokens: Any = None, options: ModelOptions = DEFAULT) -> 
         raise ModelError(
             f"from_hf: got a {type(model).__name__} ({model_type}); expected {expected} (a model with its LM head)"
         )
+    state = model.state_dict(keep_vars=options.attach)
     if model_type not in (*GPT2_LIKE, "gpt_neox"):
         seq = _positions(tokens, options.seq_len, options.convention)
-        rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
-        if seq is not None and rotary is not None:
-            dtype = model.get_input_embeddings().weight.dtype
-            options = options.evolve(rope=hf_rope_tables(rotary, seq, dtype))
-    state = model.state_dict(keep_vars=options.attach)
+        options = options.evolve(rope=_own_tables(model, model_type, seq))
+        embed_scale = getattr(model.get_input_embeddings(), "embed_scale", None)  # Gemmas: a buffer
+        if isinstance(embed_scale, torch.Tensor):
+            state = {**state, "model.embed_tokens.embed_scale": embed_scale}
     return from_hf_state_dict(config, state, tokens, options.evolve(tokenizer=None))

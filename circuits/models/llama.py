@@ -22,12 +22,21 @@ also hides keys ``sliding_window`` or more positions back), Gemma
 a gelu gate, GeGLU) and Gemma 2 (also ``sandwich_norms``: ``'b{L}.a.post_norm'`` and
 ``'b{L}.m.post_norm'`` join the residual; ``attn_softcap`` and ``final_softcap``:
 ``cap * tanh(x / cap)`` of the masked raw scores and of the logits; ``sliding_layers``:
-which layers the window masks, the others plain causal).
+which layers the window masks, the others plain causal; ``query_pre_attn_scalar``: the
+scores' scale ``'a.c.div_query_scalar'`` is ``1/sqrt`` of it).  Three more: Qwen3
+(``qk_norm``: ``'a.q_norm'``/``'a.k_norm'`` are RMSNorms of each head's unrotated queries and
+keys over ``d_head``, with the weights ``'a{L}.w.q_norm'``/``'a{L}.w.k_norm'``), Gemma 3 (Gemma 2
+with ``qk_norm`` and ``rope_local_theta``: the ``sliding_layers`` rotate with the tables
+``'t.a.c.rope_cos_local'``/``'t.a.c.rope_sin_local'`` of that base, see ``rotary``) and Phi-3
+(``rotary_dims``: only each head's first ``rotary_dims`` entries are rotated).  Mixtral is Mistral
+with ``n_experts``: each MLP a mixture of experts, ``experts_per_token`` chosen per token
+(``circuits.models.moe``: ``'b{L}.m'`` the Add of the experts' ``'b{L}.m.expert{e}'``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,7 +45,8 @@ import torch
 from circuits.transformer import names
 from circuits.errors import ModelError, shown
 from circuits.transformer.masks import causal_mask_array
-from circuits.models import common
+from circuits.models import common, moe
+from circuits.models.rotary import layer_kinds, rope_arrays, rotated_dims
 from circuits.models.text import token_ids
 from circuits.models.common import ACTIVATIONS, einsum, fn
 from circuits.models.options import DEFAULT, ModelOptions, takes_model_options
@@ -65,6 +75,12 @@ class LlamaConfig:
     attn_softcap: float | None = None  # Gemma 2: scores become cap * tanh(scores / cap)
     final_softcap: float | None = None  # Gemma 2: logits become cap * tanh(logits / cap)
     sliding_layers: tuple[int, ...] | None = None  # Gemma 2: the layers windowed (None: all, as Mistral)
+    qk_norm: bool = False  # Qwen3, Gemma 3: RMSNorms of each head's queries and keys (over d_head)
+    query_pre_attn_scalar: float | None = None  # Gemma 2/3: scores scale by its 1/sqrt (None: d_head's)
+    rope_local_theta: float | None = None  # Gemma 3: the sliding_layers' rotary base (None: rope_theta)
+    rotary_dims: int | None = None  # Phi-3: only each head's first rotary_dims are rotated (None: all)
+    n_experts: int | None = None  # Mixtral: each MLP a mixture of n_experts experts of d_mlp (None: one MLP)
+    experts_per_token: int = 2  # Mixtral: the experts each token is routed to (top-k)
 
     def __post_init__(self):
         common.check_config(
@@ -78,11 +94,21 @@ class LlamaConfig:
                 "d_head",
                 "max_positions",
                 "sliding_window",
+                "rotary_dims",
+                "n_experts",
+                "experts_per_token",
             ),
             epsilons=("rms_eps",),
-            flags=("tie_word_embeddings", "qkv_bias", "rms_unit_offset", "embed_scale", "sandwich_norms"),
+            flags=(
+                "tie_word_embeddings",
+                "qkv_bias",
+                "rms_unit_offset",
+                "embed_scale",
+                "sandwich_norms",
+                "qk_norm",
+            ),
         )
-        for field in ("attn_softcap", "final_softcap"):
+        for field in ("attn_softcap", "final_softcap", "query_pre_attn_scalar", "rope_local_theta"):
             cap = getattr(self, field)
             if cap is not None and (
                 isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 < cap < float("inf")
@@ -97,6 +123,10 @@ class LlamaConfig:
         ):
             raise ModelError(
                 f"LlamaConfig: sliding_layers={shown(repr(layers))} is not None or a tuple of layer indices"
+            )
+        if self.n_experts is not None and self.experts_per_token > self.n_experts:
+            raise ModelError(
+                f"LlamaConfig: experts_per_token={self.experts_per_token} is more than n_experts={self.n_experts}"
             )
         theta = self.rope_theta
         if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta < float("inf"):
@@ -136,15 +166,23 @@ class LlamaConfig:
             if self.qkv_bias:
                 for which, count in (("q", h), ("k", g), ("v", g)):
                     shapes[names.attn_weight(layer, f"{which}_bias")] = (count, 1, c)
+            if self.qk_norm:
+                shapes[names.attn_weight(layer, "q_norm")] = (c,)
+                shapes[names.attn_weight(layer, "k_norm")] = (c,)
             shapes[names.norm_weight(names.mlp_prefix(layer), "scale", names.RMS)] = (d,)
-            shapes[names.mlp_weight(layer, "gate")] = (m, d)
-            shapes[names.mlp_weight(layer, "up")] = (m, d)
-            shapes[names.mlp_weight(layer, "down")] = (d, m)
+            if self.n_experts is not None:
+                shapes.update(moe.moe_weight_shapes(layer, self.n_experts, d, m))
+            else:
+                shapes[names.mlp_weight(layer, "gate")] = (m, d)
+                shapes[names.mlp_weight(layer, "up")] = (m, d)
+                shapes[names.mlp_weight(layer, "down")] = (d, m)
             if self.sandwich_norms:
                 shapes[post_norm_weight(names.attn_prefix(layer))] = (d,)
                 shapes[post_norm_weight(names.mlp_prefix(layer))] = (d,)
         shapes[names.norm_weight(names.FINAL, "scale", names.RMS)] = (d,)
         shapes[names.UNEMBED_WEIGHT] = (v, d)
+        if self.embed_scale:  # optional: the model's own factor (see ``_embed``)
+            shapes[EMBED_SCALE] = ()
         return shapes
 
 
@@ -156,58 +194,18 @@ def post_norm_weight(prefix: str) -> str:
 def llama_random_weights(config: LlamaConfig, seed: int = 0, dtype: torch.dtype = torch.float32):
     """Random weights for ``config``; tied configs get no separate ``'t.w.unembed'``."""
     shapes = config.weight_shapes()
+    shapes.pop(EMBED_SCALE, None)
     if config.tie_word_embeddings:
         del shapes[names.UNEMBED_WEIGHT]
-    scales = [n for n in shapes if n.endswith(names.norm_weight("", "scale", names.RMS))]
+    qk_norms = {
+        names.attn_weight(layer, f"{which}_norm") for layer in range(config.n_layers) for which in "qk"
+    }
+    scales = [n for n in shapes if n.endswith(names.norm_weight("", "scale", names.RMS)) or n in qk_norms]
     weights = common.random_weights(shapes, seed=seed, dtype=dtype, ones=scales)
     if config.rms_unit_offset:  # the weights are offsets from one: keep the effective scales near one
         for name in scales:
             weights[name] -= 1
     return weights
-
-
-def rope_cos_sin(
-    config: LlamaConfig, seq_len: int, dtype: torch.dtype = torch.float32
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The default ("unscaled") rotary tables ``[seq_len, d_head]`` for positions 0..S-1.
-
-    Computed in float32 and then cast, exactly as Hugging Face's
-    ``LlamaRotaryEmbedding`` does (also in float64 models), so the circuit
-    reproduces its numbers.
-    """
-    dim = config.head_size
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
-    freqs = torch.arange(seq_len, dtype=torch.float)[:, None] * inv_freq[None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def _rope_arrays(config: LlamaConfig, rope: Any, seq: int, dtype: torch.dtype) -> tuple[Array, Array]:
-    """``'t.a.c.rope_cos'``/``'t.a.c.rope_sin'``: the default tables, or private copies of the caller's
-    ``(cos, sin)`` (a later edit of theirs must not reach the circuit)."""
-    if rope is None:
-        cos_t, sin_t = rope_cos_sin(config, seq, dtype)
-        return Array(cos_t, name=names.ROPE_COS), Array(sin_t, name=names.ROPE_SIN)
-    try:
-        cos, sin = rope
-        tables = tuple(torch.as_tensor(t).detach() for t in (cos, sin))
-    except Exception as error:
-        raise ModelError(
-            f"Llama: rope= must be a pair of tensors (cos, sin), got {type(rope).__name__}"
-        ) from error
-    if any(t.is_meta or not t.is_floating_point() for t in tables):
-        raise ModelError(
-            "Llama: rope tables must be floating tensors with values, got "
-            + " and ".join(f"{'meta ' if t.is_meta else ''}{t.dtype}" for t in tables)
-        )
-    expected = (seq, config.head_size)
-    if any(tuple(t.shape) != expected for t in tables):
-        raise ModelError(
-            f"Llama: rope tables have shapes {list(tables[0].shape)} and {list(tables[1].shape)}, "
-            f"expected {list(expected)} each ([seq_len, d_head])"
-        )
-    cos_t, sin_t = (t.to(dtype, copy=True) for t in tables)
-    return Array(cos_t, name=names.ROPE_COS), Array(sin_t, name=names.ROPE_SIN)
 
 
 def sliding_window_mask_array(seq_len: int, window: int, dtype: torch.dtype | None = None) -> Array:
@@ -234,10 +232,11 @@ def _masks(config: LlamaConfig, seq_len: int, dtype: torch.dtype) -> list[Array]
     return [window if layer in windowed else causal for layer in range(config.n_layers)]
 
 
-def _rotate(x: Circuit, cos: Circuit, sin: Circuit, name: str) -> Add:
-    """``x * cos + rotate_half(x) * sin`` (Hugging Face's ``apply_rotary_pos_emb``)."""
+def _rotate(x: Circuit, cos: Circuit, sin: Circuit, name: str, dims: int | None = None) -> Add:
+    """``x * cos + rotate_half(x) * sin`` (Hugging Face's ``apply_rotary_pos_emb``); with ``dims``
+    (Phi-3's partial rotary) only the first ``dims`` entries are rotated, the others meet cos 1 and sin 0."""
     with_cos = einsum("hqc,qc->hqc", x, cos, name=names.rope_part(name, "cos"))
-    rotated = common.rotate_half(x, name=names.rope_part(name, "rot_half"))
+    rotated = common.rotate_half(x, name=names.rope_part(name, "rot_half"), dims=dims)
     with_sin = einsum("hqc,qc->hqc", rotated, sin, name=names.rope_part(name, "sin"))
     return Add(with_cos, with_sin, name=name)
 
@@ -252,10 +251,13 @@ def build_llama(
     """A Llama-style decoder as a circuit whose root is the per-token loss ``'t.loss'``.
 
     ``weights`` maps the names of ``config.weight_shapes()`` to tensors (with
-    ``tie_word_embeddings`` ``'t.w.unembed'`` may be left out).  ``rope`` gives
-    the ``(cos, sin)`` tables ``[S, d_head]`` for a scaled rotary variant
-    (copied, never attached); by default they are ``rope_cos_sin(config, S)``.
-    Tokens and options (``attach`` too) as in ``build_attn_only``.
+    ``tie_word_embeddings`` ``'t.w.unembed'`` may be left out, and so may Gemma's
+    ``'t.c.embed_scale'``).  ``rope`` gives the ``(cos, sin)`` tables ``[S, d_head]``
+    for a scaled rotary variant (copied, never attached), or a mapping from the
+    layer kinds ``'full_attention'`` and ``'sliding_attention'`` (Gemma 3's local
+    layers) to such pairs; by default they are ``rope_cos_sin(config, S)`` (with
+    ``rope_local_theta`` for the local layers).  Tokens and options (``attach``
+    too) as in ``build_attn_only``.
     """
     tokens = token_ids(tokens, options.tokenizer)
     if not isinstance(config, LlamaConfig):
@@ -266,7 +268,8 @@ def build_llama(
         raise ModelError(f"Llama: {heads} query heads are not a multiple of {kv_heads} key/value heads")
     if config.head_size % 2:
         raise ModelError(f"Llama: rotary embedding needs an even head size, got d_head {config.head_size}")
-    optional = (names.UNEMBED_WEIGHT,) if config.tie_word_embeddings else ()
+    rotated_dims(config)
+    optional = (names.UNEMBED_WEIGHT, EMBED_SCALE) if config.tie_word_embeddings else (EMBED_SCALE,)
     tensors = common.check_weights(
         "Llama", weights, config.weight_shapes(), optional=optional, attach=options.attach
     )
@@ -276,16 +279,18 @@ def build_llama(
         tokens, options, vocab_size=config.vocab_size, max_positions=config.max_positions
     )
     seq = toks.seq_len
-    rotary = _rope_arrays(config, options.rope, seq, dtype)
+    tables = rope_arrays(config, options.rope, seq, dtype)
     masks = _masks(config, seq, dtype) if options.causal else [None] * config.n_layers
     act = ACTIVATIONS[config.act]
     group = heads // kv_heads
     repeat = torch.arange(kv_heads).repeat_interleave(group) if group > 1 else None
     head_pick = None if repeat is None else common.batch_prefix(toks.batched) + (repeat,)
 
-    resid = _embed(config, w[names.TOK_EMBEDS_WEIGHT], toks, dtype)
-    for layer in range(config.n_layers):
-        resid_mid = _attention(w, resid, layer, config, rotary, head_pick, masks[layer], options.neg_inf)
+    resid = _embed(config, w, toks, dtype)
+    for layer, kind in enumerate(layer_kinds(config)):
+        resid_mid = _attention(
+            w, resid, layer, config, tables[kind], head_pick, masks[layer], options.neg_inf
+        )
         mlp = _post_norm(config, _mlp(w, resid_mid, layer, config, act), w, names.mlp_prefix(layer))
         resid = Add(mlp, resid_mid, name=names.block(layer))
     final = _rms_norm(config, resid, w, names.FINAL, names.FINAL_NORM)
@@ -300,24 +305,31 @@ RMS_ONE = "rms.c.one"
 RMS_SCALE = "rms.scale"  #: ``1 + w``, the scale of a Gemma RMSNorm
 
 
-def _embed(config: LlamaConfig, tok_embeds: Circuit, toks: common.Tokens, dtype: torch.dtype) -> Circuit:
+def _embed(config: LlamaConfig, w: Mapping[str, Circuit], toks: common.Tokens, dtype: torch.dtype) -> Circuit:
     """``'idxed_embeds'``, the residual before layer 0; with ``embed_scale`` (Gemma) the gathered rows
-    times ``sqrt(d_model)`` rounded to float32 first, as Hugging Face's float32 ``embed_scale`` buffer is
-    (also in float64 models), so the circuit reproduces its numbers."""
+    times ``'t.c.embed_scale'``: the weights' own (``from_hf`` reads the model's buffer, which holds
+    ``sqrt(d_model)`` rounded to the dtype the model was made in: float32 for a model made in float32
+    and converted), else ``sqrt(d_model)`` rounded to the weights' dtype, as ``from_pretrained`` makes it."""
     if not config.embed_scale:
-        return common.embed(tok_embeds, toks)
-    gathered = fn("gen_index_at_0_c", tok_embeds, toks.inputs, name=EMBED_UNSCALED)
-    factor = torch.tensor(config.d_model**0.5, dtype=torch.float32).to(dtype)
-    return einsum("sd,->sd", gathered, Array(factor, name=EMBED_SCALE), name=names.TOKEN_EMBEDS)
+        return common.embed(w[names.TOK_EMBEDS_WEIGHT], toks)
+    gathered = fn("gen_index_at_0_c", w[names.TOK_EMBEDS_WEIGHT], toks.inputs, name=EMBED_UNSCALED)
+    factor = w.get(EMBED_SCALE)
+    if factor is None:
+        factor = Array(torch.tensor(config.d_model**0.5, dtype=dtype), name=EMBED_SCALE)
+    return einsum("sd,->sd", gathered, factor, name=names.TOKEN_EMBEDS)
 
 
 def _rms_norm(config: LlamaConfig, x: Circuit, w: Mapping[str, Circuit], prefix: str, name: str) -> Circuit:
-    """The RMSNorm whose weight is ``prefix``'s; with ``rms_unit_offset`` (Gemma) it scales by
-    ``'rms.scale' = 1 + w`` (Hugging Face's ``GemmaRMSNorm``: its weights start at zero)."""
-    scale: Circuit = w[names.norm_weight(prefix, "scale", names.RMS)]
-    if config.rms_unit_offset:
-        scale = Add(Scalar(1.0, name=RMS_ONE), scale, name=RMS_SCALE)
-    return common.rms_norm(x, scale, config.rms_eps, name=name)
+    """The RMSNorm whose weight is ``prefix``'s (see ``_scaled_rms_norm``)."""
+    return _scaled_rms_norm(config, x, w[names.norm_weight(prefix, "scale", names.RMS)], name)
+
+
+def _scaled_rms_norm(config: LlamaConfig, x: Circuit, weight: Circuit, name: str, lead: str = "i") -> Circuit:
+    """The RMSNorm of ``x``'s last axis (``lead``: the letters of the others, unbatched) with ``weight``;
+    with ``rms_unit_offset`` (Gemma) it scales by ``'rms.scale' = 1 + w`` (Hugging Face's
+    ``GemmaRMSNorm``: its weights start at zero)."""
+    scale = Add(Scalar(1.0, name=RMS_ONE), weight, name=RMS_SCALE) if config.rms_unit_offset else weight
+    return common.rms_norm(x, scale, config.rms_eps, name=name, lead=lead)
 
 
 def _post_norm(config: LlamaConfig, out: Circuit, w: Mapping[str, Circuit], prefix: str) -> Circuit:
@@ -343,21 +355,46 @@ def _attention(
     ``head_pick`` indexes the key/value heads into one per query head (grouped-query
     attention), or is None when there are as many key/value heads as query heads.
     """
-    cos, sin = rotary
     norm = _rms_norm(config, resid, w, names.attn_prefix(layer), names.attn_norm(layer))
-    q = _rotate(_project(w, norm, layer, "q", names.Q_UNROTATED), cos, sin, names.Q)
-    k_unrot = _project(w, norm, layer, "k", names.K_UNROTATED)
+
+    def rotated(which: str, unrotated: str, name: str) -> Circuit:
+        projected = _qk_normed(config, w, _project(w, norm, layer, which, unrotated), layer, which)
+        return _rotate(projected, *rotary, name, config.rotary_dims)
+
+    q = rotated("q", names.Q_UNROTATED, names.Q)
     if head_pick is None:
-        k = _rotate(k_unrot, cos, sin, names.K)
+        k = rotated("k", names.K_UNROTATED, names.K)
         v = _project(w, norm, layer, "v", names.V)
     else:
-        k = Index(_rotate(k_unrot, cos, sin, names.K_KV), head_pick, name=names.K)
+        k = Index(rotated("k", names.K_UNROTATED, names.K_KV), head_pick, name=names.K)
         v = Index(_project(w, norm, layer, "v", names.V_KV), head_pick, name=names.V)
-    div = common.div_head_size(w[names.attn_weight(layer, "q")])
+    div = _scores_scale(config, w, layer)
     out = common.attend(
         q, k, v, div, w[names.attn_weight(layer, "o")], layer, mask, neg_inf, softcap=config.attn_softcap
     )
     return Add(_post_norm(config, out, w, names.attn_prefix(layer)), resid, name=names.resid_mid(layer))
+
+
+def _qk_normed(config: LlamaConfig, w: Mapping[str, Circuit], x: Circuit, layer: int, which: str) -> Circuit:
+    """With ``qk_norm`` (Qwen3, Gemma 3), ``'a.q_norm'``/``'a.k_norm'``: the RMSNorm of each head's
+    unrotated queries or keys ``x`` over ``d_head``, with the weight ``'a{L}.w.q_norm'``/``'a{L}.w.k_norm'``
+    shared by the heads; ``x`` itself otherwise."""
+    if not config.qk_norm:
+        return x
+    name = names.Q_NORM if which == "q" else names.K_NORM
+    return _scaled_rms_norm(config, x, w[names.attn_weight(layer, f"{which}_norm")], name, lead="hq")
+
+
+def _scores_scale(config: LlamaConfig, w: Mapping[str, Circuit], layer: int) -> Circuit:
+    """The scores' per-head factor: ``'a.c.div_head_size'``, ``1/sqrt(d_head)`` read off ``'a{L}.w.q'``;
+    with a ``query_pre_attn_scalar`` other than ``d_head`` (Gemma 2 and 3) that times
+    ``'a.c.query_scale_factor'`` ``sqrt(d_head / query_pre_attn_scalar)``, named ``'a.c.div_query_scalar'``."""
+    div = common.div_head_size(w[names.attn_weight(layer, "q")])
+    scalar = config.query_pre_attn_scalar
+    if scalar is None or scalar == config.head_size:
+        return div
+    factor = Scalar(math.sqrt(config.head_size / scalar), name=names.QUERY_SCALE_FACTOR)
+    return einsum("h,->h", div, factor, name=names.QUERY_SCALE)
 
 
 # The Einsum of each projection (the Llama builder's letters) and its name before a bias.
@@ -381,8 +418,11 @@ def _project(w: Mapping[str, Circuit], norm: Circuit, layer: int, which: str, na
 
 
 def _mlp(w: Mapping[str, Circuit], resid_mid: Circuit, layer: int, config: LlamaConfig, act: str) -> Circuit:
-    """``'b{L}.m'``: layer ``L``'s gated MLP (SwiGLU, or GeGLU with a gelu ``act``: Gemma)."""
+    """``'b{L}.m'``: layer ``L``'s gated MLP (SwiGLU, or GeGLU with a gelu ``act``: Gemma), or with
+    ``n_experts`` its mixture of experts (Mixtral: ``moe.moe_mlp``)."""
     norm = _rms_norm(config, resid_mid, w, names.mlp_prefix(layer), names.mlp_norm(layer))
+    if config.n_experts is not None:
+        return moe.moe_mlp(w, norm, layer, config.n_experts, config.experts_per_token, act)
     gate_in = einsum("sd,Md->sM", norm, w[names.mlp_weight(layer, "gate")], name=names.MLP_GATE)
     gate = fn(act, gate_in, name=names.MLP_ACT)
     up = einsum("sd,Md->sM", norm, w[names.mlp_weight(layer, "up")], name=names.MLP_UP)

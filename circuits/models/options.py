@@ -68,11 +68,19 @@ def _neg_inf(options: ModelOptions, attribute: attrs.Attribute, value: Any) -> N
 
 
 def _same_tables(a: Any, b: Any) -> bool:
-    """``rope`` equality: the same tables (tensors compare by value, not elementwise)."""
+    """``rope`` equality: the same tables (tensors compare by value, not elementwise), per layer
+    kind for the mapping form."""
     if a is b:
         return True
     if a is None or b is None:
         return False
+    if isinstance(a, Mapping) or isinstance(b, Mapping):
+        return (
+            isinstance(a, Mapping)
+            and isinstance(b, Mapping)
+            and a.keys() == b.keys()
+            and all(_same_tables(a[kind], b[kind]) for kind in a)
+        )
     try:
         return len(a) == len(b) and all(
             torch.equal(torch.as_tensor(x), torch.as_tensor(y)) for x, y in zip(a, b)
@@ -92,8 +100,10 @@ class ModelOptions:
     ``[S]`` with the logits as root).  ``causal``: write the causal mask into every
     attention's scores (the masked form the ``causal_mask`` pass produces); False leaves
     attention unmasked.  ``neg_inf``: the masked scores' value (finite: the masked form
-    multiplies it by 0).  ``rope``: a Llama model's rotary ``(cos, sin)`` tables
-    ``[S, d_head]`` (None: computed from the config).  ``attach``: keep the weight arrays in
+    multiplies it by 0).  ``rope``: a Llama-style model's rotary ``(cos, sin)`` tables
+    ``[S, d_head]``, or a mapping from layer kinds (``'full_attention'``,
+    ``'sliding_attention'``: Gemma 3's local layers) to such pairs (None: computed from the
+    config; ``build_llama`` checks them).  ``attach``: keep the weight arrays in
     autograd (views of the given tensors) rather than detached.  ``tokenizer``: any Hugging
     Face tokenizer, to give the tokens as text (``models.to_tokens``).
     """
@@ -103,8 +113,8 @@ class ModelOptions:
     convention: str = attrs.field(default="default", validator=_convention)
     causal: bool = attrs.field(default=True, validator=_flag)
     neg_inf: float = attrs.field(default=NEG_INF, validator=_neg_inf)
-    rope: tuple[torch.Tensor, torch.Tensor] | None = attrs.field(
-        default=None, eq=attrs.cmp_using(eq=_same_tables), hash=False
+    rope: tuple[torch.Tensor, torch.Tensor] | Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = (
+        attrs.field(default=None, eq=attrs.cmp_using(eq=_same_tables), hash=False)
     )
     attach: bool = attrs.field(default=False, validator=_flag)
     tokenizer: Any = attrs.field(default=None, eq=attrs.cmp_using(eq=lambda a, b: a is b), hash=False)

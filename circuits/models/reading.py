@@ -24,6 +24,11 @@ def get_field(config: Any, key: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
+#: The dtypes a weight may have: an int8, uint8 (packed 4-bit) or float8 tensor is a quantised one, whose
+#: values mean nothing without its scales, and is refused.
+WEIGHT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
 class Reader:
     """Takes tensors from a state dict, collecting every problem before raising.
 
@@ -55,6 +60,11 @@ class Reader:
             problem = f"has shape {list(tensor.shape)}, expected {list(shape)}"
         elif tensor.is_meta:
             problem = "is a meta tensor, which has a shape but no values"
+        elif tensor.dtype not in WEIGHT_DTYPES:
+            problem = (
+                f"has dtype {str(tensor.dtype).removeprefix('torch.')}, not a weight dtype the builders "
+                f"compute with ({', '.join(str(t).removeprefix('torch.') for t in WEIGHT_DTYPES)}): a quantised tensor?"
+            )
         else:
             return tensor if self.attach else tensor.detach()
         self.misshapen.append(f"{key!r} {problem}")

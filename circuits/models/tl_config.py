@@ -144,6 +144,10 @@ def check_cfg(family: str, cfg: Any, own_tables: bool = False) -> None:
         problems.append(
             f"attn_scale={scale!r} (the builders divide the scores by sqrt(d_head) = {d_head**0.5})"
         )
+    if family not in LLAMA_LIKE:  # only the Llama builder soft-caps
+        for key in ("attn_scores_soft_cap", "output_logits_soft_cap"):
+            if softcap(cfg, key) is not None:
+                problems.append(f"{key}={shown(repr(raw(cfg, key)))} (no soft-caps in family {family!r})")
     if raw(cfg, "attention_dir", "causal") not in ("causal", "bidirectional"):
         problems.append(f"attention_dir={shown(repr(raw(cfg, 'attention_dir')))}")
     if problems:

@@ -69,7 +69,9 @@ class _Zeros:
         if self.nonzero:
             raise ModelError(
                 f"TransformerLens {family}: the builder has no node for {', '.join(map(repr, self.nonzero))}, "
-                "which are not all zero (load with fold_value_biases=False if b_O is)"
+                "which are not all zero (weight processing put them there: fold_value_biases moves b_V into b_O, "
+                "fold_ln the final norm's bias into b_U; load with those off, or in TransformerLens 4 "
+                "enable_compatibility_mode(fold_value_biases=False, fold_ln=False))"
             )
 
 

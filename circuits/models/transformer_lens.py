@@ -1,5 +1,7 @@
 """TransformerLens models as circuits: ``from_transformer_lens(model_or_state_dict, tokens, family=...)``.
 
+TransformerLens 4's ``TransformerBridge`` (compatibility mode or not) is read by ``tl_bridge`` into
+the layout and cfg below, TransformerLens 3's ``HookedTransformer`` and state dicts directly.
 Families (``tl_config.TL_FAMILIES``): ``"gpt2"`` and ``"attn_only"`` from a
 state dict alone (keys: ``TRANSFORMER_LENS_KEYS``), ``"opt"`` (GPT-2's layout,
 ReLU), and, with the model's cfg, the rotary ones: ``"llama"``, ``"qwen2"``,
@@ -25,7 +27,23 @@ from circuits.models.llama import build_llama
 from circuits.models.neox import build_neox
 from circuits.models.options import DEFAULT, ModelOptions, takes_model_options
 from circuits.models.reading import Reader
-from circuits.models.tl_config import LLAMA_LIKE, STATE_ONLY, cfg_number, check_cfg, family_of, raw, tl_act
+from circuits.models.tl_bridge import (
+    BridgeReading,
+    is_bridge,
+    read_bridge,
+    refuse_bridge_state_dict,
+    state_dict_cfg,
+)
+from circuits.models.tl_config import (
+    LLAMA_LIKE,
+    STATE_ONLY,
+    TL_FAMILIES,
+    cfg_number,
+    check_cfg,
+    family_of,
+    raw,
+    tl_act,
+)
 from circuits.models.tl_families import (
     llama_config_from_tl,
     rope_table_keys,
@@ -148,8 +166,17 @@ def _tl_layer(r: Reader, out: dict[str, Any], family: str, layer: int, dims: Map
 
 
 def _state_and_cfg(source: Any, cfg: Any, attach: bool) -> tuple[Mapping[str, Any], Any]:
-    """The state dict and cfg of a ``HookedTransformer`` (``source.cfg``), or ``source`` and ``cfg``."""
+    """The state dict and cfg of a ``HookedTransformer`` (``source.cfg``), or ``source`` and ``cfg`` (a
+    TransformerLens 4 cfg read as ``tl_bridge.state_dict_cfg``)."""
     if isinstance(source, Mapping) or not (hasattr(source, "cfg") and hasattr(source, "state_dict")):
+        if isinstance(source, Mapping):
+            refuse_bridge_state_dict(source)
+        if (
+            cfg is not None
+            and raw(cfg, "architecture") is not None
+            and raw(cfg, "original_architecture") is None
+        ):
+            cfg = state_dict_cfg(cfg)
         return source, cfg
     if cfg is not None:
         raise ModelError(
@@ -208,9 +235,15 @@ def from_transformer_lens(
     ln_eps: float | None = None,
     act: str | None = None,
 ) -> Circuit:
-    """A circuit from a TransformerLens ``HookedTransformer``, or its state dict (and ``cfg=``).
+    """A circuit from a TransformerLens 4 ``TransformerBridge``, a TransformerLens 3 ``HookedTransformer``,
+    or a state dict in its layout (and ``cfg=``).
 
-    ``family`` is one of ``tl_config.TL_FAMILIES``; None reads it off the cfg's
+    A bridge (around a Hugging Face model of a family below, or ``boot_native``'s GPT-2 layout; in
+    compatibility mode or not) brings its own cfg: the family is its ``cfg.architecture``'s
+    (``tl_bridge.BRIDGE_FAMILIES``), a wrapped model's config and rotary tables are its own, and
+    a native bridge's ``tl_parameters()`` is read with ``cfg=bridge.cfg``.
+
+    Otherwise ``family`` is one of ``tl_config.TL_FAMILIES``; None reads it off the cfg's
     ``original_architecture``.  ``"gpt2"``, ``"attn_only"`` (shortformer
     positions, as the golden file) and ``"opt"`` build from a state dict alone
     (accepted keys: ``TRANSFORMER_LENS_KEYS``), their dimensions read off the
@@ -228,6 +261,13 @@ def from_transformer_lens(
     """
     tokens = token_ids(tokens, options.tokenizer)
     options = options.evolve(tokenizer=None)  # the tokens are ids from here on
+    if is_bridge(state_dict):
+        if cfg is not None:
+            raise ModelError(
+                "from_transformer_lens: cfg= is given with a TransformerBridge, which has its own cfg"
+            )
+        reading = read_bridge(state_dict, _positions(tokens, options.seq_len, options.convention))
+        return _from_bridge(reading, tokens, family, ln_eps, act, options)
     state, cfg = _state_and_cfg(state_dict, cfg, options.attach)
     family = family_of(family, cfg)
     if cfg is None and family not in (*STATE_ONLY, "opt"):
@@ -256,6 +296,31 @@ def from_transformer_lens(
         weights = neox_weights_from_tl(config, state, options.attach, _ignored)
         return build_neox(config, weights, tokens, options)
     return _gpt2_like(family, state, tokens, ln_eps, act, options)
+
+
+def _from_bridge(
+    reading: BridgeReading, tokens: Any, family: Any, ln_eps: Any, act: Any, options: ModelOptions
+) -> Circuit:
+    """A ``TransformerBridge`` (``tl_bridge.read_bridge``): a wrapped Hugging Face model's builder config is
+    its own; the weights are the bridge's, read as a ``HookedTransformer``'s."""
+    cfg = reading.cfg
+    if isinstance(family, str) and family in TL_FAMILIES and family != reading.family:
+        raise ModelError(
+            f"from_transformer_lens: family={family!r} but the bridge's cfg.architecture is "
+            f"{cfg['architecture']!r} (family {reading.family!r})"
+        )
+    family = family_of(family, cfg)
+    check_cfg(family, cfg, own_tables=True)
+    _check_direction(cfg, options.causal)
+    ln_eps = _own_or_cfg("ln_eps", ln_eps, cfg, "eps", None)
+    act = _own_or_cfg("act", act, cfg, "act_fn", None)
+    if family in LLAMA_LIKE:
+        weights = llama_weights_from_tl(family, reading.config, reading.state, options.attach, _ignored)
+        return build_llama(reading.config, weights, tokens, options, rope=reading.rope)
+    if family == "neox":
+        weights = neox_weights_from_tl(reading.config, reading.state, options.attach, _ignored)
+        return build_neox(reading.config, weights, tokens, options)
+    return _gpt2_like(family, reading.state, tokens, ln_eps, act, options)
 
 
 def _gpt2_like(

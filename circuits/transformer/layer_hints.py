@@ -27,7 +27,7 @@ COMPONENTS = ("attn_out", "head", "mlp_out", "attn_norm", "mlp_norm")
 ATTENTION_INSIDE = frozenset(
     [names.Q, names.K, names.V, names.Q_NOBIAS, names.K_NOBIAS, names.V_NOBIAS, names.Q_UNROTATED]
     + [names.K_UNROTATED, names.K_KV, names.V_KV, names.SCORES, names.RAW_SCORES, names.PROBS]
-    + [names.COMB_V]
+    + [names.COMB_V, names.Q_NORM, names.K_NORM]
 )
 
 

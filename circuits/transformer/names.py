@@ -17,6 +17,14 @@ written once (as rust_circuit states its ``'x.w.y'`` rule once, and TransformerL
   ``parse_head``, ``parse_head_group``, ``parse_attn_out`` and ``parse_attn_weight`` are its
   common questions.  Layers and heads are decimal without leading zeros and ``parse`` reads
   nothing else, so ``parse(name).text == name``.
+- A mixture-of-experts MLP (Mixtral) names its router per layer (``router(3) == 'b3.m.router'``, the
+  logits; ``router(3, 'router_probs')``, their softmax; ``router(3, 'routing')``, the top-k weights)
+  and each expert's weighted output (``expert(3, 5) == 'b3.m.expert5'``); inside an expert the
+  names are shared (``EXPERT_OUT``, ``EXPERT_WEIGHT`` and the gated MLP's ``MLP_GATE`` etc.).
+- An encoder (BERT) adds its token types, attention mask and position-wise pooling (``TOKEN_TYPES``,
+  ``ATTENTION_MASK``, ``POOLED``, ``SENTENCE_EMBEDDING``, ...) and, its norms coming after each
+  sublayer, names the sum a layer norm reads ``pre_norm(3) == 'b3.pre_norm'`` (``'b3'`` is the norm's
+  output, the stream the next layer reads).
 - ``ACTIVATION_KINDS`` lists, per kind of activation (``resid_pre``, ``q``, ``attn_probs``, ``z``,
   ``mlp_post``, ``logits``, ...), the node each model family gives it today; ``activation_name``
   resolves one for a family, layer and head.
@@ -61,6 +69,7 @@ Q, K, V = "a.q", "a.k", "a.v"  #: queries, keys, values, heads as an axis ``[h, 
 Q_NOBIAS, K_NOBIAS, V_NOBIAS = "a.q_nobias", "a.k_nobias", "a.v_nobias"  #: GPT-2, before the bias
 Q_UNROTATED, K_UNROTATED = "a.q_unrot", "a.k_unrot"  #: Llama, before the rotary embedding
 K_KV, V_KV = "a.k_kv", "a.v_kv"  #: Llama with grouped-query attention: the key/value heads
+Q_NORM, K_NORM = "a.q_norm", "a.k_norm"  #: Qwen3, Gemma 3: each head's RMSNormed queries and keys, unrotated
 SCORES = "a.attn_scores"  #: ``[h, q, k]``, masked (when masked) and scaled
 RAW_SCORES = "a.attn_scores_raw"  #: the masked form's scores before the bias
 PROBS = "a.attn_probs"
@@ -68,6 +77,8 @@ COMB_V = "a.comb_v"  #: the probabilities applied to the values (``z``), ``[h, q
 BIAS_FOR_HEAD_SIZE = "a.c.bias_for_head_size"
 HEAD_SIZE = "a.c.head_size"
 DIV_HEAD_SIZE = "a.c.div_head_size"  #: ``1/sqrt(d_head)`` per head
+QUERY_SCALE_FACTOR = "a.c.query_scale_factor"  #: Gemma 2/3: ``sqrt(d_head / query_pre_attn_scalar)``
+QUERY_SCALE = "a.c.div_query_scalar"  #: Gemma 2/3: ``1/sqrt(query_pre_attn_scalar)`` per head
 
 # The masked form (the golden file's): raw scores + (1 - mask) * neg_inf.
 CAUSAL_MASK = "t.a.c.causal_mask"
@@ -79,6 +90,8 @@ ONE = "one"
 NEG_ONE = "neg_one"  #: the Scalar -1 (mask flip, rotate_half)
 
 ROPE_COS, ROPE_SIN = "t.a.c.rope_cos", "t.a.c.rope_sin"  #: Llama's rotary tables ``[S, d_head]``
+#: Gemma 3's tables of its local (sliding-window) layers, another rotary base
+ROPE_COS_LOCAL, ROPE_SIN_LOCAL = "t.a.c.rope_cos_local", "t.a.c.rope_sin_local"
 ROPE_PARTS = ("cos", "sin", "rot_half")
 
 
@@ -98,6 +111,25 @@ MLP_PROJ_OUT = "m.proj_out"  #: GPT-2, before the output bias
 MLP_GATE = "m.gate"  #: Llama
 MLP_UP = "m.up"  #: Llama
 MLP_GATED = "m.gated"  #: Llama: act(gate) * up
+
+# ------------------------------------------- mixture of experts (every expert alike)
+
+EXPERT_OUT = "m.expert_out"  #: an expert's gated MLP output ``[s, d]``, before its routing weight
+EXPERT_WEIGHT = "m.expert_weight"  #: an expert's routing weight per token ``[s]`` (a column of ``routing``)
+ROUTER_PARTS = ("router", "router_probs", "routing")  #: the logits, their softmax, the top-k weights
+
+# ---------------------------------------------------------------- encoders (BERT)
+
+TOKEN_TYPES = "token_type_ids"  #: the segment ids, an int64 Array shaped like the tokens
+ATTENTION_MASK = "attention_mask"  #: 1 where a token is attended to (and pooled), 0 for padding
+KEY_BIAS = "a.key_bias"  #: ``(1 - ATTENTION_MASK) * neg_inf`` per key, added to every query's scores
+TOKEN_TYPE_EMBEDS_WEIGHT = "t.w.token_type_embeds"
+TOKEN_TYPE_EMBEDS = "t.w.token_type_embeds_idxed"  #: the token types' embeddings
+EMBEDS_PRE_NORM = "embeds.pre_norm"  #: the embeddings' sum, before the layer norm whose output is ``EMBEDS``
+POOLER_WEIGHT, POOLER_BIAS_WEIGHT = "t.w.pooler", "t.w.pooler_bias"  #: BERT's pooler (dense + tanh on [CLS])
+POOL_PARTS = ("cls", "sum", "count", "recip_count", "dense", "sq_norm", "rsqrt_norm")  #: ``'pool.sum'``, ...
+POOLED = "pooled"  #: the sequence as one vector: [CLS]'s, the pooler's or the mean
+SENTENCE_EMBEDDING = "sentence_embedding"  #: ``POOLED`` scaled to unit length (sentence-transformers)
 
 # -------------------------------------------------------------- norms (every norm alike)
 
@@ -170,6 +202,33 @@ def mlp_out(layer: int) -> str:
     return f"{block(layer)}.m"
 
 
+def router(layer: int, part: str = "router") -> str:
+    """``'b3.m.router'``: layer 3's router logits ``[s, experts]``; ``part`` ``'router_probs'`` their
+    softmax, ``'routing'`` each expert's weight (top-k of the softmax, zero for the experts not chosen)."""
+    if part not in ROUTER_PARTS:
+        raise ValueError(f"router part {part!r} is not one of {ROUTER_PARTS}")
+    return f"{mlp_out(layer)}.{part}"
+
+
+def expert(layer: int, index: int) -> str:
+    """``'b3.m.expert5'``: expert 5's output in layer 3, times its routing weight (zero where the
+    token is not routed to it); ``'b3.m'`` is the Add of every expert's."""
+    return f"{mlp_out(layer)}.expert{_index(index)}"
+
+
+def pool(part: str) -> str:
+    """``'pool.sum'``: a node of an encoder's pooling (``part`` one of ``POOL_PARTS``)."""
+    if part not in POOL_PARTS:
+        raise ValueError(f"pooling part {part!r} is not one of {POOL_PARTS}")
+    return f"pool.{part}"
+
+
+def pre_norm(layer: int) -> str:
+    """``'b3.pre_norm'``: in a post-norm layer (BERT), the sum of the MLP's output and its input that
+    the layer's last norm reads; that norm's output is ``'b3'``."""
+    return f"{block(layer)}.pre_norm"
+
+
 def attn_prefix(layer: int) -> str:
     """``'a3'``: the prefix of layer 3's attention weights and norm."""
     return f"a{_index(layer)}"
@@ -237,9 +296,9 @@ class Name(NamedTuple):
 
     ``kind`` is one of ``KINDS``; ``layer`` the layer (None for a ``'fixed'`` name);
     ``part`` the weight's part (``'q'``, ``'proj_in'``), the norm weight's ``'ln.w.scale'``,
-    or the fixed name itself; ``heads`` is ``(first, last)`` for a head branch, or for the
-    heads' slice that ``split_heads`` takes of an attention weight or a mask (``first == last``
-    for one head).
+    the router's part (``'routing'``), the expert's number (``'5'``), or the fixed name itself;
+    ``heads`` is ``(first, last)`` for a head branch, or for the heads' slice that ``split_heads``
+    takes of an attention weight or a mask (``first == last`` for one head).
     """
 
     kind: str
@@ -258,6 +317,7 @@ _WRITERS = {
     "attn_out": lambda n: attn_out(n.layer),
     "head": lambda n: head(n.layer, *n.heads),
     "resid_mid": lambda n: resid_mid(n.layer),
+    "pre_norm": lambda n: pre_norm(n.layer),
     "mlp_out": lambda n: mlp_out(n.layer),
     "attn_norm": lambda n: attn_norm(n.layer),
     "mlp_norm": lambda n: mlp_norm(n.layer),
@@ -266,6 +326,8 @@ _WRITERS = {
     "attn_norm_weight": lambda n: f"{attn_prefix(n.layer)}.{n.part}",
     "mlp_norm_weight": lambda n: f"{mlp_prefix(n.layer)}.{n.part}",
     "layer_mask": lambda n: layer_mask(n.layer),
+    "router": lambda n: router(n.layer, n.part),
+    "expert": lambda n: expert(n.layer, int(n.part)),
     "fixed": lambda n: n.part,
 }
 
@@ -280,6 +342,7 @@ _PATTERNS = [
         ("attn_out", rf"b{_NUM}\.a"),
         ("head", rf"b{_NUM}\.a\.{_HEADS}"),
         ("resid_mid", rf"b{_NUM}\.resid_mid"),
+        ("pre_norm", rf"b{_NUM}\.pre_norm"),
         ("mlp_out", rf"b{_NUM}\.m"),
         ("attn_norm", rf"a{_NUM}\.norm"),
         ("mlp_norm", rf"m{_NUM}\.norm"),
@@ -288,6 +351,8 @@ _PATTERNS = [
         ("attn_norm_weight", rf"a{_NUM}\.{_NORM_WEIGHT}"),
         ("mlp_norm_weight", rf"m{_NUM}\.{_NORM_WEIGHT}"),
         ("layer_mask", rf"t\.a{_NUM}\.c\.mask"),
+        ("router", rf"b{_NUM}\.m\.({'|'.join(ROUTER_PARTS)})"),
+        ("expert", rf"b{_NUM}\.m\.expert{_NUM}"),
     )
 ]
 
@@ -368,6 +433,12 @@ def parse_attn_out(name: str | None) -> int | None:
     return parsed.layer if parsed is not None and parsed.kind == "attn_out" else None
 
 
+def parse_expert(name: str | None) -> tuple[int, int] | None:
+    """``(layer, expert)`` of an expert's output ``'b{L}.m.expert{e}'``, else None."""
+    parsed = parse(name)
+    return (parsed.layer, int(parsed.part)) if parsed is not None and parsed.kind == "expert" else None
+
+
 def parse_attn_weight(name: str | None) -> tuple[int, str] | None:
     """``(layer, part)`` of an attention weight ``'a{L}.w.{part}'`` (or its head slice), else None."""
     parsed = parse(name)
@@ -407,6 +478,8 @@ FIXED = frozenset(
         K_UNROTATED,
         K_KV,
         V_KV,
+        Q_NORM,
+        K_NORM,
         SCORES,
         RAW_SCORES,
         PROBS,
@@ -414,6 +487,8 @@ FIXED = frozenset(
         BIAS_FOR_HEAD_SIZE,
         HEAD_SIZE,
         DIV_HEAD_SIZE,
+        QUERY_SCALE_FACTOR,
+        QUERY_SCALE,
         CAUSAL_MASK,
         SCORE_BIAS,
         NOT_MASK,
@@ -423,6 +498,8 @@ FIXED = frozenset(
         NEG_ONE,
         ROPE_COS,
         ROPE_SIN,
+        ROPE_COS_LOCAL,
+        ROPE_SIN_LOCAL,
         MLP_PROJ_IN,
         MLP_PRE,
         MLP_ACT,
@@ -430,10 +507,28 @@ FIXED = frozenset(
         MLP_GATE,
         MLP_UP,
         MLP_GATED,
+        EXPERT_OUT,
+        EXPERT_WEIGHT,
+        TOKEN_TYPES,
+        ATTENTION_MASK,
+        KEY_BIAS,
+        TOKEN_TYPE_EMBEDS_WEIGHT,
+        TOKEN_TYPE_EMBEDS,
+        EMBEDS_PRE_NORM,
+        POOLER_WEIGHT,
+        POOLER_BIAS_WEIGHT,
+        POOLED,
+        SENTENCE_EMBEDDING,
     ]
+    + [pool(part) for part in POOL_PARTS]
     + [rope_part(name, part) for name in (Q, K, K_KV) for part in ROPE_PARTS]
     + [norm_node(norm, part) for norm, parts in NORM_PARTS.items() for part in parts]
-    + [norm_weight(FINAL, which, norm) for norm in NORM_PARTS for which in ("scale", "bias")]
+    + [
+        norm_weight(prefix, which, norm)
+        for prefix in (FINAL, EMBEDS)
+        for norm in NORM_PARTS
+        for which in ("scale", "bias")
+    ]
 )
 
 
