@@ -7,25 +7,21 @@ positions ``>= p`` leaves positions ``< p`` of every layer as they were on the u
 index pushed down (``circuits.passes.push_index``): the MLP, the queries, the attention output and
 the norms run for positions ``>= p`` only, while keys and values still see every position (the
 earlier ones from the stored prefix).  The value is unchanged, exactly.
-
-``unpushed_below_top(circuit, blocks(circuit, layer))`` keeps a metric's index (``logit_diff``'s
-position) out of every block but the top one, whose every position the next layer reads anyway.
 """
 
 from __future__ import annotations
 
-import uuid
 from typing import Mapping
 
 import torch
 
 from circuits.transformer import names
-from circuits.core.nodes import Add, Array, Circuit, Concat, Index, Tag
+from circuits.core.nodes import Add, Array, Circuit, Concat, Index
 from circuits.passes import push_index
 from circuits.rewriting.rewrite import update
 from circuits.core.traversal import unique_nodes
 
-__all__ = ["blocks", "from_position", "is_causal", "unpushed_below_top"]
+__all__ = ["from_position", "is_causal"]
 
 
 def is_causal(circuit: Circuit) -> bool:
@@ -59,40 +55,25 @@ def from_position(circuit: Circuit, position: int, prefixes: Mapping[str, torch.
     the rewritten block reads positions ``< position`` from it.
     """
 
+    below = _blocks_below(circuit, prefixes)
+
     def suffixed(block: Circuit) -> Circuit:
         rank = block.rank
         head = Array(prefixes[block.name][..., :position, :].contiguous(), name=f"{block.name}.prefix")
         items = (slice(None),) * (rank - 2) + (slice(position, None), slice(None))
-        tail = push_index(Index(block, items, name=f"{block.name}.suffix"))
+        tail = push_index(Index(block, items, name=f"{block.name}.suffix"), stop_at=below)
         return Concat(head, tail, axis=rank - 2, name=block.name)
 
     return update(circuit, set(prefixes), suffixed)
 
 
-def blocks(circuit: Circuit, layer: int) -> dict[str, Circuit]:
-    """The residual-stream nodes ``'b{l}'`` of ``circuit`` for every ``l >= layer``, by name."""
-    found = {}
+def _blocks_below(circuit: Circuit, prefixes: Mapping[str, torch.Tensor]) -> list[Circuit]:
+    """The residual-stream nodes ``'b{l}'`` not in ``prefixes`` (the layers below the patch): the
+    suffix index stops at them.  They are computed whole anyway (for the keys and values above),
+    so an index pushed into them would compute positions ``>= p`` a second time, down to layer 0."""
+    found = []
     for node in unique_nodes([circuit]):
         parsed = names.parse(node.name) if node.name is not None else None
-        if parsed is not None and parsed.kind == "block" and parsed.layer >= layer:
-            found[node.name] = node
+        if parsed is not None and parsed.kind == "block" and node.name not in prefixes:
+            found.append(node)
     return found
-
-
-def unpushed_below_top(circuit: Circuit, blocks: Mapping[str, Circuit]) -> Circuit:
-    """``circuit`` with each block named in ``blocks`` but the topmost under a Tag, which no Index is
-    pushed through (the value is unchanged).
-
-    Every position of a block below the top is computed anyway: the next layer's keys and values
-    read them all.  A metric's index pushed down through them (``logit_diff``: the last position)
-    would compute its position once more in every layer, and cost a rewrite of every layer each
-    time the metric is built; stopped at the top block's input, it goes through the last layer only.
-    """
-    below_top = set(sorted(blocks, key=lambda name: names.parse(name).layer)[:-1])
-    if not below_top:
-        return circuit
-    return update(circuit, below_top, lambda block: Tag(block, _UNPUSHED), assert_any_found=False)
-
-
-#: The uuid of ``unpushed_below_top``'s Tags.
-_UNPUSHED = uuid.UUID("6f70617175652d626c6f636b2d746167")

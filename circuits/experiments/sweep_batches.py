@@ -40,7 +40,6 @@ from circuits.core.traversal import unique_nodes
 from circuits.errors import CircuitError
 from circuits.evaluation.cache import Evaluator
 from circuits.evaluation.costs import cost
-from circuits.experiments import causal_suffix
 from circuits.experiments.ablation import zero_ablate
 from circuits.rewriting.batching import expand
 from circuits.rewriting.rewrite import replace
@@ -82,19 +81,18 @@ def batched_chunks(
     if ablation is not zero_ablate:
         return [], items
     layers = _Layers(circuit)
-    groups: dict[bytes, tuple[Circuit, int, list]] = {}
+    groups: dict[bytes, tuple[Circuit, list]] = {}
     rest = []
     for item in items:
         found = layers.ablated(item[1])
         if found is None:
             rest.append(item)
         else:
-            layer = names.parse_head_group(item[1])[0]
-            groups.setdefault(found[0].hash, (found[0], layer, []))[2].append((item, found[1]))
+            groups.setdefault(found[0].hash, (found[0], []))[1].append((item, found[1]))
     chunks: list[Chunk] = []
     size = None
-    for layer_node, layer, members in groups.values():
-        template = _template(circuit, layer_node, measure, layer)
+    for layer_node, members in groups.values():
+        template = _template(circuit, layer_node, measure)
         if template is None:
             rest.extend(item for item, _ in members)
             continue
@@ -114,15 +112,12 @@ def run_chunk(chunk: Chunk, evaluator: Evaluator, store: Any) -> list[torch.Tens
     return list(measured.unbind(0))
 
 
-def _template(
-    circuit: Circuit, layer_node: Circuit, measure: Callable, layer: int
-) -> tuple[Symbol, Circuit] | None:
-    """The measured circuit with ``layer_node`` (of ``layer``) an input, and that input; None if
-    the metric cannot be built over it.  A metric's index (``logit_diff``) goes through the last
-    layer only (``causal_suffix.unpushed_below_top``)."""
+def _template(circuit: Circuit, layer_node: Circuit, measure: Callable) -> tuple[Symbol, Circuit] | None:
+    """The measured circuit with ``layer_node`` an input, and that input; None if
+    the metric cannot be built over it.  (``logit_diff`` pushes its index through the last layer
+    only: every position of the layers below is computed anyway.)"""
     symbol = Symbol.new_with_random_uuid(layer_node.shape, name=layer_node.name)
     with_input = replace(circuit, {layer_node: symbol})
-    with_input = causal_suffix.unpushed_below_top(with_input, causal_suffix.blocks(with_input, layer))
     try:
         return symbol, measure(with_input)
     except CircuitError:

@@ -14,7 +14,7 @@ leaf is named by ``leaf_name(index_node)`` when given.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import attrs
 
@@ -49,12 +49,18 @@ class _Plan:
     build: Callable[[Sequence[Circuit]], Circuit]
 
 
-def push_index(node: Index, leaf_name: LeafNamer | None = None) -> Circuit:
+def push_index(
+    node: Index, leaf_name: LeafNamer | None = None, *, stop_at: Iterable[Circuit] = ()
+) -> Circuit:
     """``node`` with its index moved down as far as it goes (same value).
 
     Iterative over depth, and memoized by structure: an Index reached along
-    several paths is pushed once and its result shared.
+    several paths is pushed once and its result shared.  ``stop_at``: nodes
+    (compared by structure) an index stays above, as over a leaf: where the
+    whole node is computed anyway, an index pushed into it would compute the
+    selected part a second time.
     """
+    stops = {stop.hash for stop in stop_at}
     memo: dict[bytes, Circuit] = {}
     plans: dict[bytes, _Plan] = {}
     stack: list[Index] = [node]
@@ -66,7 +72,8 @@ def push_index(node: Index, leaf_name: LeafNamer | None = None) -> Circuit:
             continue
         plan = plans.get(key)
         if plan is None:
-            plan = plans[key] = _plan(current, leaf_name)
+            stopped = current.node.hash in stops
+            plan = plans[key] = _Plan((), lambda _, c=current: c) if stopped else _plan(current, leaf_name)
         waiting = [p for p in plan.pending if p.hash not in memo]
         if waiting:
             stack.extend(waiting)
