@@ -16,6 +16,9 @@ import circuits as cc
 import circuits.models as cm
 from circuits import experiments as ex
 from circuits.experiments import causal_suffix, patch_batches
+from circuits.experiments.inputs import same_shape_inputs
+
+
 from circuits.experiments import patching_grids as grids
 from experiments_reference import CONFIG, forward, resid_pres, tokens, weights
 
@@ -485,6 +488,24 @@ def test_the_causal_suffix_changes_no_value():
         suffixed = causal_suffix.from_position(circuit, position, prefixes)
         assert torch.equal(suffixed.evaluate(), circuit.evaluate())
         assert circuit.get_unique("b1").shape == suffixed.get_unique("b1").shape
+
+
+def test_the_measured_position_is_not_computed_twice_below_the_top_layer():
+    """Every position of each layer but the last is computed for the next layer's keys and values,
+    so ``logit_diff``'s index at the last position goes through the last layer only: each lower
+    MLP is one node over every position, not one more for the measured position.  (The values are
+    TransformerLens's: the tests above.)"""
+    clean, corrupted = _inputs(17)
+    circuit = factories.gpt2_circuit(clean, factories.gpt2_config(n_layers=3, d_mlp=20))
+    corrupted_circuit = same_shape_inputs(circuit, {"toks_int_var": corrupted}, "test")
+    metric = ex.metrics.logit_diff(-1, GOOD, BAD)
+    run = patch_batches.PatchRun(
+        circuit, corrupted_circuit, ex.Point("resid_pre", 0), metric, cc.Evaluator(2**24)
+    )
+    mlps = sorted(
+        (node.name, node.shape) for node in cc.unique_nodes(run.measured) if (node.name or "").endswith(".m")
+    )
+    assert mlps == [("b0.m", (3, 8, 12)), ("b1.m", (3, 8, 12)), ("b2.m", (3, 12))]
 
 
 @pytest.mark.parametrize("grid", ["resid_pre", "attn_head_out_all_pos", "block_every"])

@@ -149,6 +149,21 @@ def test_pushing_any_index_keeps_the_value(node):
     check(node)
 
 
+def test_an_index_already_in_the_circuit_stays_where_it_is():
+    """Pushing one Index leaves the circuit's own Indexes below it alone: grouped-query
+    attention's pick of key heads stays one node over the key/value projection, shared with the
+    unpushed circuit, instead of being pushed into the projection (keys once per query head)."""
+    x, w = arr(5, 6, name="x"), arr(2, 3, 6, name="w", seed=1)
+    keys = cc.Einsum.from_einsum_string("kd,hcd->hkc", x, w, name="k_kv")
+    picked = cc.Index(keys, (torch.tensor([0, 0, 1, 1]),), name="k")
+    scores = cc.Einsum.from_einsum_string("hqc,hkc->hqk", arr(4, 5, 3, name="q", seed=2), picked)
+    pushed = check(cc.Index(scores, (slice(None), -1, slice(None))))
+    assert picked in cc.unique_nodes(pushed) and keys in cc.unique_nodes(pushed)
+    # an Index the push goes through is merged with the pushed one and goes on down
+    through = check(cc.Index(picked, (1,)))
+    assert keys not in cc.unique_nodes(through)
+
+
 def test_stop_at_keeps_the_index_above_a_node_computed_whole_anyway():
     """``x = relu(a @ w)`` is read whole by one branch and at one row by the indexed one: stopped
     at ``x``, the index does not compute that row a second time below it."""
