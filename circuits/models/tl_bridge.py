@@ -31,7 +31,7 @@ import torch
 
 from circuits.errors import ModelError, shown
 from circuits.models.hf import config_for
-from circuits.models.hf_llama import hf_rope_tables
+from circuits.models.hf_rope import module_tables
 from circuits.models.hf_opt import POSITION_OFFSET
 from circuits.models.tl_config import LLAMA_LIKE, TL_FAMILIES, cfg_number, raw, tl_act
 
@@ -235,7 +235,7 @@ def _rope_tables(bridge: Any, cfg: Mapping[str, Any], positions: int | None, dty
             "from_transformer_lens: a rotary TransformerBridge's tables need the number of positions: pass "
             "tokens (an int tensor [S+1] or [B,S+1]) or seq_len= (a positive int), and a known convention"
         )
-    return hf_rope_tables(rotary, positions, dtype)
+    return module_tables(rotary, positions, dtype)
 
 
 def _check_agreement(fields: Mapping[str, Any], config: Any) -> None:
