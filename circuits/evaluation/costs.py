@@ -212,6 +212,8 @@ def _dtype(node: Circuit, dtypes: dict[bytes, torch.dtype], float_dtype: torch.d
         return first
     if isinstance(node, GeneralFunction):
         name = node.spec.name
+        if node.spec.dtype_fn is not None:
+            return node.spec.dtype_fn([dtypes[c.hash] for c in children])
         if GEN_INDEX_NAME.fullmatch(name) or EXPLICIT_INDEX_NAME.fullmatch(name):
             return first
         cast = CAST_NAME.fullmatch(name)

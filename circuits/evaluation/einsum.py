@@ -3,16 +3,39 @@
 from __future__ import annotations
 
 import functools
+import math
 from typing import Callable
 
 import torch
+
+from circuits.evaluation.reduced import REDUCED, contract_in_float32, worth_float32
 
 __all__ = ["einsum_kernel", "is_batched_dot", "split_multipliers"]
 
 
 @functools.lru_cache(maxsize=4096)
 def einsum_kernel(equation: str) -> Callable:
-    """The function computing an einsum, planned once per equation.
+    """The function computing an einsum, planned once per equation (see ``_planned``).
+
+    Operands of different dtypes are promoted to one (``torch.promote_types``, as
+    ``*`` and ``+`` promote; ``torch.einsum`` refuses them), so that a bfloat16
+    value can meet a float32 one where a model upcasts (a norm computed in float32).
+    """
+    kernel = _planned(equation)
+
+    def promoting(*tensors: torch.Tensor) -> torch.Tensor:
+        dtype = tensors[0].dtype
+        for tensor in tensors:
+            if tensor.dtype != dtype:
+                common = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
+                return kernel(*[t.to(common) for t in tensors])
+        return kernel(*tensors)
+
+    return promoting
+
+
+def _planned(equation: str) -> Callable:
+    """The function computing an einsum of operands of one dtype.
 
     ``torch.einsum`` turns every pairwise contraction into a batched matrix
     product, which is slow in two common shapes: a product of operands that
@@ -26,33 +49,31 @@ def einsum_kernel(equation: str) -> Callable:
     - two operands with the same distinct letters (at least one summed) are
       multiplied and summed.
 
-    Everything else is ``torch.einsum`` as written.  The values agree with
-    ``torch.einsum`` up to float rounding (products are associated
-    differently).  Operands of different dtypes go to ``torch.einsum`` too,
-    which refuses them as before.
+    Everything else is ``torch.einsum`` as written, except that a contraction
+    (a letter summed) of bfloat16 or float16 operands on a CPU without a native
+    kernel for them is computed in float32 and rounded once (``reduced``).  The
+    values agree with ``torch.einsum`` up to float rounding (products are
+    associated differently).
     """
     inputs, out = equation.split("->")
     operands = inputs.split(",")
     if len(set(out)) != len(out):
         return _diagonal_embedding(inputs, out)
+    plain = _contraction(equation, operands, out)
     if any(len(set(op)) != len(op) for op in operands):
-        return functools.partial(torch.einsum, equation)  # diagonals: leave to torch
-    plain = functools.partial(torch.einsum, equation)
+        return plain  # diagonals: leave to torch
     if len(operands) >= 3:
         core, multipliers = split_multipliers(operands, out)
         if not multipliers:
             return plain
         core_letters = set("".join(operands[i] for i in core))
         core_out = "".join(letter for letter in out if letter in core_letters)
-        core_fn = einsum_kernel(",".join(operands[i] for i in core) + "->" + core_out)
+        core_fn = _planned(",".join(operands[i] for i in core) + "->" + core_out)
         core_view = _aligner(core_out, out)
         views = [(i, _aligner(operands[i], out)) for i in multipliers]
         core_positions = tuple(core)
 
         def with_multipliers(*tensors: torch.Tensor) -> torch.Tensor:
-            dtype = tensors[0].dtype
-            if any(t.dtype != dtype for t in tensors):
-                return plain(*tensors)
             result = core_view(core_fn(*[tensors[i] for i in core_positions]))
             for i, view in views:
                 result = result * view(tensors[i])
@@ -67,12 +88,30 @@ def einsum_kernel(equation: str) -> Callable:
         summed = tuple(range(len(out), len(order)))
 
         def batched_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-            if a.dtype != b.dtype:
-                return plain(a, b)
             return (a.permute(permute_first) * b.permute(permute_second)).sum(dim=summed)
 
         return batched_dot
     return plain
+
+
+def _contraction(equation: str, operands: list[str], out: str) -> Callable:
+    """``torch.einsum(equation)``; where letters are summed, in float32 for bfloat16 or float16
+    operands on a CPU without a native kernel for them (``reduced.worth_float32``)."""
+    plain = functools.partial(torch.einsum, equation)
+    if not set("".join(operands)) - set(out):
+        return plain  # nothing summed: products and copies, as fast in the operands' dtype
+
+    def contract(*tensors: torch.Tensor) -> torch.Tensor:
+        if tensors[0].dtype not in REDUCED:
+            return plain(*tensors)
+        sizes: dict[str, int] = {}
+        for letters, tensor in zip(operands, tensors):
+            sizes.update(zip(letters, tensor.shape))
+        if not worth_float32(tensors, sizes, math.prod(sizes[letter] for letter in out)):
+            return plain(*tensors)
+        return contract_in_float32(equation, operands, out, tensors, sizes)
+
+    return contract
 
 
 def _diagonal_embedding(inputs: str, out: str) -> Callable:
@@ -84,7 +123,7 @@ def _diagonal_embedding(inputs: str, out: str) -> Callable:
     it names (``torch.as_strided_scatter``, which autograd follows).
     """
     distinct = "".join(dict.fromkeys(out))
-    contract = einsum_kernel(f"{inputs}->{distinct}")
+    contract = _planned(f"{inputs}->{distinct}")
     positions = [[i for i, letter in enumerate(out) if letter == d] for d in distinct]
 
     def embed(*tensors: torch.Tensor) -> torch.Tensor:
