@@ -113,6 +113,8 @@ FUNCTION_FLOPS: Mapping[str, Mapping[str, int]] = MappingProxyType(
         "gaussian_cdf": {"erf": 1, "mul": 2, "add": 1},
         "min": {"compare": 1},
         "max": {"compare": 1},
+        "upcast_float32": {},  # conversions: bytes moved, no arithmetic
+        "type_as": {},
     }
 )
 #: FLOPs per row (over the last axis) of the input, for a function's row-wise part: log_softmax's log of the sum.
