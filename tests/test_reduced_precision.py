@@ -203,6 +203,10 @@ def test_chunks_give_the_whole_contractions_values_and_gradients(equation, shape
     assert torch.equal(chunked, whole)
     for ours, theirs in zip(torch.autograd.grad(chunked.float().square().sum(), tensors), whole_grads):
         assert torch.equal(ours, theirs)
+    with torch.no_grad():  # the float32 copies go to a buffer kept between calls
+        assert torch.equal(einsum_kernel(equation)(*tensors), whole)
+    with torch.inference_mode():  # a buffer of its own: an inference tensor cannot be written outside
+        assert torch.equal(einsum_kernel(equation)(*tensors), whole)
     with torch.no_grad():
         assert torch.equal(einsum_kernel(equation)(*tensors), whole)
 

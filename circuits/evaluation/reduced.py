@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 
 import torch
 
@@ -30,8 +31,8 @@ __all__ = ["CHUNK_BYTES", "REDUCED", "contract_in_float32", "native_reduced_matm
 
 REDUCED = REDUCED_DTYPES
 
-#: The most bytes of float32 copies (operands and result) one chunk of a contraction makes.
-CHUNK_BYTES = 16 << 20
+#: The most bytes of float32 copies (the larger operand's and the result's) one chunk of a contraction makes.
+CHUNK_BYTES = 64 << 20
 
 #: Operations per converted element below which the native kernel is kept (about 4 rows of a product).
 _MIN_FLOPS_PER_ELEMENT = 8
@@ -55,33 +56,109 @@ def worth_float32(tensors: tuple[torch.Tensor, ...], sizes: dict[str, int], out_
     if dtype not in REDUCED or first.device.type != "cpu" or native_reduced_matmul(dtype):
         return False
     elements = sum(t.numel() for t in tensors) + out_size
-    return 2 * math.prod(sizes.values()) >= _MIN_FLOPS_PER_ELEMENT * elements
+    flops = 2 * math.prod(sizes.values())
+    return flops > 0 and flops >= _MIN_FLOPS_PER_ELEMENT * elements
 
 
 def contract_in_float32(
     equation: str, operands: list[str], out: str, tensors: tuple[torch.Tensor, ...], sizes: dict[str, int]
 ) -> torch.Tensor:
-    """``torch.einsum(equation)`` of ``tensors`` computed in float32 and rounded once to their dtype,
-    chunked along the output's longest axis when the float32 copies would exceed ``CHUNK_BYTES``."""
+    """``torch.einsum(equation)`` of ``tensors`` computed in float32 and rounded once to their dtype.
+
+    Two operands (what the models contract) go through ``_pair``: copied into float32 in their own
+    memory order and multiplied as matrices, the larger one in chunks.  Anything else (three or more
+    operands, a letter repeated or summed within one operand) is ``torch.einsum`` of float32 copies.
+    """
     dtype = tensors[0].dtype
-    out_shape = [sizes[letter] for letter in out]
-    out_size = math.prod(out_shape)
-    whole = 4 * (sum(t.numel() for t in tensors) + out_size)
-    if whole <= CHUNK_BYTES or not out or any(len(set(op)) != len(op) for op in operands):
-        return torch.einsum(equation, *[t.float() for t in tensors]).to(dtype)
-    letter = max(out, key=sizes.__getitem__)
-    size = sizes[letter]
-    split = [letter in op for op in operands]
-    per_unit = 4 * (sum(t.numel() for t, s in zip(tensors, split) if s) + out_size) // size
-    fixed = [None if s else t.float() for t, s in zip(tensors, split)]  # upcast once, beside the chunks
-    step = max(1, CHUNK_BYTES // max(per_unit, 1))
-    result = torch.empty(out_shape, dtype=dtype, device=tensors[0].device)
-    axis = out.index(letter)
-    for start in range(0, size, step):
-        length = min(step, size - start)
-        parts = [
-            f if f is not None else t.narrow(op.index(letter), start, length).float()
-            for t, f, op in zip(tensors, fixed, operands)
+    if len(tensors) == 2 and _pairable(operands, out):
+        return _pair(operands, out, tensors, sizes)
+    return torch.einsum(equation, *[t.float() for t in tensors]).to(dtype)
+
+
+def _pairable(operands: list[str], out: str) -> bool:
+    a, b = operands
+    distinct = len(set(a)) == len(a) and len(set(b)) == len(b)
+    return distinct and all(
+        letter in out or letter in other for op, other in ((a, b), (b, a)) for letter in op
+    )
+
+
+def _pair(
+    operands: list[str], out: str, tensors: tuple[torch.Tensor, ...], sizes: dict[str, int]
+) -> torch.Tensor:
+    """The product of two operands: batch letters (in both and the output), free letters (in one
+    and the output) and summed letters (in both only), as ``bmm`` of ``[batch, free, summed]``
+    matrices.  The larger operand (a weight) is chunked along its longest free letter so that its
+    float32 copy and the chunk's result take at most ``CHUNK_BYTES``; its copies go to a buffer
+    kept between calls where no gradient is needed (fresh memory costs page faults: 5x the copy)."""
+    big = 0 if tensors[0].numel() >= tensors[1].numel() else 1
+    letters = operands[big], operands[1 - big]
+    batch = [x for x in out if x in letters[0] and x in letters[1]]
+    free = [[x for x in op if x in out and x not in batch] for op in letters]
+    stride = dict(zip(letters[0], tensors[big].stride()))
+    summed = sorted((x for x in letters[0] if x not in out), key=stride.__getitem__, reverse=True)
+    free[0].sort(key=stride.__getitem__, reverse=True)
+    result = torch.empty([sizes[x] for x in out], dtype=tensors[0].dtype, device=tensors[0].device)
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    small = _as_matrix(tensors[1 - big], letters[1], batch, free[1], summed, None)
+    if not free[0]:
+        chunks = [(None, 0, 0)]
+    else:
+        letter = max(free[0], key=sizes.__getitem__)
+        per_unit = 4 * (tensors[big].numel() + math.prod(result.shape)) // sizes[letter]
+        count = -(-sizes[letter] * per_unit // CHUNK_BYTES)  # as few chunks as fit, of equal lengths
+        step = max(1, -(-sizes[letter] // max(count, 1)))
+        chunks = [
+            (letter, start, min(step, sizes[letter] - start)) for start in range(0, sizes[letter], step)
         ]
-        result.narrow(axis, start, length).copy_(torch.einsum(equation, *parts))
+    order = batch + free[1] + free[0] if big == 1 else batch + free[0] + free[1]  # the product's axes
+    permutation = [order.index(x) for x in out]
+    for letter, start, length in chunks:
+        part = (
+            tensors[big] if letter is None else tensors[big].narrow(letters[0].index(letter), start, length)
+        )
+        matrix = _as_matrix(part, letters[0], batch, free[0], summed, None if grad else _scratch(part))
+        product = (
+            torch.bmm(small, matrix.transpose(1, 2)) if big == 1 else torch.bmm(matrix, small.transpose(1, 2))
+        )
+        shape = [part.shape[letters[0].index(x)] if x in letters[0] else sizes[x] for x in order]
+        target = result if letter is None else result.narrow(out.index(letter), start, length)
+        target.copy_(product.view(shape).permute(permutation))
     return result
+
+
+def _as_matrix(
+    tensor: torch.Tensor, letters: str, batch: list[str], free: list[str], summed: list[str], buffer
+) -> torch.Tensor:
+    """``tensor`` in float32 as ``[batch, free, summed]`` (each group merged), copied in its own memory
+    order: where its summed letters lie outside its free ones, a transposed view of ``[batch, summed, free]``."""
+    stride = dict(zip(letters, tensor.stride()))
+    outer = max((stride[x] for x in free), default=0) >= max((stride[x] for x in summed), default=0)
+    inner = free + summed if outer else summed + free
+    axes = [letters.index(x) for x in batch + inner]
+    shape = [tensor.shape[axis] for axis in axes]
+    if buffer is None:
+        copy = torch.empty(shape, dtype=torch.float32, device=tensor.device)
+    else:
+        copy = buffer[: math.prod(shape)].view(shape)
+    copy.copy_(tensor.permute(axes))
+    counts = [math.prod(tensor.shape[letters.index(x)] for x in group) for group in (batch, free, summed)]
+    if outer:
+        return copy.view(counts)
+    return copy.view(counts[0], counts[2], counts[1]).transpose(1, 2)
+
+
+_SCRATCH = threading.local()
+
+
+def _scratch(like: torch.Tensor) -> torch.Tensor:
+    """A float32 buffer of at least ``like.numel()`` elements, kept per thread, device and inference
+    mode between calls (its pages are touched once, not at every chunk of every forward)."""
+    key = (like.device, torch.is_inference_mode_enabled())
+    buffers = getattr(_SCRATCH, "buffers", None)
+    if buffers is None:
+        buffers = _SCRATCH.buffers = {}
+    buffer = buffers.get(key)
+    if buffer is None or buffer.numel() < like.numel():
+        buffer = buffers[key] = torch.empty(like.numel(), dtype=torch.float32, device=like.device)
+    return buffer
