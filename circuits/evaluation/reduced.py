@@ -27,7 +27,14 @@ import torch
 
 from circuits.core.functions import REDUCED_DTYPES
 
-__all__ = ["CHUNK_BYTES", "REDUCED", "contract_in_float32", "native_reduced_matmul", "worth_float32"]
+__all__ = [
+    "CHUNK_BYTES",
+    "REDUCED",
+    "contract_in_float32",
+    "native_reduced_matmul",
+    "pairable",
+    "worth_float32",
+]
 
 REDUCED = REDUCED_DTYPES
 
@@ -70,12 +77,13 @@ def contract_in_float32(
     operands, a letter repeated or summed within one operand) is ``torch.einsum`` of float32 copies.
     """
     dtype = tensors[0].dtype
-    if len(tensors) == 2 and _pairable(operands, out):
+    if len(tensors) == 2 and pairable(operands, out):
         return _pair(operands, out, tensors, sizes)
     return torch.einsum(equation, *[t.float() for t in tensors]).to(dtype)
 
 
-def _pairable(operands: list[str], out: str) -> bool:
+def pairable(operands: list[str], out: str) -> bool:
+    """Whether two operands are a plain product: no letter repeated in one, none summed within one alone."""
     a, b = operands
     distinct = len(set(a)) == len(a) and len(set(b)) == len(b)
     return distinct and all(
