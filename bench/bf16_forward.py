@@ -2,10 +2,15 @@
 
 Two sizes by default, random weights made in bfloat16, CPU, 2 threads:
 
-- GPT-2 small (12 layers, 12 heads, d_model 768, vocab 50257) on 4 x 64 tokens;
+- GPT-2 small (12 layers, 12 heads, d_model 768, vocab 50257);
 - a 1B Llama-shaped model (Llama 3.2 1B's shape: 16 layers, 32 query heads sharing 8 key/value
   heads, d_model 2048, d_mlp 8192, vocab 128256, tied embeddings; 1.24B parameters, 2.5 GB in
-  bfloat16) on 1 x 64 tokens.
+  bfloat16);
+
+each on 1 x 64 tokens (``--batch``, ``--seq``).  On a CPU without bfloat16 instructions (AVX2)
+Hugging Face's bfloat16 forward is slow: torch's portable bfloat16 matrix product, and GPT-2's
+``Conv1D`` weights are ``[in, out]``, its slowest layout (132 s for GPT-2 small on 4 x 64 tokens,
+measured on 2 loaded cores), so the default batch is small.
 
 Per size, the circuit's logits ``'t.call'`` (``from_hf(model, tokens, attach=True)``: its arrays
 are views of the model's parameters) and ``model(input_ids).logits`` are timed alternately (who
@@ -151,6 +156,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, 3 rounds: under a minute")
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds per side (default 3)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--only", choices=("gpt2", "llama"), default=None, help="one size only")
     parser.add_argument("--no-float32", action="store_true", help="skip the float32 reference")
     args = parser.parse_args()
@@ -160,14 +167,14 @@ def main() -> None:
 
     transformers.logging.set_verbosity_error()
     sizes = {
-        "gpt2": ("GPT-2 small" if not args.quick else "GPT-2 (quick)", gpt2_small, 4, 64),
-        "llama": ("Llama 1B" if not args.quick else "Llama (quick)", llama_1b, 1, 64),
+        "gpt2": ("GPT-2 small" if not args.quick else "GPT-2 (quick)", gpt2_small),
+        "llama": ("Llama 1B" if not args.quick else "Llama (quick)", llama_1b),
     }
     print(f"load average at start: {load()}; torch {torch.__version__}")
     ratios = {}
-    for key, (name, make, batch, seq) in sizes.items():
+    for key, (name, make) in sizes.items():
         if args.only in (None, key):
-            ratios[name] = run_size(name, make, batch, seq, args)
+            ratios[name] = run_size(name, make, args.batch, args.seq, args)
     headline = ", ".join(f"{name} {ratio:.3f}" for name, ratio in ratios.items())
     print(f"bfloat16 forward, circuit / Hugging Face (medians, target <= 1.10): {headline}; load {load()}")
 

@@ -47,11 +47,13 @@ def _planned(equation: str) -> Callable:
       appear in the output are *multipliers*: the others are contracted by
       ``torch.einsum`` and the multipliers applied after, broadcast;
     - two operands with the same distinct letters (at least one summed) are
-      multiplied and summed.
+      multiplied and summed;
+    - any other two operands with a letter summed are one ``matmul`` of views
+      (``_pair``), their summed letters in the larger operand's memory order.
 
-    Everything else is ``torch.einsum`` as written, except that a contraction
-    (a letter summed) of bfloat16 or float16 operands on a CPU without a native
-    kernel for them is computed in float32 and rounded once (``reduced``).  The
+    Everything else is ``torch.einsum`` as written.  A contraction (a letter
+    summed) of bfloat16 or float16 operands on a CPU without a native kernel
+    for them is computed in float32 and rounded once (``reduced``).  The
     values agree with ``torch.einsum`` up to float rounding (products are
     associated differently).
     """
