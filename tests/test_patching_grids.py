@@ -4,6 +4,7 @@ weights, the attention-only model against a torch forward, executors, and bad in
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import multiprocessing
 import pickle
 
@@ -14,7 +15,10 @@ import torch
 import circuits as cc
 import circuits.models as cm
 from circuits import experiments as ex
-from circuits.experiments import causal_suffix
+from circuits.experiments import causal_suffix, patch_batches
+from circuits.experiments.inputs import same_shape_inputs
+
+
 from circuits.experiments import patching_grids as grids
 from experiments_reference import CONFIG, forward, resid_pres, tokens, weights
 
@@ -99,6 +103,26 @@ def test_every_grid_at_an_earlier_position_equals_transformer_lens(gpt2_setup, g
         records = ours.records
         later = [r["value"] for r in records if r["pos"] is not None and r["pos"] > 4]
         assert later and all(abs(value - unpatched) < TOL for value in later)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("grid", [*grids.GRIDS, *grids.EVERY])
+def test_every_grid_of_a_late_corruption_equals_transformer_lens(gpt2_setup, grid):
+    """Clean and corrupted differ at position 5 of 8 only: the positions before it are never
+    recomputed (``PatchRun.first_change``), and every grid is still TransformerLens's."""
+    patching = pytest.importorskip("transformer_lens.patching")
+    model, circuit, cache, clean, _ = gpt2_setup
+    corrupted = clean.clone()
+    corrupted[:, 5] = (clean[:, 5] + 1) % 17
+    with torch.no_grad():
+        expected = getattr(patching, f"get_act_patch_{grid}")(
+            model, corrupted[:, :-1], cache, _reference_metric
+        )
+    assert expected.abs().max() > 0.05  # the patches matter
+    ours = grids.patch_grid(
+        circuit, {"toks_int_var": corrupted}, ex.metrics.logit_diff(-1, GOOD, BAD), grid, patches_per_run=5
+    )
+    assert (ours.values - expected).abs().max().item() < TOL, grid
 
 
 @pytest.mark.slow
@@ -238,6 +262,68 @@ def test_attention_only_head_grids_equal_torch(per_position):
     )
     assert expected.std() > 1e-4  # the patches differ (float64: the tolerance below is far smaller)
     assert (ours.values - expected).abs().max().item() < 1e-9
+
+
+def test_a_corruption_of_late_positions_only_gives_the_torch_grids():
+    """Clean and corrupted equal before position 3 (of 6): no run recomputes those positions (the
+    patches there are no-ops), and every value still equals patching the torch forward by hand."""
+    w = weights()
+    clean = tokens(3)
+    corrupted = clean.clone()
+    corrupted[:, [3, 5]] = (clean[:, [3, 5]] + 1) % CONFIG.vocab_size
+    circuit = cc.passes.causal_mask(cm.build_attn_only(CONFIG, w, clean))
+    inputs, metric = {"toks_int_var": corrupted}, ex.metrics.logit_diff(-1, GOOD[:2], BAD[:2])
+    clean_resid, corrupted_resid = resid_pres(w, clean), resid_pres(w, corrupted)
+    expected = torch.zeros(CONFIG.n_layers, clean.shape[1] - 1, dtype=torch.float64)
+    for layer, pos in itertools.product(range(CONFIG.n_layers), range(clean.shape[1] - 1)):
+        patched = corrupted_resid[layer].clone()
+        patched[:, pos] = clean_resid[layer][:, pos]
+        expected[layer, pos] = _reference_metric(forward(w, corrupted, resid_pre={layer: patched})[1])
+    unpatched = _reference_metric(forward(w, corrupted)[1])
+    assert torch.equal(expected[:, :3], torch.full_like(expected[:, :3], float(unpatched)))
+    assert expected[:, 3:].std() > 1e-3  # the later patches matter
+    run = patch_batches.PatchRun(
+        circuit, ex.with_inputs(circuit, inputs)[0], ex.Point("resid_pre", 1), metric, cc.Evaluator(2**26)
+    )
+    assert run.first_change == 3  # what the runs skip: positions 0 to 2
+    for options in ({"positions_per_run": 1}, {"positions_per_run": 8, "patches_per_run": 4}):
+        resid = grids.act_patch_resid_pre(circuit, inputs, metric, **options)
+        assert (resid.values - expected).abs().max().item() < 1e-9
+    for per_position in (True, False):
+        grid = "attn_head_out_by_pos" if per_position else "attn_head_out_all_pos"
+        heads = grids.patch_grid(circuit, inputs, metric, grid)
+        torch_grid = _torch_head_grid(w, clean, corrupted, per_position)
+        assert (heads.values - torch_grid).abs().max().item() < 1e-9
+
+
+def test_the_layers_of_a_grid_share_one_cache(monkeypatch):
+    """One Evaluator for the whole local grid: the second layer reads the clean and corrupted runs
+    the first computed.  (An empty Evaluator is falsy, and ``evaluator or Evaluator(...)`` gave
+    every layer a fresh one: on SmolLM2 each layer recomputed both runs, 10 s of CPU a layer.)"""
+    made = []
+
+    class Counted(cc.Evaluator):
+        def __init__(self, cache_bytes):
+            super().__init__(cache_bytes)
+            made.append(self)
+
+    monkeypatch.setattr(grids, "Evaluator", Counted)
+    circuit, corrupted = _small_gpt2()
+    metric = ex.metrics.logit_diff(-1, GOOD, BAD)
+    grids.act_patch_attn_head_out_all_pos(circuit, {"toks_int_var": corrupted}, metric)
+    assert len(made) == 1 and made[0].stats.hits > 0
+
+
+def test_first_change_is_the_first_position_where_any_value_differs():
+    clean = torch.zeros(2, 3, 5, 4)  # [batch, head, pos, d]
+    corrupted = clean.clone()
+    assert patch_batches.first_change(clean, corrupted) == 4  # equal throughout: the last position
+    corrupted[1, 2, 3, 0] = 1.0
+    assert patch_batches.first_change(clean, corrupted) == 3
+    corrupted[0, 0, 1, 3] = float("nan")
+    assert patch_batches.first_change(clean, corrupted) == 1  # NaN is a change, never "equal"
+    clean[0, 0, 1, 3] = float("nan")
+    assert patch_batches.first_change(clean, corrupted) == 1
 
 
 # ------------------------------------------------------------------ executors and bad input
@@ -402,3 +488,42 @@ def test_the_causal_suffix_changes_no_value():
         suffixed = causal_suffix.from_position(circuit, position, prefixes)
         assert torch.equal(suffixed.evaluate(), circuit.evaluate())
         assert circuit.get_unique("b1").shape == suffixed.get_unique("b1").shape
+
+
+def test_the_measured_position_is_not_computed_twice_below_the_top_layer():
+    """Every position of each layer but the last is computed for the next layer's keys and values,
+    so ``logit_diff``'s index at the last position goes through the last layer only: each lower
+    MLP is one node over every position, not one more for the measured position.  (The values are
+    TransformerLens's: the tests above.)"""
+    clean, corrupted = _inputs(17)
+    circuit = factories.gpt2_circuit(clean, factories.gpt2_config(n_layers=3, d_mlp=20))
+    corrupted_circuit = same_shape_inputs(circuit, {"toks_int_var": corrupted}, "test")
+    metric = ex.metrics.logit_diff(-1, GOOD, BAD)
+    run = patch_batches.PatchRun(
+        circuit, corrupted_circuit, ex.Point("resid_pre", 0), metric, cc.Evaluator(2**24)
+    )
+    mlps = sorted(
+        (node.name, node.shape) for node in cc.unique_nodes(run.measured) if (node.name or "").endswith(".m")
+    )
+    assert mlps == [("b0.m", (3, 8, 12)), ("b1.m", (3, 8, 12)), ("b2.m", (3, 12))]
+
+
+@pytest.mark.parametrize("grid", ["resid_pre", "attn_head_out_all_pos", "block_every"])
+def test_a_grid_of_some_layers_is_those_rows_of_the_whole_grid(grid):
+    """``layers=``: the whole grid's rows, in the order asked for, and records naming the true layer."""
+    circuit, corrupted = _small_gpt2()
+    metric = ex.metrics.logit_diff(-1, GOOD, BAD)
+    whole = grids.patch_grid(circuit, {"toks_int_var": corrupted}, metric, grid)
+    part = grids.patch_grid(circuit, {"toks_int_var": corrupted}, metric, grid, layers=iter([1, 0]))
+    layer_axis = 1 if grid in grids.EVERY else 0
+    assert torch.equal(part.values, whole.values.index_select(layer_axis, torch.tensor([1, 0])))
+    assert sorted(map(str, part.records)) == sorted(map(str, whole.records))  # each names its layer
+
+
+@pytest.mark.parametrize("layers", [[], [2], [0, 0], [-1], [True], "01", 1])
+def test_bad_layers_are_named(layers):
+    circuit, corrupted = _small_gpt2()
+    with pytest.raises(cc.errors.ExperimentError, match=r"layers=.*distinct layer numbers in \[0, 2\)"):
+        grids.act_patch_resid_pre(
+            circuit, {"toks_int_var": corrupted}, ex.metrics.logit_diff(-1, GOOD, BAD), layers=layers
+        )

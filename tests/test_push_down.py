@@ -147,3 +147,40 @@ def test_loss_at_one_position_equals_full_loss_there():
 @given(indexed_circuits())
 def test_pushing_any_index_keeps_the_value(node):
     check(node)
+
+
+def test_an_index_already_in_the_circuit_stays_where_it_is():
+    """Pushing one Index leaves the circuit's own Indexes below it alone: grouped-query
+    attention's pick of key heads stays one node over the key/value projection, shared with the
+    unpushed circuit, instead of being pushed into the projection (keys once per query head)."""
+    x, w = arr(5, 6, name="x"), arr(2, 3, 6, name="w", seed=1)
+    keys = cc.Einsum.from_einsum_string("kd,hcd->hkc", x, w, name="k_kv")
+    picked = cc.Index(keys, (torch.tensor([0, 0, 1, 1]),), name="k")
+    scores = cc.Einsum.from_einsum_string("hqc,hkc->hqk", arr(4, 5, 3, name="q", seed=2), picked)
+    pushed = check(cc.Index(scores, (slice(None), -1, slice(None))))
+    assert picked in cc.unique_nodes(pushed) and keys in cc.unique_nodes(pushed)
+    # an Index the push goes through is merged with the pushed one and goes on down
+    through = check(cc.Index(picked, (1,)))
+    assert keys not in cc.unique_nodes(through)
+
+
+def test_stop_at_keeps_the_index_above_a_node_computed_whole_anyway():
+    """``x = relu(a @ w)`` is read whole by one branch and at one row by the indexed one: stopped
+    at ``x``, the index does not compute that row a second time below it."""
+    a, w, v = arr(5, 3, name="a"), arr(3, 4, name="w", seed=1), arr(4, name="v", seed=2)
+    x = cc.GeneralFunction.new_by_name(
+        cc.Einsum.from_einsum_string("ij,jk->ik", a, w), spec_name="relu", name="x"
+    )
+    total = cc.Einsum.from_einsum_string("ik,k->i", x, v, name="total")  # reads every row of x
+    both = cc.Add(
+        cc.Index(x, (2,), name="row"), cc.Einsum.from_einsum_string("i,k->k", total, v), name="both"
+    )
+    expected = both.evaluate()
+    stopped = push_index(cc.Index(both, (slice(1, 3),)), stop_at=[x])
+    torch.testing.assert_close(stopped.evaluate(), indexed(expected, (slice(1, 3),)), **TOL)
+    assert [
+        n for n in cc.unique_nodes([stopped]) if isinstance(n, cc.Index) and n.node == x
+    ]  # stayed above x
+    assert not [n for n in cc.unique_nodes([stopped]) if isinstance(n, cc.Index) and n.node == a]
+    unstopped = push_index(cc.Index(both, (slice(1, 3),)))
+    assert [n for n in cc.unique_nodes([unstopped]) if isinstance(n, cc.Index) and n.node == a]  # pushed to a

@@ -367,6 +367,15 @@ def _contract(operands: list[str], out: str, sizes: dict[str, int], counts: dict
         if len(picked) == 1:
             _contract(picked, result, sizes, counts)
         else:
+            # torch.einsum first sums a letter that is in one of the two operands only (and
+            # needed nowhere else), then multiplies: only shared summed letters make a matmul
+            for position, term in enumerate(picked):
+                other = picked[1 - position]
+                alone = {letter for letter in term if letter not in kept and letter not in other}
+                if alone:
+                    counts["add"] = counts.get("add", 0) + math.prod(sizes[letter] for letter in set(term))
+                    picked[position] = "".join(letter for letter in term if letter not in alone)
+            letters = set().union(*picked)
             space = math.prod(sizes[letter] for letter in letters)
             kind, factor = ("matmul", 2) if letters - kept else ("mul", 1)
             counts[kind] = counts.get(kind, 0) + factor * space

@@ -37,6 +37,9 @@
 ``patch_grid(c, corrupted, metric, grid)``    TransformerLens's patching grids; one function
 ``patching_grids.act_patch_resid_pre`` and    per grid in ``patching_grids``, as
 every ``act_patch_*``                         TransformerLens's ``patching`` (docs/patching.md)
+``detect_head(c, "induction_head")``          TransformerLens's head detector: each head's
+                                              share of attention where a kind of head puts it
+                                              (``head_detector.detection_pattern``)
 ``overview(c)``                               the model circuit at a glance, one line per
                                               component (like torch's ``print(model)``)
 ``plot_attention``, ``plot_grid``             attention patterns per head; grids (sweep
@@ -56,6 +59,7 @@ from circuits.experiments.ablation import mean_ablate, zero_ablate
 from circuits.experiments.activations import ActivationCache, run_with_cache
 from circuits.experiments.attribution import AttributionResult, attribution_patching
 from circuits.experiments.gradients import Gradients, gradients
+from circuits.experiments.head_detector import detect_head
 from circuits.experiments.inputs import with_inputs
 from circuits.experiments.logit_attribution import (
     LogitAttribution,
@@ -100,6 +104,7 @@ __all__ = [
     "LogitLens",
     "PathTerms",
     "attribution_patching",
+    "detect_head",
     "direct_logit_attribution",
     "gradients",
     "logit_lens",

@@ -55,11 +55,25 @@ def from_position(circuit: Circuit, position: int, prefixes: Mapping[str, torch.
     the rewritten block reads positions ``< position`` from it.
     """
 
+    below = _blocks_below(circuit, prefixes)
+
     def suffixed(block: Circuit) -> Circuit:
         rank = block.rank
         head = Array(prefixes[block.name][..., :position, :].contiguous(), name=f"{block.name}.prefix")
         items = (slice(None),) * (rank - 2) + (slice(position, None), slice(None))
-        tail = push_index(Index(block, items, name=f"{block.name}.suffix"))
+        tail = push_index(Index(block, items, name=f"{block.name}.suffix"), stop_at=below)
         return Concat(head, tail, axis=rank - 2, name=block.name)
 
     return update(circuit, set(prefixes), suffixed)
+
+
+def _blocks_below(circuit: Circuit, prefixes: Mapping[str, torch.Tensor]) -> list[Circuit]:
+    """The residual-stream nodes ``'b{l}'`` not in ``prefixes`` (the layers below the patch): the
+    suffix index stops at them.  They are computed whole anyway (for the keys and values above),
+    so an index pushed into them would compute positions ``>= p`` a second time, down to layer 0."""
+    found = []
+    for node in unique_nodes([circuit]):
+        parsed = names.parse(node.name) if node.name is not None else None
+        if parsed is not None and parsed.kind == "block" and node.name not in prefixes:
+            found.append(node)
+    return found

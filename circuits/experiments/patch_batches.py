@@ -11,8 +11,9 @@ the chunk as one batch (big matmuls instead of many small runs).
 
 Why a leaf: the metric is built, and its index pushed down (``logit_diff`` unembeds one
 position), over the corrupted circuit in which the patched node is an Array of its corrupted
-value.  The pushed index stops at that leaf, so the last position's path still reads the patched
-node, and nothing below the node is recomputed (its value is all the layers above need).
+value.  The pushed index stops at that leaf (or higher, at the stream the last layer reads), so the
+last position's path still reads the patched node, and nothing below the node is recomputed (its
+value is all the layers above need).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from circuits.core.nodes import Array, Circuit
 from circuits.rewriting.rewrite import replace
 from circuits.core.traversal import unique_nodes
 
-__all__ = ["PatchRun", "measure_all", "model_output"]
+__all__ = ["PatchRun", "first_change", "measure_all", "model_output"]
 
 
 class PatchRun:
@@ -45,7 +46,9 @@ class PatchRun:
     its root, where the circuit has no logits: ``model_output``); ``evaluator`` keeps
     what every chunk reads (the corrupted layers below the node, for instance).  On a causal
     circuit, a chunk whose patches all sit at positions ``>= p`` recomputes positions ``>= p``
-    only (``causal_suffix``).
+    only (``causal_suffix``), and no chunk recomputes the positions before ``first_change``, the
+    first at which the node's clean and corrupted values differ: a patch there writes the numbers
+    already there (an IOI prompt corrupted at its repeated name changes nothing before it).
     """
 
     def __init__(self, clean: Circuit, corrupted: Circuit, key: tuple, metric: Any, evaluator: Evaluator):
@@ -60,6 +63,7 @@ class PatchRun:
         self.prefixes = (
             _block_values(corrupted, key[1], evaluator) if causal_suffix.is_causal(corrupted) else None
         )
+        self.first_change = first_change(self.clean_value, self.corrupted_value) if self.prefixes else 0
 
     def _measured(self, circuit: Circuit) -> Circuit:
         if isinstance(self.metric, Metric):
@@ -76,6 +80,7 @@ class PatchRun:
         for row, index in zip(patched, indices):
             row[index] = self.clean_value[index]
         measured = self.measured
+        first_position = max(first_position, self.first_change)
         if first_position > 0 and self.prefixes:
             measured = self._measured(causal_suffix.from_position(self.leafed, first_position, self.prefixes))
         batched = expand(measured, {self.leaf: Array(patched, name=self.leaf.name)})
@@ -104,6 +109,17 @@ def model_output(circuit: Circuit) -> Circuit:
     if circuit.name != names.LOGITS and not circuit.are_any_found(names.LOGITS):
         return circuit
     return find(circuit, names.LOGITS, "patching grid")
+
+
+def first_change(clean: torch.Tensor, corrupted: torch.Tensor) -> int:
+    """The first position (axis -2, where every grid's node keeps its positions) at which the two
+    values differ anywhere: before it they hold the same numbers (exactly; NaN counts as a change).
+    The last position if they are equal throughout (every patch is then a no-op)."""
+    if clean.shape != corrupted.shape or clean.ndim < 2:
+        return 0
+    differs = (clean != corrupted).movedim(-2, 0).reshape(clean.shape[-2], -1).any(dim=1)
+    changed = differs.nonzero()
+    return int(changed[0]) if len(changed) else clean.shape[-2] - 1
 
 
 def _layer_node(circuit: Circuit, key: tuple) -> Circuit:

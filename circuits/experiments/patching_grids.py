@@ -28,7 +28,7 @@ unembedded position): ``circuits.experiments.patch_batches`` and docs/patching.m
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import attrs
 import torch
@@ -102,6 +102,7 @@ def patch_grid(
     metric: Metric | Callable[[torch.Tensor], Any],
     grid: str,
     *,
+    layers: Iterable[int] | None = None,
     patches_per_run: int = PATCHES_PER_RUN,
     positions_per_run: int = POSITIONS_PER_RUN,
     executor: concurrent.futures.Executor | None = None,
@@ -120,12 +121,24 @@ def patch_grid(
     one batch; ``positions_per_run``: how many positions one batch spans (on a causal model a
     batch recomputes only from its first patched position on).  ``executor``: a
     ``concurrent.futures.Executor`` to run the layers on (one job per layer, each with its own
-    cache of ``cache_bytes``); the result equals the local run's.
+    cache of ``cache_bytes``); the result equals the local run's.  ``layers``: patch only these
+    layers (ints, in the order given; default every layer): the tensor's first axis is theirs and
+    each record names its layer, so a grid over a large model can be taken a few layers at a time.
     """
     options = RunOptions(patches_per_run, positions_per_run, cache_bytes)
+    if isinstance(layers, Iterable) and not isinstance(layers, (str, bytes)):
+        layers = list(layers)  # read once, though every part of an ``*_every`` grid uses it
     if grid in EVERY:
         parts = [
-            patch_grid(circuit, corrupted_inputs, metric, part, executor=executor, **attrs.asdict(options))
+            patch_grid(
+                circuit,
+                corrupted_inputs,
+                metric,
+                part,
+                layers=layers,
+                executor=executor,
+                **attrs.asdict(options),
+            )
             for part in EVERY[grid]
         ]
         return _stacked(grid, parts)
@@ -135,13 +148,14 @@ def patch_grid(
     corrupted = _corrupted(circuit, corrupted_inputs, grid)
     if isinstance(metric, Metric) and metric.targets == "clean":  # the patched run scores the clean targets
         corrupted = with_targets_of(corrupted, circuit, f"act_patch_{grid}")
-    jobs = [(circuit, corrupted, spec, layer, metric, options) for layer in range(_layer_count(circuit))]
+    chosen = _checked_layers(layers, _layer_count(circuit), grid)
+    jobs = [(circuit, corrupted, spec, layer, metric, options) for layer in chosen]
     if executor is None:
         evaluator = Evaluator(cache_bytes)
         results = [_layer_values(*job, evaluator=evaluator) for job in jobs]
     else:
         results = [future.result() for future in [executor.submit(_layer_values, *job) for job in jobs]]
-    return _assembled(grid, spec, results)
+    return _assembled(grid, spec, chosen, results)
 
 
 @attrs.frozen
@@ -156,7 +170,8 @@ class RunOptions:
 def _layer_values(circuit, corrupted, spec: Grid, layer: int, metric, options: RunOptions, evaluator=None):
     """``(sizes, cells, values, dtype)`` of one layer's patches (module-level: it travels by pickle)."""
     one_thread_if_forked()  # an executor's forked worker would hang on torch's threads
-    evaluator = evaluator or Evaluator(options.cache_bytes)
+    if evaluator is None:  # not `or`: an empty Evaluator is falsy (its len is 0)
+        evaluator = Evaluator(options.cache_bytes)
     run = PatchRun(circuit, corrupted, Point(spec.kind, layer), metric, evaluator)
     axes = spec.axes[1:]
     sizes = {axis: run.clean_value.shape[_AXIS_FROM_END[axis]] for axis in axes}
@@ -177,13 +192,13 @@ def _index(axes: tuple[str, ...], cell: tuple[int, ...]) -> tuple:
     return (Ellipsis, *items)
 
 
-def _assembled(grid: str, spec: Grid, results: list) -> PatchGrid:
+def _assembled(grid: str, spec: Grid, layers: list[int], results: list) -> PatchGrid:
     sizes, dtype = results[0][0], results[0][3]
     values = torch.zeros((len(results), *(sizes[axis] for axis in spec.axes[1:])), dtype=dtype)
     records = []
-    for layer, (_, cells, found, _) in enumerate(results):
+    for row, (layer, (_, cells, found, _)) in enumerate(zip(layers, results)):
         for cell, value in zip(cells, found):
-            values[(layer, *cell)] = value
+            values[(row, *cell)] = value
             where = dict(zip(spec.axes[1:], cell))
             pos = where.get("pos", where.get("dest_pos"))
             records.append({"layer": layer, "pos": pos, "head": where.get("head"), "value": value})
@@ -200,6 +215,24 @@ def _stacked(grid: str, parts: list[PatchGrid]) -> PatchGrid:
     ]
     records = [{"grid": part.grid, **record} for part in parts for record in part.records]
     return PatchGrid(torch.stack(values), records, grid)
+
+
+def _checked_layers(layers: Any, n_layers: int, grid: str) -> list[int]:
+    """``layers`` as a list of distinct layer numbers of the model (every layer for None)."""
+    if layers is None:
+        return list(range(n_layers))
+    chosen = list(layers) if isinstance(layers, Iterable) and not isinstance(layers, (str, bytes)) else None
+    if (
+        not chosen
+        or any(isinstance(layer, bool) or not isinstance(layer, int) for layer in chosen)
+        or not all(0 <= layer < n_layers for layer in chosen)
+        or len(set(chosen)) != len(chosen)
+    ):
+        raise ExperimentError(
+            f"act_patch_{grid}: layers={layers!r}; expected distinct layer numbers in [0, {n_layers}) "
+            "(or None for every layer)"
+        )
+    return chosen
 
 
 def _checked_grid(grid: Any) -> Grid:
@@ -248,6 +281,7 @@ def _grid_function(grid: str) -> Callable[..., PatchGrid]:
         corrupted_inputs: Mapping[Any, Any],
         metric: Metric | Callable[[torch.Tensor], Any],
         *,
+        layers: Iterable[int] | None = None,
         patches_per_run: int = PATCHES_PER_RUN,
         positions_per_run: int = POSITIONS_PER_RUN,
         executor: concurrent.futures.Executor | None = None,
@@ -258,6 +292,7 @@ def _grid_function(grid: str) -> Callable[..., PatchGrid]:
             corrupted_inputs,
             metric,
             grid,
+            layers=layers,
             patches_per_run=patches_per_run,
             positions_per_run=positions_per_run,
             executor=executor,

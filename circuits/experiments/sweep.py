@@ -12,7 +12,10 @@ Head names and head points work on a circuit whose layers are split
 to float rounding in how the heads are summed.  The sweep evaluates the
 clean circuit once, then per target only the nodes whose hash changed; the
 cache admits only the values a later circuit reads, and drops each after
-its last reader.  How and why, with figures: docs/rewrites.md.
+its last reader.  Zero-ablated heads are measured many at a time: per layer,
+the layers above it run once for a chunk of targets, as one batch
+(``circuits.experiments.sweep_batches``).  How and why, with figures:
+docs/rewrites.md.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from circuits.core.nodes import Circuit, check_node
 from circuits.transformer.attention import split_heads, unsplit_head_counts
 from circuits.transformer.points import Point
 from circuits.core.traversal import unique_nodes
+from circuits.experiments.sweep_batches import Chunk, batched_chunks, run_chunk
 from circuits.experiments.tables import records_frame
 
 __all__ = ["SweepPlan", "SweepResult", "head_names", "sweep", "sweep_plan"]
@@ -49,9 +53,10 @@ class SweepResult(dict):
 
     ``records`` is a list of dicts, one per target: ``target``, ``metric``,
     ``baseline``, ``delta`` (metric - baseline), ``seconds`` (evaluation
-    time), and ``layer``/``head`` when the target is a head branch name
-    (``'b3.a.head7'``).  ``to_pandas()`` makes a DataFrame of them (pandas is
-    not a dependency; install it to use this).
+    time; the targets of one batch share its time equally), and
+    ``layer``/``head`` when the target is a head branch name
+    (``'b3.a.head7'``).  ``to_pandas()`` makes a DataFrame of them (pandas
+    is not a dependency; install it to use this).
     """
 
     def __init__(self, records: list[dict], baseline: float, metric: str):
@@ -89,12 +94,14 @@ class SweepResult(dict):
 class SweepPlan:
     """What a sweep will cost, before it runs (``sweep_plan``).
 
-    ``flops``: FLOPs of every distinct node of the clean circuit and of every ablated one, each
+    ``flops``: FLOPs of every distinct node of the sweep's evaluations (the clean circuit, every
+    ablated one, and the batches that measure a layer's heads at once, ``sweep_batches``), each
     once, as the planned cache computes it once (more, if ``cache_bytes`` cannot hold what later
-    circuits read).  ``peak_bytes``: the largest, over the circuits in run order, of one circuit's
-    own evaluation peak (``cc.cost``) plus the values the cache holds for later circuits then
-    (capped at ``cache_bytes``): an estimate, not a bound.  ``circuits``: how many evaluations;
-    ``cached_bytes``: the most the cache holds at once.  ``cost``: ``cc.cost`` of them all.
+    evaluations read).  ``peak_bytes``: the largest, over the evaluations in run order, of one
+    evaluation's own peak (``cc.cost``) plus the values the cache holds for later ones then
+    (capped at ``cache_bytes``): an estimate, not a bound.  ``circuits``: how many circuits are
+    measured (the clean one and one per target); ``cached_bytes``: the most the cache holds at
+    once.  ``cost``: ``cc.cost`` of them all.
     """
 
     circuits: int
@@ -110,22 +117,23 @@ class SweepPlan:
         )
 
 
-def _plan(circuits: list[Circuit], cache_bytes: int) -> SweepPlan:
-    """The ``SweepPlan`` of evaluating ``circuits`` in order with the planned cache."""
-    together = cost(circuits)
-    reads, last_read = _reuse_plan(circuits)
+def _plan(units: list[list[Circuit]], cache_bytes: int, circuits: int) -> SweepPlan:
+    """The ``SweepPlan`` of making the evaluations ``units`` (each a list of roots) in order with
+    the planned cache; ``circuits``: how many circuits they measure."""
+    together = cost([root for unit in units for root in unit])
+    reads, last_read = _reuse_plan(units)
     last = {node_hash: position for position, hashes in last_read.items() for node_hash in hashes}
     first: dict[bytes, int] = {}
-    for position, root in enumerate(circuits):
-        for node in unique_nodes(root):
+    for position, roots in enumerate(units):
+        for node in unique_nodes(roots):
             first.setdefault(node.hash, position)
-    held = [0] * len(circuits)
+    held = [0] * len(units)
     for node_hash in reads:
         for position in range(first[node_hash], last[node_hash] + 1):
             held[position] += together.by_hash[node_hash].out_bytes
     held = [min(bytes_, cache_bytes) for bytes_ in held]
-    peaks = [cost(root).peak_bytes + held[position] for position, root in enumerate(circuits)]
-    return SweepPlan(len(circuits), together.total.flop_count, max(peaks), max(held), together)
+    peaks = [cost(roots).peak_bytes + held[position] for position, roots in enumerate(units)]
+    return SweepPlan(circuits, together.total.flop_count, max(peaks), max(held), together)
 
 
 def head_names(circuit: Circuit) -> list[str]:
@@ -156,7 +164,7 @@ def _head_splitter(circuit: Circuit) -> Callable[[Any], Circuit]:
     """
     present = {node.name for node in unique_nodes([circuit]) if node.name is not None}
     counts = unsplit_head_counts(circuit)
-    splits: dict[tuple[int, int, int], Circuit] = {}
+    splits: dict[tuple, Circuit] = {}
 
     def base(target: Any) -> Circuit:
         heads = _heads_of(target, present)
@@ -166,10 +174,10 @@ def _head_splitter(circuit: Circuit) -> Callable[[Any], Circuit]:
         count = counts[layer]
         if not first <= last < count:
             return circuit  # not a head of that layer: the ablation reports that it finds nothing
-        key = (layer, first, last)
+        groups = [(h,) for h in range(first)] + [tuple(range(first, last + 1))]
+        groups += [(h,) for h in range(last + 1, count)]
+        key = (layer, tuple(groups))  # every single head of a layer shares one split
         if key not in splits:
-            groups = [[h] for h in range(first)] + [list(range(first, last + 1))]
-            groups += [[h] for h in range(last + 1, count)]
             splits[key] = split_heads(circuit, layers=[layer], heads=groups)
         return splits[key]
 
@@ -235,21 +243,20 @@ def _number(value: Any, metric_name: str) -> float:
         ) from error
 
 
-def _reuse_plan(circuits: list[Circuit]) -> tuple[set[bytes], dict[int, list[bytes]]]:
-    """Which computed values later circuits of the sweep will read, and when each is read last.
+def _reuse_plan(units: list[list[Circuit]]) -> tuple[set[bytes], dict[int, list[bytes]]]:
+    """Which computed values later evaluations of the sweep will read, and when each is read last.
 
-    Circuits are evaluated in order.  Circuit ``j`` computes the nodes no
-    earlier circuit had, and reads from the cache the earlier nodes those
-    new nodes have as children (its frontier).  Returns the hashes read by
-    some circuit after the one that first computes them (the values worth
-    caching), and for each circuit the hashes it is the last reader of
-    (dropped once it has run).
+    Evaluations (``units``, each a list of roots) are made in order.  Evaluation ``j`` computes
+    the nodes no earlier one had, and reads from the cache the earlier nodes those new nodes have
+    as children (its frontier).  Returns the hashes read by some evaluation after the one that
+    first computes them (the values worth caching), and for each evaluation the hashes it is the
+    last reader of (dropped once it has run).
     """
     seen: set[bytes] = set()
     last: dict[bytes, int] = {}
-    for position, root in enumerate(circuits):
+    for position, roots in enumerate(units):
         visited: set[bytes] = set()
-        stack = [root]
+        stack = list(roots)
         while stack:
             node = stack.pop()
             node_hash = node.hash
@@ -349,58 +356,77 @@ def sweep_plan(
     >>> print(sweep_plan(circuit, head_names(circuit)))   # GFLOP and peak MiB
     """
     _check_arguments(circuit, ablation, None, cache_bytes, "planned", "sweep_plan")
-    return _plan(_circuits(circuit, _targets(targets, "sweep_plan"), ablation, metric), cache_bytes)
+    items = _targets(targets, "sweep_plan")
+    steps = _steps(circuit, items, ablation, metric)
+    return _plan([unit for step in steps for unit in step.units], cache_bytes, len(items) + 1)
 
 
-def _circuits(circuit: Circuit, items: list, ablation: Callable, metric: Any) -> list[Circuit]:
-    """The clean circuit and one ablated circuit per item, each as the metric measures it."""
-    as_metric = isinstance(metric, Metric)
+@dataclasses.dataclass
+class _Step:
+    """One step of a sweep: the clean circuit, one target's circuit, or a chunk of targets
+    measured as one batch (``sweep_batches``).  ``units``: its evaluations, each a list of roots."""
+
+    labels: list
+    units: list[list[Circuit]]
+    chunk: Chunk | None = None
+
+
+def _steps(circuit: Circuit, items: list, ablation: Callable, metric: Any) -> list[_Step]:
+    """The clean circuit's step, then one per chunk or target in the order of the targets (each
+    chunk at its first), every circuit built: a bad target fails before anything runs."""
+    measure = metric.circuit if isinstance(metric, Metric) else _itself
+    clean = _Step([], [[measure(circuit)]])
+    chunks, rest = batched_chunks(circuit, items, ablation, measure)
     base = _head_splitter(circuit)
-
-    def measured(c: Circuit) -> Circuit:
-        return metric.circuit(c) if as_metric else c
-
-    return [measured(circuit)] + [
-        measured(_ablated(ablation, base(target), label, target)) for label, target in items
+    steps = [
+        _Step([label], [[measure(_ablated(ablation, base(target), label, target))]]) for label, target in rest
     ]
+    steps += [_Step(chunk.labels, [chunk.layer_values, [chunk.batched]], chunk) for chunk in chunks]
+    order = {repr(label): position for position, (label, _) in enumerate(items)}
+    return [clean] + sorted(steps, key=lambda step: order[repr(step.labels[0])])
+
+
+def _itself(circuit: Circuit) -> Circuit:
+    return circuit
 
 
 def _sweep_items(
     circuit: Circuit, items: list, ablation: Callable, metric: Any, ev: Evaluator, policy: str, progress: bool
 ) -> SweepResult:
     """The sweep of ``items`` (``(label, target)`` pairs) through ``ev``."""
-    labels = [label for label, _ in items]
     as_metric = isinstance(metric, Metric)
     metric_name = metric.name if as_metric else getattr(metric, "__name__", repr(metric))
-
-    # Every circuit first: fail fast on a bad target, and know which values later ones read.
-    circuits = _circuits(circuit, items, ablation, metric)
-    reads, last_read = _reuse_plan(circuits)
+    steps = _steps(circuit, items, ablation, metric)
+    units = [unit for step in steps for unit in step.units]
+    reads, last_read = _reuse_plan(units)
 
     def planned(node: Circuit) -> bool:
-        return node.hash in reads  # a later circuit reads it from the cache
+        return node.hash in reads  # a later evaluation reads it from the cache
 
     admit = True if policy == "lru" else planned
-
-    def run(position: int) -> tuple[float, float]:
+    found: dict[str, tuple[float, float]] = {}
+    position = 0  # of the step's first unit
+    for number, step in enumerate(_progress(steps, progress, "sweep")):
         start = time.perf_counter()
         with torch.no_grad():
-            value = ev.evaluate(circuits[position], store=admit)
-            number = _number(value if as_metric else metric(value), metric_name)
-        seconds = time.perf_counter() - start
-        if policy == "planned":
-            done = last_read.pop(position, ())
-            ev.discard(done)
-            for node_hash in done:
-                reads.discard(node_hash)
-        circuits[position] = None  # release what only this circuit held
-        return number, seconds
-
-    baseline, _ = run(0)
-    records = []
-    positions = range(1, len(circuits))
-    for position in _progress(list(positions), progress, "sweep"):
-        records.append(_record(labels[position - 1], *run(position), baseline))
+            if step.chunk is None:
+                values = [ev.evaluate(step.units[0][0], store=admit)]
+            else:
+                values = run_chunk(step.chunk, ev, admit)
+            numbers = [_number(value if as_metric else metric(value), metric_name) for value in values]
+        seconds = (time.perf_counter() - start) / len(values)
+        if not step.labels:
+            baseline = numbers[0]
+        for label, value in zip(step.labels, numbers):
+            found[repr(label)] = (value, seconds)
+        for unit in range(position, position + len(step.units)):
+            if policy == "planned":
+                done = last_read.pop(unit, ())
+                ev.discard(done)
+                reads.difference_update(done)
+        position += len(step.units)
+        steps[number] = None  # release what only this step held
+    records = [_record(label, *found[repr(label)], baseline) for label, _ in items]
     return SweepResult(records, baseline, metric_name)
 
 

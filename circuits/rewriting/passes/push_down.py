@@ -14,7 +14,7 @@ leaf is named by ``leaf_name(index_node)`` when given.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import attrs
 
@@ -49,12 +49,18 @@ class _Plan:
     build: Callable[[Sequence[Circuit]], Circuit]
 
 
-def push_index(node: Index, leaf_name: LeafNamer | None = None) -> Circuit:
+def push_index(
+    node: Index, leaf_name: LeafNamer | None = None, *, stop_at: Iterable[Circuit] = ()
+) -> Circuit:
     """``node`` with its index moved down as far as it goes (same value).
 
     Iterative over depth, and memoized by structure: an Index reached along
-    several paths is pushed once and its result shared.
+    several paths is pushed once and its result shared.  ``stop_at``: nodes
+    (compared by structure) an index stays above, as over a leaf: where the
+    whole node is computed anyway, an index pushed into it would compute the
+    selected part a second time.
     """
+    stops = {stop.hash for stop in stop_at}
     memo: dict[bytes, Circuit] = {}
     plans: dict[bytes, _Plan] = {}
     stack: list[Index] = [node]
@@ -66,7 +72,8 @@ def push_index(node: Index, leaf_name: LeafNamer | None = None) -> Circuit:
             continue
         plan = plans.get(key)
         if plan is None:
-            plan = plans[key] = _plan(current, leaf_name)
+            stopped = current.node.hash in stops
+            plan = plans[key] = _Plan((), lambda _, c=current: c) if stopped else _plan(current, leaf_name)
         waiting = [p for p in plan.pending if p.hash not in memo]
         if waiting:
             stack.extend(waiting)
@@ -104,10 +111,17 @@ def _index(child: Circuit, items: Sequence) -> Circuit:
     return child if all(is_full(i) for i in items) else Index(child, items)
 
 
-def _rebuild(children: list[Circuit], make: Callable[[list[Circuit]], Circuit]) -> _Plan:
-    """A plan over new children: the Index ones are pushed further, the rest used as they are."""
-    pending = tuple(c for c in children if isinstance(c, Index))
-    positions = [i for i, c in enumerate(children) if isinstance(c, Index)]
+def _rebuild(
+    children: list[Circuit], make: Callable[[list[Circuit]], Circuit], originals: Sequence[Circuit]
+) -> _Plan:
+    """A plan over new children: the Indexes this push made are pushed further, the rest used as
+    they are.  An Index that was already there (``originals``: the children before the push, e.g.
+    grouped-query attention's pick of key heads) is not the pushed index: it stays where the
+    circuit has it, shared with the unpushed circuit, rather than being pushed too (which would
+    compute the keys once per query head)."""
+    pushed = [isinstance(c, Index) and not any(c is o for o in originals) for c in children]
+    pending = tuple(c for c, new in zip(children, pushed) if new)
+    positions = [i for i, new in enumerate(pushed) if new]
 
     def build(results: Sequence[Circuit]) -> Circuit:
         resolved = list(children)
@@ -157,7 +171,9 @@ def _plan_einsum(node: Index, child: Einsum, items, name) -> _Plan | None:
         children.append(_index(operand, operand_items))
         operand_axes.append(tuple(a for a in axes if not isinstance(by_letter.get(a), int)))
     out_axes = tuple(a for a in child.out_axes if not isinstance(by_letter.get(a), int))
-    return _rebuild(children, lambda kids: Einsum(*zip(kids, operand_axes), out_axes=out_axes, name=name))
+    return _rebuild(
+        children, lambda kids: Einsum(*zip(kids, operand_axes), out_axes=out_axes, name=name), child.children
+    )
 
 
 def _plan_add(node: Index, child: Add, items, name) -> _Plan:
@@ -172,7 +188,7 @@ def _plan_add(node: Index, child: Add, items, name) -> _Plan:
                 item = 0 if isinstance(item, int) else FULL
             operand_items.append(item)
         children.append(_index(operand, operand_items))
-    return _rebuild(children, lambda kids: Add(*kids, name=name))
+    return _rebuild(children, lambda kids: Add(*kids, name=name), child.children)
 
 
 def _plan_function(node: Index, child: GeneralFunction, items, name) -> _Plan | None:
@@ -190,6 +206,7 @@ def _plan_function(node: Index, child: GeneralFunction, items, name) -> _Plan | 
         return _rebuild(
             [_index(operand, operand_items)],
             lambda kids: GeneralFunction(*kids, spec=spec, name=op_name),
+            child.children,
         )
 
     return _plan_partial(node, items, [axis < free for axis in range(len(items))], make, name)
@@ -228,6 +245,7 @@ def _plan_gen_index(child: GeneralFunction, items, name) -> _Plan:
     return _rebuild(
         [_index(x, x_items), _index(index, index_items)],
         lambda kids: GeneralFunction(*kids, spec=spec, name=name),
+        child.children,
     )
 
 
@@ -274,6 +292,7 @@ def _plan_concat(node: Index, child: Concat, items, name) -> _Plan | None:
         return _rebuild(
             [_index(c, others) for c in child.children],
             lambda kids: Concat(*kids, axis=new_axis, name=name),
+            child.children,
         )
     starts, offset = [], 0
     for c in child.children:
@@ -305,7 +324,7 @@ def _plan_concat(node: Index, child: Concat, items, name) -> _Plan | None:
             if isinstance(only, Index):
                 return _Plan((only,), lambda results: results[0])
             return _Plan((), lambda _: only.rename(name) if name is not None else only)
-        return _rebuild(parts, lambda kids: Concat(*kids, axis=new_axis, name=name))
+        return _rebuild(parts, lambda kids: Concat(*kids, axis=new_axis, name=name), child.children)
     return None  # a tensor index across the joined axis stays above the Concat
 
 
@@ -330,6 +349,7 @@ def _plan_rearrange(node: Index, child: Rearrange, items, name) -> _Plan | None:
         return _rebuild(
             [_index(child.node, operand_items)],
             lambda kids: Rearrange(kids[0], pattern, name=op_name, **sizes),
+            child.children,
         )
 
     return _plan_partial(node, items, [m is not None for m in moves], make, name)
