@@ -269,6 +269,8 @@ REFERENCES = {
     "sqrt": (torch.sqrt, 0.1, 0, ELEMENTWISE_TOL),
     "step": (lambda x: torch.where(x > 0, torch.ones_like(x), torch.zeros_like(x)), None, 0, EXACT_TOL),
     "tanh": (torch.tanh, None, 0, ELEMENTWISE_TOL),
+    # float32 and float64 pass unchanged (bfloat16 and float16: tests/test_reduced_precision.py)
+    "upcast_float32": (lambda x: x, None, 0, EXACT_TOL),
 }
 
 

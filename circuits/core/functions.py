@@ -84,6 +84,9 @@ class FunctionSpec:
     # input over the batch and refuses a batched non-batchable one; the
     # gen_index family batches by its own rules (circuits/rewriting/batching.py).
     input_batchability: tuple[bool, ...] | None = None
+    # The output's dtype from the inputs' dtypes, for what predicts it without running
+    # (``circuits.evaluation.costs``); None: the inputs' promoted dtype, as most functions give.
+    dtype_fn: Callable[[Sequence[torch.dtype]], torch.dtype] | None = None
 
     def __reduce__(self):
         """Pickled by name when the name gives this spec back (registered, or of a family),
@@ -295,24 +298,27 @@ _ELEMENTWISE: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 for _name, _fn in _ELEMENTWISE.items():
     register_function(_library(FunctionSpec(_name, 1, _same_shape, _fn, num_non_batchable_output_dims=0)))
-register_function(
-    _library(
-        FunctionSpec(
-            "softmax", 1, _last_axis, lambda x: torch.softmax(x, dim=-1), num_non_batchable_output_dims=1
-        )
-    )
-)
-register_function(
-    _library(
-        FunctionSpec(
-            "log_softmax",
-            1,
-            _last_axis,
-            lambda x: torch.log_softmax(x, dim=-1),
-            num_non_batchable_output_dims=1,
-        )
-    )
-)
+#: The floating dtypes narrower than float32, which Hugging Face's models upcast where precision matters.
+REDUCED_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _softmax(x: torch.Tensor) -> torch.Tensor:
+    """Over the last axis; a bfloat16 or float16 input in float32, rounded once (Hugging Face's
+    ``softmax(x, dim=-1, dtype=torch.float32).to(x.dtype)``, on every device alike)."""
+    if x.dtype in REDUCED_DTYPES:
+        return torch.softmax(x, dim=-1, dtype=torch.float32).to(x.dtype)
+    return torch.softmax(x, dim=-1)
+
+
+def _log_softmax(x: torch.Tensor) -> torch.Tensor:
+    """Over the last axis; a bfloat16 or float16 input in float32, rounded once (as ``_softmax``)."""
+    if x.dtype in REDUCED_DTYPES:
+        return torch.log_softmax(x, dim=-1, dtype=torch.float32).to(x.dtype)
+    return torch.log_softmax(x, dim=-1)
+
+
+for _name, _fn in (("softmax", _softmax), ("log_softmax", _log_softmax)):
+    register_function(_library(FunctionSpec(_name, 1, _last_axis, _fn, num_non_batchable_output_dims=1)))
 register_function(
     _library(
         FunctionSpec("last_dim_size", 1, _drop_last_axis, _last_dim_size, num_non_batchable_output_dims=0)
@@ -336,6 +342,54 @@ def _broadcast(shapes: Sequence[Shape]) -> Shape:
 # (rust_circuit works it out per node), which a FunctionSpec cannot say, so
 # it declares no batching: expand and push-down leave pow nodes alone.
 register_function(_library(FunctionSpec("pow", 2, _broadcast, torch.pow)))
+
+# ------------------------------------------------------------------- precision
+
+
+def _upcast_float32(x: torch.Tensor) -> torch.Tensor:
+    """A bfloat16 or float16 tensor in float32; any other as it is (float64 stays float64)."""
+    return x.float() if x.dtype in REDUCED_DTYPES else x
+
+
+def _upcast_dtype(dtypes: Sequence[torch.dtype]) -> torch.dtype:
+    return torch.float32 if dtypes[0] in REDUCED_DTYPES else dtypes[0]
+
+
+def _same_two_shapes(shapes: Sequence[Shape]) -> Shape:
+    if tuple(shapes[0]) != tuple(shapes[1]):
+        raise ValueError(
+            f"casts a {list(shapes[0])} to the dtype of a {list(shapes[1])}: the shapes must match"
+        )
+    return shapes[0]
+
+
+# Where a model computes in float32 inside a bfloat16 or float16 forward (Hugging Face's norms:
+# ``x.to(torch.float32)`` ... ``.to(input_dtype)``), its circuit says so with these two: the
+# upcast, and ``type_as(y, x)``, y in x's dtype (torch's ``y.type_as(x)``), the way back.
+register_function(
+    _library(
+        FunctionSpec(
+            "upcast_float32",
+            1,
+            _same_shape,
+            _upcast_float32,
+            num_non_batchable_output_dims=0,
+            dtype_fn=_upcast_dtype,
+        )
+    )
+)
+register_function(
+    _library(
+        FunctionSpec(
+            "type_as",
+            2,
+            _same_two_shapes,
+            lambda x, like: x.to(like.dtype),
+            num_non_batchable_output_dims=0,
+            dtype_fn=lambda dtypes: dtypes[1],
+        )
+    )
+)
 
 # ------------------------------------------------------------------------ cast
 

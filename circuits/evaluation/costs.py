@@ -113,6 +113,8 @@ FUNCTION_FLOPS: Mapping[str, Mapping[str, int]] = MappingProxyType(
         "gaussian_cdf": {"erf": 1, "mul": 2, "add": 1},
         "min": {"compare": 1},
         "max": {"compare": 1},
+        "upcast_float32": {},  # conversions: bytes moved, no arithmetic
+        "type_as": {},
     }
 )
 #: FLOPs per row (over the last axis) of the input, for a function's row-wise part: log_softmax's log of the sum.
@@ -212,6 +214,8 @@ def _dtype(node: Circuit, dtypes: dict[bytes, torch.dtype], float_dtype: torch.d
         return first
     if isinstance(node, GeneralFunction):
         name = node.spec.name
+        if node.spec.dtype_fn is not None:
+            return node.spec.dtype_fn([dtypes[c.hash] for c in children])
         if GEN_INDEX_NAME.fullmatch(name) or EXPLICIT_INDEX_NAME.fullmatch(name):
             return first
         cast = CAST_NAME.fullmatch(name)

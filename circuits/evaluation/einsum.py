@@ -3,16 +3,39 @@
 from __future__ import annotations
 
 import functools
+import math
 from typing import Callable
 
 import torch
+
+from circuits.evaluation.reduced import REDUCED, contract_in_float32, pairable, worth_float32
 
 __all__ = ["einsum_kernel", "is_batched_dot", "split_multipliers"]
 
 
 @functools.lru_cache(maxsize=4096)
 def einsum_kernel(equation: str) -> Callable:
-    """The function computing an einsum, planned once per equation.
+    """The function computing an einsum, planned once per equation (see ``_planned``).
+
+    Operands of different dtypes are promoted to one (``torch.promote_types``, as
+    ``*`` and ``+`` promote; ``torch.einsum`` refuses them), so that a bfloat16
+    value can meet a float32 one where a model upcasts (a norm computed in float32).
+    """
+    kernel = _planned(equation)
+
+    def promoting(*tensors: torch.Tensor) -> torch.Tensor:
+        dtype = tensors[0].dtype
+        for tensor in tensors:
+            if tensor.dtype != dtype:
+                common = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
+                return kernel(*[t.to(common) for t in tensors])
+        return kernel(*tensors)
+
+    return promoting
+
+
+def _planned(equation: str) -> Callable:
+    """The function computing an einsum of operands of one dtype.
 
     ``torch.einsum`` turns every pairwise contraction into a batched matrix
     product, which is slow in two common shapes: a product of operands that
@@ -24,35 +47,35 @@ def einsum_kernel(equation: str) -> Callable:
       appear in the output are *multipliers*: the others are contracted by
       ``torch.einsum`` and the multipliers applied after, broadcast;
     - two operands with the same distinct letters (at least one summed) are
-      multiplied and summed.
+      multiplied and summed;
+    - any other two operands with a letter summed are one ``matmul`` of views
+      (``_pair``), their summed letters in the larger operand's memory order.
 
-    Everything else is ``torch.einsum`` as written.  The values agree with
-    ``torch.einsum`` up to float rounding (products are associated
-    differently).  Operands of different dtypes go to ``torch.einsum`` too,
-    which refuses them as before.
+    Everything else is ``torch.einsum`` as written.  A contraction (a letter
+    summed) of bfloat16 or float16 operands on a CPU without a native kernel
+    for them is computed in float32 and rounded once (``reduced``).  The
+    values agree with ``torch.einsum`` up to float rounding (products are
+    associated differently).
     """
     inputs, out = equation.split("->")
     operands = inputs.split(",")
     if len(set(out)) != len(out):
         return _diagonal_embedding(inputs, out)
+    plain = _contraction(equation, operands, out)
     if any(len(set(op)) != len(op) for op in operands):
-        return functools.partial(torch.einsum, equation)  # diagonals: leave to torch
-    plain = functools.partial(torch.einsum, equation)
+        return plain  # diagonals: leave to torch
     if len(operands) >= 3:
         core, multipliers = split_multipliers(operands, out)
         if not multipliers:
             return plain
         core_letters = set("".join(operands[i] for i in core))
         core_out = "".join(letter for letter in out if letter in core_letters)
-        core_fn = einsum_kernel(",".join(operands[i] for i in core) + "->" + core_out)
+        core_fn = _planned(",".join(operands[i] for i in core) + "->" + core_out)
         core_view = _aligner(core_out, out)
         views = [(i, _aligner(operands[i], out)) for i in multipliers]
         core_positions = tuple(core)
 
         def with_multipliers(*tensors: torch.Tensor) -> torch.Tensor:
-            dtype = tensors[0].dtype
-            if any(t.dtype != dtype for t in tensors):
-                return plain(*tensors)
             result = core_view(core_fn(*[tensors[i] for i in core_positions]))
             for i, view in views:
                 result = result * view(tensors[i])
@@ -67,12 +90,65 @@ def einsum_kernel(equation: str) -> Callable:
         summed = tuple(range(len(out), len(order)))
 
         def batched_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-            if a.dtype != b.dtype:
-                return plain(a, b)
             return (a.permute(permute_first) * b.permute(permute_second)).sum(dim=summed)
 
         return batched_dot
     return plain
+
+
+def _contraction(equation: str, operands: list[str], out: str) -> Callable:
+    """A contraction: two operands as one matrix product of views (``_pair``), others by
+    ``torch.einsum``; in float32 for bfloat16 or float16 operands on a CPU without a native kernel
+    for them (``reduced.worth_float32``)."""
+    plain = functools.partial(torch.einsum, equation)
+    if not set("".join(operands)) - set(out):
+        return plain  # nothing summed: products and copies, as fast in the operands' dtype
+    native = _pair(operands, out) if len(operands) == 2 and pairable(operands, out) else plain
+
+    def contract(*tensors: torch.Tensor) -> torch.Tensor:
+        if tensors[0].dtype not in REDUCED:
+            return native(*tensors)
+        sizes: dict[str, int] = {}
+        for letters, tensor in zip(operands, tensors):
+            sizes.update(zip(letters, tensor.shape))
+        if not worth_float32(tensors, sizes, math.prod(sizes[letter] for letter in out)):
+            return native(*tensors)
+        return contract_in_float32(equation, operands, out, tensors, sizes)
+
+    return contract
+
+
+def _pair(operands: list[str], out: str) -> Callable:
+    """Two operands' product as ``matmul`` of ``[batch, free, summed]`` views, the summed letters in
+    the larger operand's memory order, so that a weight is reshaped, not copied.
+
+    ``torch.einsum`` orders the summed letters by their codes (upper case first), so the heads'
+    output ``bhsV,hdV->bsd`` of a weight stored ``[d_model, heads * d_head]`` copied the whole
+    weight into ``[V, h, d]`` at every call (15% of a 1B Llama's float32 forward)."""
+    a, b = operands
+    batch = [x for x in out if x in a and x in b]
+    free = [[x for x in op if x in out and x not in batch] for op in operands]
+    summed = [x for x in a if x not in out]
+
+    def product(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        strides = [dict(zip(a, x.stride())), dict(zip(b, y.stride()))]
+        big = strides[0] if x.numel() >= y.numel() else strides[1]
+        k = sorted(summed, key=big.__getitem__, reverse=True)
+        frees = [sorted(f, key=st.__getitem__, reverse=True) for f, st in zip(free, strides)]
+        left, right = _matrix(x, a, batch, frees[0], k), _matrix(y, b, batch, frees[1], k)
+        result = torch.matmul(left, right.transpose(-1, -2))
+        sizes = dict(zip(a, x.shape)) | dict(zip(b, y.shape))
+        axes = batch + frees[0] + frees[1]  # the product's
+        return result.view([sizes[x] for x in axes]).permute([axes.index(x) for x in out])
+
+    return product
+
+
+def _matrix(tensor: torch.Tensor, letters: str, batch: list[str], free: list[str], summed: list[str]):
+    """``tensor`` as ``[batch, free, summed]``, each group merged: a view where its strides allow."""
+    axes = [letters.index(x) for x in batch + free + summed]
+    sizes = [math.prod(tensor.shape[letters.index(x)] for x in group) for group in (batch, free, summed)]
+    return tensor.permute(axes).reshape(sizes)
 
 
 def _diagonal_embedding(inputs: str, out: str) -> Callable:
@@ -84,7 +160,7 @@ def _diagonal_embedding(inputs: str, out: str) -> Callable:
     it names (``torch.as_strided_scatter``, which autograd follows).
     """
     distinct = "".join(dict.fromkeys(out))
-    contract = einsum_kernel(f"{inputs}->{distinct}")
+    contract = _planned(f"{inputs}->{distinct}")
     positions = [[i for i, letter in enumerate(out) if letter == d] for d in distinct]
 
     def embed(*tensors: torch.Tensor) -> torch.Tensor:

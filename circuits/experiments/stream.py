@@ -59,20 +59,36 @@ def _other(node: Circuit, name: str, where: Circuit) -> Circuit:
     return others[0]
 
 
+def _below_cast(node: Circuit, spec: str) -> Circuit:
+    """The value below ``node`` where it is a ``spec`` cast (``'type_as'``, ``'upcast_float32'``): a
+    bfloat16 or float16 model's norm computes in float32 between the two (``common.rms_norm``)."""
+    if isinstance(node, GeneralFunction) and node.spec.name == spec:
+        return node.children[0]
+    return node
+
+
 def read_norm(node: Circuit) -> Norm:
-    """The norm whose output is ``node`` (``'final.call'``, ``'a3.norm'``, ``'b3.a.post_norm'``)."""
-    centred = isinstance(node, Add)
+    """The norm whose output is ``node`` (``'final.call'``, ``'a3.norm'``, ``'b3.a.post_norm'``);
+    in a bfloat16 or float16 model, its input is the value below ``'upcast_float32'``."""
+    inner = _below_cast(node, "type_as")
+    centred = isinstance(inner, Add)
     part = functools.partial(names.norm_node, names.LN if centred else names.RMS)
-    bias = _other(node, part("y_scaled"), node) if centred else None
-    scaled = _child(node, part("y_scaled"), node) if centred else node
+    bias = _other(inner, part("y_scaled"), node) if centred else None
+    scaled = _child(inner, part("y_scaled"), node) if centred else inner
     if not isinstance(scaled, Einsum):
         raise ExperimentError(f"{node.describe()} is no norm the builders make (an Einsum or an Add)")
-    weight = _other(scaled, part("y"), node)
-    y = _child(scaled, part("y"), node)
+    rounded = not centred and any(child.name == part("rounded") for child in scaled.children)
+    weight = _other(scaled, part("rounded" if rounded else "y"), node)
+    y = (
+        _below_cast(_child(scaled, part("rounded"), node), "type_as")
+        if rounded
+        else _child(scaled, part("y"), node)
+    )
     rsqrt = _child(y, part("rsqrt"), node)
     x = _other(y, part("rsqrt"), node)
     if centred:
         x = _other(x, part("neg_mean"), node)
+    x = _below_cast(x, "upcast_float32")
     eps = _child(_child(rsqrt, part("var_p_eps"), node), part("c.eps"), node)
     if not isinstance(eps, Scalar):
         raise ExperimentError(f"the norm {node.describe()}: its epsilon {eps.describe()} is no Scalar")

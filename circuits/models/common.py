@@ -23,6 +23,7 @@ import torch
 from circuits.transformer import names
 from circuits.errors import ModelError, shown
 from circuits.transformer.masks import NEG_INF, neg_inf_bias
+from circuits.core.functions import REDUCED_DTYPES
 from circuits.core.nodes import Add, Array, Circuit, Concat, Einsum, GeneralFunction, Index, Scalar
 from circuits.core.shapes import format_slice
 
@@ -300,20 +301,47 @@ def _recip_hidden_size(x: Circuit, norm: str) -> Circuit:
     return fn("reciprocal", hidden_size, name=names.norm_node(norm, "c.recip_hidden_size"))
 
 
-def layer_norm(x: Circuit, scale: Circuit, bias: Circuit, eps: float, name: str) -> Add:
-    """Layer norm written out exactly as in the golden file (``'ln.*'`` names)."""
+def reduced_precision(weight: Circuit) -> bool:
+    """Whether ``weight`` is an Array of a bfloat16 or float16 tensor: then the norm (or router)
+    it belongs to computes in float32 and rounds back, as Hugging Face's code does (torch's
+    ``layer_norm``, ``LlamaRMSNorm``, ``GemmaRMSNorm``, Mixtral's router).  A float32 or float64
+    model's circuit has no such upcast."""
+    return isinstance(weight, Array) and weight.value is not None and weight.value.dtype in REDUCED_DTYPES
+
+
+def upcast(x: Circuit, name: str) -> GeneralFunction:
+    """``x`` in float32 (``'upcast_float32'``: a float32 or float64 value passes unchanged)."""
+    return fn("upcast_float32", x, name=name)
+
+
+def type_as(x: Circuit, like: Circuit, name: str) -> GeneralFunction:
+    """``x`` in ``like``'s dtype (torch's ``x.type_as(like)``): the way back from ``upcast``."""
+    return fn("type_as", x, like, name=name)
+
+
+def layer_norm(x: Circuit, scale: Circuit, bias: Circuit, eps: float, name: str) -> Circuit:
+    """Layer norm written out exactly as in the golden file (``'ln.*'`` names).
+
+    With bfloat16 or float16 weights, in float32 from ``'ln.upcast'`` (``x`` in float32) to
+    ``names.float32_value(name)``, rounded once to ``x``'s dtype as ``name`` (``type_as``): torch's
+    ``layer_norm`` computes so, and Hugging Face's GPT-2, OPT and GPT-NeoX call it.
+    """
     part = functools.partial(names.norm_node, names.LN)
-    recip = _recip_hidden_size(x, names.LN)
+    reduced = reduced_precision(scale)
+    x_in = upcast(x, part("upcast")) if reduced else x
+    recip = _recip_hidden_size(x_in, names.LN)
     neg_mean = einsum(
-        "Ah,z,A->Az", x, Scalar(-1.0, shape=(1,), name=part("neg")), recip, name=part("neg_mean")
+        "Ah,z,A->Az", x_in, Scalar(-1.0, shape=(1,), name=part("neg")), recip, name=part("neg_mean")
     )
-    mean_subbed = Add(x, neg_mean, name=part("mean_subbed"))
+    mean_subbed = Add(x_in, neg_mean, name=part("mean_subbed"))
     var = einsum("ih,ih,i->i", mean_subbed, mean_subbed, recip, name=part("var"))
     var_p_eps = Add(Scalar(eps, name=part("c.eps")), var, name=part("var_p_eps"))
     rsqrt = fn("rsqrt", var_p_eps, name=part("rsqrt"))
     y = einsum("ih,i->ih", mean_subbed, rsqrt, name=part("y"))
     y_scaled = einsum("ih,h->ih", y, scale, name=part("y_scaled"))
-    return Add(bias, y_scaled, name=name)
+    if not reduced:
+        return Add(bias, y_scaled, name=name)
+    return type_as(Add(bias, y_scaled, name=names.float32_value(name)), x, name)
 
 
 def norm_weights(w: Mapping[str, Circuit], prefix: str) -> tuple[Circuit, Circuit]:
@@ -321,20 +349,38 @@ def norm_weights(w: Mapping[str, Circuit], prefix: str) -> tuple[Circuit, Circui
     return w[names.norm_weight(prefix, "scale")], w[names.norm_weight(prefix, "bias")]
 
 
-def rms_norm(x: Circuit, scale: Circuit, eps: float, name: str, lead: str = "i") -> Einsum:
+def rms_norm(
+    x: Circuit,
+    scale: Circuit,
+    eps: float,
+    name: str,
+    lead: str = "i",
+    reduced: bool = False,
+    scale_in_float32: bool = False,
+) -> Circuit:
     """RMSNorm (Llama): ``scale * x * rsqrt(mean(x^2) + eps)`` over the last axis, with ``'rms.*'`` names.
 
     ``lead`` letters the other axes of the unbatched ``x`` (``'hq'`` for queries ``[h, q, c]``:
-    Qwen3's and Gemma 3's norms of each head).
+    Qwen3's and Gemma 3's norms of each head).  ``reduced`` (a bfloat16 or float16 model): in
+    float32 from ``'rms.upcast'`` (``x`` in float32), as Hugging Face's RMSNorms compute; then
+    ``'rms.y'`` is rounded to ``x``'s dtype as ``'rms.rounded'`` before the scale (Llama's
+    ``weight * x.to(input_dtype)``), or with ``scale_in_float32`` (Gemma: ``(x * (1 + w)).type_as(x)``,
+    ``scale`` a float32 node) the scaled ``names.float32_value(name)`` is rounded as ``name``.
     """
     part = functools.partial(names.norm_node, names.RMS)
-    recip = _recip_hidden_size(x, names.RMS)
+    x_in = upcast(x, part("upcast")) if reduced else x
+    recip = _recip_hidden_size(x_in, names.RMS)
     a, f = lead, "c" if "h" in lead else "h"  # the other axes, the normalized one
-    var = einsum(f"{a}{f},{a}{f},{a}->{a}", x, x, recip, name=part("var"))
+    var = einsum(f"{a}{f},{a}{f},{a}->{a}", x_in, x_in, recip, name=part("var"))
     var_p_eps = Add(Scalar(eps, name=part("c.eps")), var, name=part("var_p_eps"))
     rsqrt = fn("rsqrt", var_p_eps, name=part("rsqrt"))
-    y = einsum(f"{a}{f},{a}->{a}{f}", x, rsqrt, name=part("y"))
-    return einsum(f"{a}{f},{f}->{a}{f}", y, scale, name=name)
+    y = einsum(f"{a}{f},{a}->{a}{f}", x_in, rsqrt, name=part("y"))
+    scaled = f"{a}{f},{f}->{a}{f}"
+    if not reduced:
+        return einsum(scaled, y, scale, name=name)
+    if scale_in_float32:
+        return type_as(einsum(scaled, y, scale, name=names.float32_value(name)), x, name)
+    return einsum(scaled, type_as(y, x, part("rounded")), scale, name=name)
 
 
 # --------------------------------------------------------------- attention
@@ -405,7 +451,8 @@ def loss_head(
 
     Without targets (prompts), the logits are the root.  With ``softcap`` (Gemma 2) ``'t.call'`` is
     ``softcap * tanh(x / softcap)`` of the unembedding ``'t.unembed'`` (plus the bias, if any: then
-    ``x`` is ``'t.call_uncapped'``).
+    ``x`` is ``'t.call_uncapped'``).  A bfloat16 or float16 model's loss reads the logits in float32
+    (``'t.call_float32'``), as Hugging Face's loss does.
     """
     uncapped = names.LOGITS if softcap is None else f"{names.LOGITS}_uncapped"
     if unembed_bias is None:
@@ -415,6 +462,8 @@ def loss_head(
     logits = softcapped(logits, softcap, names.LOGITS)
     if targets is None:
         return logits
+    if reduced_precision(unembed):  # Hugging Face's loss reads the logits in float32
+        logits = upcast(logits, names.float32_value(names.LOGITS))
     log_probs = fn("log_softmax", logits, name=names.LOG_PROBS)
     ll = fn("gen_index_at_0_batch_x_c", log_probs, targets, name=names.LOG_LIKELIHOOD)
     return einsum("a,->a", ll, Scalar(-1.0, name=names.NLL_NEG), name=names.LOSS)

@@ -303,6 +303,7 @@ EMBED_UNSCALED = "idxed_embeds_unscaled"  #: the gathered embeddings before the 
 EMBED_SCALE = "t.c.embed_scale"
 RMS_ONE = "rms.c.one"
 RMS_SCALE = "rms.scale"  #: ``1 + w``, the scale of a Gemma RMSNorm
+RMS_UPCAST_WEIGHT = "rms.upcast_weight"  #: a bfloat16 or float16 Gemma norm's ``w`` in float32, for ``1 + w``
 
 
 def _embed(config: LlamaConfig, w: Mapping[str, Circuit], toks: common.Tokens, dtype: torch.dtype) -> Circuit:
@@ -327,9 +328,18 @@ def _rms_norm(config: LlamaConfig, x: Circuit, w: Mapping[str, Circuit], prefix:
 def _scaled_rms_norm(config: LlamaConfig, x: Circuit, weight: Circuit, name: str, lead: str = "i") -> Circuit:
     """The RMSNorm of ``x``'s last axis (``lead``: the letters of the others, unbatched) with ``weight``;
     with ``rms_unit_offset`` (Gemma) it scales by ``'rms.scale' = 1 + w`` (Hugging Face's
-    ``GemmaRMSNorm``: its weights start at zero)."""
-    scale = Add(Scalar(1.0, name=RMS_ONE), weight, name=RMS_SCALE) if config.rms_unit_offset else weight
-    return common.rms_norm(x, scale, config.rms_eps, name=name, lead=lead)
+    ``GemmaRMSNorm``: its weights start at zero).  A bfloat16 or float16 norm computes in float32
+    (``common.rms_norm``); Gemma's ``1 + w`` too (``'rms.upcast_weight'``: ``1 + w`` in bfloat16 would
+    round the offsets to multiples of 1/128)."""
+    reduced = common.reduced_precision(weight)
+    if config.rms_unit_offset:
+        offset = common.upcast(weight, RMS_UPCAST_WEIGHT) if reduced else weight
+        scale = Add(Scalar(1.0, name=RMS_ONE), offset, name=RMS_SCALE)
+    else:
+        scale = weight
+    return common.rms_norm(
+        x, scale, config.rms_eps, name, lead, reduced=reduced, scale_in_float32=config.rms_unit_offset
+    )
 
 
 def _post_norm(config: LlamaConfig, out: Circuit, w: Mapping[str, Circuit], prefix: str) -> Circuit:

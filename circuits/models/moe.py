@@ -6,7 +6,9 @@ weight ``'m.expert_weight'``, a column of ``'b{L}.m.routing'``.  The routing is
 ``top_k_K_normalized`` (``circuits.core.functions``: ``torch.topk``'s own choice of experts, ties
 included, the chosen weights divided by their sum, zero elsewhere) of ``'b{L}.m.router_probs'``,
 the softmax of the router logits ``'b{L}.m.router'``, exactly the order in which Hugging Face's
-``MixtralTopKRouter`` computes them.
+``MixtralTopKRouter`` computes them.  In a bfloat16 or float16 model, as there, the softmax, the top-k
+and the weighting are in float32 (the logits upcast as ``'b{L}.m.router_float32'``), and each expert's
+weighted output ``'b{L}.m.expert{e}_float32'`` is rounded to the model's dtype as ``'b{L}.m.expert{e}'``.
 
 Evaluated dense: every expert runs on every token, and a token's weight for an expert it is not
 routed to is zero, so the sum is the sparse model's (``x * 0`` adds nothing; a non-finite expert
@@ -21,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from circuits.core.nodes import Add, Circuit
-from circuits.models.common import einsum, fn, last_axis_index
+from circuits.models.common import einsum, fn, last_axis_index, reduced_precision, type_as, upcast
 from circuits.transformer import names
 
 #: An expert's three weights, as ``names.mlp_weight(layer, expert_part(e, which))``.
@@ -46,14 +48,24 @@ def moe_weight_shapes(layer: int, n_experts: int, d_model: int, d_mlp: int) -> d
 
 def moe_mlp(w: Mapping[str, Circuit], norm: Circuit, layer: int, n_experts: int, top_k: int, act: str) -> Add:
     """``'b{L}.m'``: the experts' outputs, each weighted by its routing weight, summed (see the module)."""
-    logits = einsum("sd,ed->se", norm, w[names.mlp_weight(layer, "router")], name=names.router(layer))
+    router = w[names.mlp_weight(layer, "router")]
+    reduced = reduced_precision(router)
+    logits = einsum("sd,ed->se", norm, router, name=names.router(layer))
+    if reduced:
+        logits = upcast(logits, names.float32_value(names.router(layer)))
     probs = fn("softmax", logits, name=names.router(layer, "router_probs"))
     routing = fn(f"top_k_{top_k}_normalized", probs, name=names.router(layer, "routing"))
     experts = []
     for e in range(n_experts):
         out = _gated_mlp(w, norm, layer, e, act)
         weight = last_axis_index(routing, e, name=names.EXPERT_WEIGHT)
-        experts.append(einsum("sd,s->sd", out, weight, name=names.expert(layer, e)))
+        name = names.expert(layer, e)
+        if not reduced:
+            experts.append(einsum("sd,s->sd", out, weight, name=name))
+        else:
+            experts.append(
+                type_as(einsum("sd,s->sd", out, weight, name=names.float32_value(name)), out, name)
+            )
     return Add(*experts, name=names.mlp_out(layer))
 
 

@@ -147,9 +147,27 @@ NORM_PARTS = {
         "rsqrt",
         "y",
         "y_scaled",
+        "upcast",
     ),
-    RMS: ("c.hidden_size", "c.recip_hidden_size", "var", "c.eps", "var_p_eps", "rsqrt", "y"),
+    RMS: (
+        "c.hidden_size",
+        "c.recip_hidden_size",
+        "var",
+        "c.eps",
+        "var_p_eps",
+        "rsqrt",
+        "y",
+        "upcast",
+        "rounded",
+    ),
 }
+
+
+def float32_value(name: str) -> str:
+    """``'a3.norm_float32'``: in a bfloat16 or float16 model, the float32 value rounded to the model's
+    dtype as ``name`` (a norm's output, an expert's weighted output), where Hugging Face's code
+    computes in float32; ``'t.call_float32'``: the logits the loss reads, in float32 as there."""
+    return f"{name}_float32"
 
 
 def norm_node(norm: str, part: str) -> str:
