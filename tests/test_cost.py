@@ -175,6 +175,21 @@ def test_peak_against_a_schedule_worked_by_hand():
     assert result.peak_bytes == 128 + 192
 
 
+def test_arrays_of_one_tensor_are_held_once():
+    """A tied embedding and unembedding are two Arrays of one tensor (one its transpose): held
+    once, as in memory.  Slices of one fused weight are each held (together, the whole)."""
+    weight = torch.randn(5, 7)
+    embed, unembed = cc.Array(weight, name="embed"), cc.Array(weight.T, name="unembed")
+    tied = cc.Einsum.from_einsum_string("ij,jk->ik", embed, unembed, name="tied")
+    assert cc.cost(tied).held_bytes == 5 * 7 * 4
+    fused = torch.randn(6, 4)
+    q, k = cc.Array(fused[:3], name="q"), cc.Array(fused[3:], name="k")
+    scores = cc.Einsum.from_einsum_string("id,jd->ij", q, k, name="scores")
+    assert cc.cost(scores).held_bytes == 6 * 4 * 4
+    copied = cc.Einsum.from_einsum_string("ij,jk->ik", embed, cc.Array(weight.T.clone(), name="u2"))
+    assert cc.cost(copied).held_bytes == 2 * 5 * 7 * 4
+
+
 def test_a_view_keeps_its_base_alive():
     x, w = _array(4, 4, name="x"), _array(4, 4, name="w")
     a = cc.Einsum.from_einsum_string("ij,jk->ik", x, w, name="a")

@@ -574,9 +574,14 @@ def _replay(nodes: list[NodeCost], roots: list[Circuit]) -> tuple[int, int]:
     storage = list(range(len(nodes)))  # slot -> the slot whose allocation holds its value
     refs = [0] * len(nodes)
     held = live = peak = 0
+    tensors_held: set[tuple] = set()
     for position, c in enumerate(nodes):
         if not c.node.children:
-            held += c.allocated_bytes
+            tensor = _held_tensor(c)
+            if tensor is None or tensor not in tensors_held:
+                held += c.allocated_bytes
+            if tensor is not None:
+                tensors_held.add(tensor)
             refs[position] = 1
             continue
         if c.view:
@@ -591,6 +596,16 @@ def _replay(nodes: list[NodeCost], roots: list[Circuit]) -> tuple[int, int]:
             if refs[base] == 0 and nodes[base].node.children:
                 live -= nodes[base].allocated_bytes
     return held, peak
+
+
+def _held_tensor(c: NodeCost) -> tuple | None:
+    """Which memory an Array's tensor is, when evaluation uses it as it is (its dtype the cost's):
+    two Arrays of one tensor, or of a tensor and its transpose (a tied embedding and unembedding),
+    hold it once.  None for anything else (each Array converted to another dtype is a copy)."""
+    value = getattr(c.node, "value", None) if isinstance(c.node, Array) else None
+    if not isinstance(value, torch.Tensor) or value.dtype != c.dtype:
+        return None
+    return (value.untyped_storage().data_ptr(), value.device, value.storage_offset(), value.numel())
 
 
 def _natural(text: str) -> list:
