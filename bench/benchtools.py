@@ -33,6 +33,20 @@ def add_gpt2_size_arguments(parser: argparse.ArgumentParser, rounds: int) -> Non
     parser.add_argument("--threads", type=int, default=2)
 
 
+def patching_inputs(args: argparse.Namespace):
+    """Seeded ``(clean, corrupted, good, bad)`` for a patching benchmark: ``clean`` tokens
+    ``[batch, seq + 1]``, ``corrupted`` the same with every third position redrawn, and one good and
+    one bad answer token per row (``args``: ``seed``, ``vocab``, ``batch``, ``seq``)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(args.seed + 1)
+    clean = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=generator)
+    corrupted = clean.clone()
+    corrupted[:, ::3] = torch.randint(0, args.vocab, corrupted[:, ::3].shape, generator=generator)
+    good, bad = torch.randint(0, args.vocab, (2, args.batch), generator=generator)
+    return clean, corrupted, good, bad
+
+
 def gc_timed(action: Callable[[], Any]) -> tuple[float, Any]:
     """Seconds ``action`` takes after a full collection (no run pays for another's garbage), and its result."""
     import gc

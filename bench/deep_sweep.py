@@ -35,6 +35,7 @@ import statistics
 import time
 
 import torch
+from benchtools import patching_inputs
 
 import circuits as cc
 from circuits import experiments as ex
@@ -75,15 +76,6 @@ def hf_model(args):
         for parameter in model.parameters():
             parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.02)
     return model
-
-
-def inputs(args):
-    generator = torch.Generator().manual_seed(args.seed + 1)
-    clean = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=generator)
-    corrupted = clean.clone()
-    corrupted[:, ::3] = torch.randint(0, args.vocab, corrupted[:, ::3].shape, generator=generator)
-    good, bad = torch.randint(0, args.vocab, (2, args.batch), generator=generator)
-    return clean, corrupted, good, bad
 
 
 def timed(action):
@@ -207,7 +199,7 @@ def main() -> None:
     args = arguments()
     torch.set_num_threads(args.threads)
     model = hf_model(args)
-    clean, corrupted, good, bad = inputs(args)
+    clean, corrupted, good, bad = patching_inputs(args)
     (build_seconds, _), circuit = timed(lambda: models.from_hf(model, clean))
     names = ex.head_names(circuit)
     metric = ex.metrics.logit_diff(-1, good, bad)

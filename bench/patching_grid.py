@@ -32,22 +32,13 @@ import statistics
 import time
 
 import torch
-from benchtools import tl_gpt2_model
+from benchtools import patching_inputs, tl_gpt2_model
 
 from circuits import experiments as ex
 from circuits import models
 from circuits.experiments import patching_grids
 
 TARGET = 0.3
-
-
-def inputs(args):
-    generator = torch.Generator().manual_seed(args.seed + 1)
-    clean = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=generator)
-    corrupted = clean.clone()
-    corrupted[:, ::3] = torch.randint(0, args.vocab, corrupted[:, ::3].shape, generator=generator)
-    good, bad = torch.randint(0, args.vocab, (2, args.batch), generator=generator)
-    return clean, corrupted, good, bad
 
 
 def timed(action):
@@ -103,7 +94,7 @@ def main() -> None:
     from transformer_lens import patching
 
     model = tl_gpt2_model(args)
-    clean, corrupted, good, bad = inputs(args)
+    clean, corrupted, good, bad = patching_inputs(args)
     circuit = models.from_transformer_lens(model, clean, family="gpt2")
     metric = ex.metrics.logit_diff(-1, good, bad)
     options = {"patches_per_run": args.patches_per_run, "positions_per_run": args.positions_per_run}
