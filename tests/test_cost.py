@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import threading
 from pathlib import Path
 
 import factories
@@ -21,9 +22,11 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import circuits as cc
 import circuits.models as cm
+from circuits.evaluation import reduced
 from circuits.experiments.cost_groups import by_head, by_layer, cost_table
 from circuits.evaluation.costs import format_bytes
 from circuits.evaluation import compile_plan
+from circuits.transformer import names
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "attn_only_2l.circ"
 GOLDEN_DIMS = cm.AttnOnlyConfig(n_layers=2, n_heads=8, d_model=256, d_head=32, vocab_size=50259, n_ctx=2048)
@@ -301,6 +304,32 @@ def test_golden_attention_only_peak_memory_against_the_profiler():
     circuit = cm.build_attn_only(GOLDEN_DIMS, weights, tokens, convention="golden")
     predicted, measured = cc.cost(circuit).peak_value_bytes, _measured_peak(circuit)
     assert abs(predicted - measured) <= 0.10 * measured, (format_bytes(predicted), format_bytes(measured))
+
+
+def test_bfloat16_llama_peak_and_float32_scratch_against_the_profiler(monkeypatch):
+    """A bfloat16 forward, where this CPU contracts bfloat16 in float32 chunks (``reduced``): the
+    chunks' copies count at their step and the kept buffer as ``scratch_bytes``.  Small chunks so
+    that the unembedding and the MLP are cut in several."""
+    monkeypatch.setattr(reduced, "CHUNK_BYTES", 96 << 10)
+    monkeypatch.setattr(reduced, "_SCRATCH", threading.local())
+    model = factories.llama(hidden_size=64, intermediate_size=160, vocab_size=700, dtype=torch.bfloat16)
+    circuit = cm.from_hf(model, factories.token_ids(700, (2, 25), seed=0)).get_unique(names.LOGITS)
+    predicted = cc.cost(circuit)
+    with torch.no_grad():
+        cc.evaluate(circuit)  # makes the kept buffer, which the measured run then reuses
+    measured = _measured_peak(circuit)
+    assert abs(predicted.peak_value_bytes - measured) <= 0.10 * measured, (
+        format_bytes(predicted.peak_value_bytes),
+        format_bytes(measured),
+    )
+    assert predicted.scratch_bytes == reduced.scratch_bytes()
+    if not reduced.native_reduced_matmul(torch.bfloat16):  # the float32 path ran: its bytes were counted
+        assert predicted.scratch_bytes > 0
+        assert (
+            predicted.peak_bytes
+            == predicted.held_bytes + predicted.scratch_bytes + predicted.peak_value_bytes
+        )
+    assert cc.cost(circuit, device="meta").scratch_bytes == 0  # only a CPU takes the float32 path
 
 
 def test_the_replayed_schedule_is_the_evaluators():

@@ -28,7 +28,14 @@ leaves and shared subtrees count once):
   consumer (roots are kept), and a view keeps its base's storage alive.
   Arrays (weights) and bound inputs are held by the caller, so they count
   as alive throughout; Scalars are stride-0 views of one 0-d tensor and
-  count as nothing.  Kernels' own temporaries are not counted.
+  count as nothing.  An einsum's own temporaries count at its step
+  (``workspace_bytes``): copies of operands promoted to a common dtype, the
+  contracted core before its multipliers, and where evaluation contracts
+  bfloat16 or float16 in float32 (a CPU without kernels for them,
+  ``circuits.evaluation.reduced``) the float32 copies; the float32 buffer
+  that path keeps between evaluations is ``scratch_bytes``.  Other kernels'
+  temporaries are not counted.  The device decides the float32 path: ``cost(c,
+  device=...)``, by default the Arrays' (the CPU if none has a tensor).
 
 Dtypes: an Array's is its tensor's; Scalars, Symbols and Arrays without a
 tensor take the promoted floating dtype of the circuit's Arrays (the
@@ -38,6 +45,7 @@ or head needs the naming convention, a higher layer: ``circuits.experiments.cost
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import re
@@ -51,7 +59,7 @@ import torch
 
 from circuits.core import aten_functions
 from circuits.errors import NodeTypeError, RandomVariableError, shown
-from circuits.evaluation.einsum import is_batched_dot, split_multipliers
+from circuits.evaluation.einsum import einsum_workspace, is_batched_dot, split_multipliers
 from circuits.core.functions import CAST_NAME, EXPLICIT_INDEX_NAME, GEN_INDEX_NAME, get_function
 from circuits.core.gcpause import gc_paused
 from circuits.core.nodes import (
@@ -165,32 +173,53 @@ class NodeCost(Totals):
     allocated_bytes: int = 0  # new memory for it: 0 for a view or a Scalar; an Array's or input's own
     dtype: torch.dtype = torch.float32
     view: bool = False  # the output is a view of a child's storage: nothing allocated
+    workspace_bytes: int = 0  # the kernel's temporaries beside the output, freed when it returns
+    scratch_bytes: int = 0  # a buffer the kernel keeps between evaluations (``reduced``'s float32 chunks)
     unknown_function: bool = False  # a function whose FLOPs are not known: ``unknown_nodes`` is 1
 
 
-def cost(circuit: Circuit | Iterable[Circuit]) -> CircuitCost:
+def cost(circuit: Circuit | Iterable[Circuit], device: torch.device | str | None = None) -> CircuitCost:
     """The static cost of evaluating ``circuit`` (or several roots together), per distinct node.
 
     Nothing is run and no tensor is needed: a circuit parsed without its
-    tensors costs the same.  See the module docstring for what is counted.
+    tensors costs the same.  ``device``: where it will be evaluated (by
+    default the Arrays' device, the CPU if none has a tensor); it decides
+    only the temporaries of reduced-precision contractions.  See the module
+    docstring for what is counted.
     """
     roots = [circuit] if isinstance(circuit, Circuit) else list(circuit)
     with gc_paused():  # one NodeCost per node: no cyclic garbage, but full collections at 10^5 nodes
-        return _cost(roots)
+        return _cost(roots, device)
 
 
-def _cost(roots: list[Circuit]) -> CircuitCost:
+def _cost(roots: list[Circuit], device: torch.device | str | None) -> CircuitCost:
     order = postorder(roots)
     float_dtype = _float_dtype(order)
+    where = _device(order, device)
     dtypes: dict[bytes, torch.dtype] = {}
     sizes: dict[bytes, int] = {}  # output bytes by node hash, for the parents' reads
     costs: list[NodeCost] = []
     for node in order:
         dtype = dtypes[node.hash] = _dtype(node, dtypes, float_dtype)
         own = _node_cost(node, dtype, sizes)
+        if isinstance(node, Einsum):
+            child_dtypes = tuple(dtypes[c.hash] for c in node.children)
+            shapes = tuple(c.shape for c in node.children)
+            workspace = einsum_workspace(node.einsum_string, shapes, child_dtypes, where)
+            own = dataclasses.replace(own, workspace_bytes=workspace[0], scratch_bytes=workspace[1])
         sizes[node.hash] = own.out_bytes
         costs.append(own)
     return CircuitCost(roots, costs)
+
+
+def _device(order: list[Circuit], device: torch.device | str | None) -> torch.device:
+    """Where the circuit is evaluated: ``device``, else its first Array's tensor's, else the CPU."""
+    if device is not None:
+        return torch.device(device)
+    for node in order:
+        if type(node) is Array and node.value is not None:
+            return node.value.device
+    return torch.device("cpu")
 
 
 def _float_dtype(order: list[Circuit]) -> torch.dtype:
@@ -408,7 +437,9 @@ class CircuitCost:
         self.total: Totals = _sum(nodes)
         self.unknown_functions: list[Circuit] = [c.node for c in nodes if c.unknown_function]
         self.held_bytes, self.peak_value_bytes = _replay(nodes, roots)
-        self.peak_bytes: int = self.held_bytes + self.peak_value_bytes
+        #: the float32 buffer reduced-precision contractions keep (the largest they ask for), 0 if none
+        self.scratch_bytes: int = max((c.scratch_bytes for c in nodes), default=0)
+        self.peak_bytes: int = self.held_bytes + self.scratch_bytes + self.peak_value_bytes
 
     def __getitem__(self, node: Circuit) -> NodeCost:
         return self.by_hash[node.hash]
@@ -476,7 +507,8 @@ class CircuitCost:
     def _header(self) -> list[str]:
         lines = [
             f"Peak memory: {format_bytes(self.peak_bytes)} (Arrays and inputs {format_bytes(self.held_bytes)}, "
-            f"values at most {format_bytes(self.peak_value_bytes)})",
+            f"values at most {format_bytes(self.peak_value_bytes)}"
+            + (f", float32 scratch {format_bytes(self.scratch_bytes)})" if self.scratch_bytes else ")"),
             f"Total cost: {self.total.flops_text}",
             f"  read: {format_bytes(self.total.read_bytes)}",
             f"  write: {format_bytes(self.total.written_bytes)}",
@@ -589,7 +621,7 @@ def _replay(nodes: list[NodeCost], roots: list[Circuit]) -> tuple[int, int]:
         else:
             live += c.allocated_bytes
         refs[storage[position]] += 1
-        peak = max(peak, live)
+        peak = max(peak, live + c.workspace_bytes)
         for slot in releases.get(position, ()):
             base = storage[slot]
             refs[base] -= 1

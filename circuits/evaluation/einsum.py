@@ -8,9 +8,16 @@ from typing import Callable
 
 import torch
 
-from circuits.evaluation.reduced import REDUCED, contract_in_float32, pairable, worth_float32
+from circuits.evaluation.reduced import (
+    REDUCED,
+    contract_in_float32,
+    float32_workspace,
+    pairable,
+    takes_float32,
+    worth_float32,
+)
 
-__all__ = ["einsum_kernel", "is_batched_dot", "split_multipliers"]
+__all__ = ["einsum_kernel", "einsum_workspace", "is_batched_dot", "split_multipliers"]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -186,6 +193,49 @@ def split_multipliers(operands: list[str], out: str) -> tuple[list[int], list[in
     if multipliers and not core:  # only multipliers: the first one is the core
         core, multipliers = multipliers[:1], multipliers[1:]
     return core, multipliers
+
+
+def einsum_workspace(
+    equation: str,
+    shapes: tuple[tuple[int, ...], ...],
+    dtypes: tuple[torch.dtype, ...],
+    device: torch.device,
+) -> tuple[int, int]:
+    """``(transient, scratch)`` bytes ``einsum_kernel(equation)`` allocates beside its result on
+    operands of ``shapes`` and ``dtypes`` on ``device``, without gradients, for ``costs``: copies of
+    operands promoted to a common dtype, the core before its multipliers (or before its diagonal
+    embedding), a batched dot's product, and ``reduced.float32_workspace`` where the contraction runs
+    in float32.  ``torch.einsum``'s and ``reshape``'s own copies are not counted."""
+    common = functools.reduce(torch.promote_types, dtypes)
+    size = common.itemsize
+    transient = sum(math.prod(shape) * size for shape, dtype in zip(shapes, dtypes) if dtype != common)
+    inputs, out = equation.split("->")
+    operands = inputs.split(",")
+    sizes = {letter: n for op, shape in zip(operands, shapes) for letter, n in zip(op, shape)}
+    if len(set(out)) != len(out):
+        distinct = "".join(dict.fromkeys(out))
+        inner = einsum_workspace(f"{inputs}->{distinct}", shapes, (common,) * len(shapes), device)
+        return transient + math.prod(sizes[x] for x in distinct) * size + inner[0], inner[1]
+    core = list(range(len(operands)))
+    if all(len(set(op)) == len(op) for op in operands):
+        if len(operands) >= 3:
+            core, multipliers = split_multipliers(operands, out)
+            if multipliers:
+                letters = set("".join(operands[i] for i in core))
+                transient += math.prod(sizes[x] for x in out if x in letters) * size
+        elif is_batched_dot(operands, out):
+            return transient + math.prod(sizes[x] for x in operands[0]) * size, 0
+    core_operands = [operands[i] for i in core]
+    core_letters = set("".join(core_operands))
+    core_out = "".join(x for x in out if x in core_letters)
+    core_sizes = {x: sizes[x] for x in core_letters}
+    elements = sum(math.prod(shapes[i]) for i in core)
+    if not core_letters - set(core_out) or not takes_float32(
+        common, device, elements, core_sizes, math.prod(sizes[x] for x in core_out)
+    ):
+        return transient, 0
+    extra, scratch = float32_workspace(core_operands, core_out, [shapes[i] for i in core])
+    return transient + extra, scratch
 
 
 def is_batched_dot(operands: list[str], out: str) -> bool:

@@ -31,8 +31,11 @@ __all__ = [
     "CHUNK_BYTES",
     "REDUCED",
     "contract_in_float32",
+    "float32_workspace",
     "native_reduced_matmul",
     "pairable",
+    "scratch_bytes",
+    "takes_float32",
     "worth_float32",
 ]
 
@@ -59,12 +62,49 @@ def native_reduced_matmul(dtype: torch.dtype) -> bool:
 def worth_float32(tensors: tuple[torch.Tensor, ...], sizes: dict[str, int], out_size: int) -> bool:
     """Whether a contraction of ``tensors`` (one dtype) over letters of ``sizes`` is computed in float32 here."""
     first = tensors[0]
-    dtype = first.dtype
-    if dtype not in REDUCED or first.device.type != "cpu" or native_reduced_matmul(dtype):
+    elements = sum(t.numel() for t in tensors)
+    return takes_float32(first.dtype, first.device, elements, sizes, out_size)
+
+
+def takes_float32(
+    dtype: torch.dtype, device: torch.device, elements: int, sizes: dict[str, int], out_size: int
+) -> bool:
+    """``worth_float32`` from shapes alone (for the cost model): operands of ``dtype`` on ``device``
+    with ``elements`` in all, over letters of ``sizes``, into ``out_size`` elements."""
+    if dtype not in REDUCED or device.type != "cpu" or native_reduced_matmul(dtype):
         return False
-    elements = sum(t.numel() for t in tensors) + out_size
     flops = 2 * math.prod(sizes.values())
-    return flops > 0 and flops >= _MIN_FLOPS_PER_ELEMENT * elements
+    return flops > 0 and flops >= _MIN_FLOPS_PER_ELEMENT * (elements + out_size)
+
+
+def float32_workspace(operands: list[str], out: str, shapes: list[tuple[int, ...]]) -> tuple[int, int]:
+    """``(transient, scratch)`` bytes that ``contract_in_float32`` allocates beyond its result, without
+    gradients: transient, freed when it returns (``_pair``'s float32 copy of the smaller operand and
+    one chunk's product; otherwise float32 copies of every operand and of the result); scratch, the
+    buffer it keeps between calls (``_pair``'s chunk of the larger operand, ``_scratch``)."""
+    sizes = {letter: size for op, shape in zip(operands, shapes) for letter, size in zip(op, shape)}
+    numels = [math.prod(shape) for shape in shapes]
+    out_numel = math.prod(sizes[letter] for letter in out)
+    if len(operands) != 2 or not pairable(operands, out):
+        return 4 * (sum(numels) + out_numel), 0
+    big = 0 if numels[0] >= numels[1] else 1
+    free = [x for x in operands[big] if x in out and x not in operands[1 - big]]
+    letter, step = _chunking(free, sizes, numels[big], out_numel)
+    share = 1.0 if letter is None else step / sizes[letter]
+    return 4 * (numels[1 - big] + round(out_numel * share)), 4 * round(numels[big] * share)
+
+
+def _chunking(
+    free: list[str], sizes: dict[str, int], big_numel: int, out_numel: int
+) -> tuple[str | None, int]:
+    """``(letter, step)``: ``_pair`` copies the larger operand in chunks of ``step`` along ``letter``
+    (its longest free letter), so that a chunk's float32 copy and product take at most ``CHUNK_BYTES``."""
+    if not free:
+        return None, 0
+    letter = max(free, key=sizes.__getitem__)
+    per_unit = 4 * (big_numel + out_numel) // sizes[letter]
+    count = -(-sizes[letter] * per_unit // CHUNK_BYTES)  # as few chunks as fit, of equal lengths
+    return letter, max(1, -(-sizes[letter] // max(count, 1)))
 
 
 def contract_in_float32(
@@ -109,13 +149,10 @@ def _pair(
     result = torch.empty([sizes[x] for x in out], dtype=tensors[0].dtype, device=tensors[0].device)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
     small = _as_matrix(tensors[1 - big], letters[1], batch, free[1], summed, None)
-    if not free[0]:
+    letter, step = _chunking(free[0], sizes, tensors[big].numel(), result.numel())
+    if letter is None:
         chunks = [(None, 0, 0)]
     else:
-        letter = max(free[0], key=sizes.__getitem__)
-        per_unit = 4 * (tensors[big].numel() + math.prod(result.shape)) // sizes[letter]
-        count = -(-sizes[letter] * per_unit // CHUNK_BYTES)  # as few chunks as fit, of equal lengths
-        step = max(1, -(-sizes[letter] // max(count, 1)))
         chunks = [
             (letter, start, min(step, sizes[letter] - start)) for start in range(0, sizes[letter], step)
         ]
@@ -132,6 +169,7 @@ def _pair(
         shape = [part.shape[letters[0].index(x)] if x in letters[0] else sizes[x] for x in order]
         target = result if letter is None else result.narrow(out.index(letter), start, length)
         target.copy_(product.view(shape).permute(permutation))
+        del matrix, product  # before the next chunk's: one chunk's copies at a time
     return result
 
 
@@ -157,6 +195,12 @@ def _as_matrix(
 
 
 _SCRATCH = threading.local()
+
+
+def scratch_bytes() -> int:
+    """The bytes of this thread's kept float32 buffers (``_scratch``), over devices and modes."""
+    buffers = getattr(_SCRATCH, "buffers", None) or {}
+    return sum(4 * buffer.numel() for buffer in buffers.values())
 
 
 def _scratch(like: torch.Tensor) -> torch.Tensor:
