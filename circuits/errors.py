@@ -115,7 +115,14 @@ class StaleTensorError(CircuitError, RuntimeError):
 
 
 class CacheError(CircuitError, ValueError):
-    """An ``Evaluator`` given a budget or option it cannot use."""
+    """An ``Evaluator`` given a budget or option it cannot use, or an experiment's ``memory_bytes``
+    below what it needs: then ``memory_bytes`` is the budget and ``needed_bytes`` the prediction
+    (both None otherwise)."""
+
+    def __init__(self, message: str, *, memory_bytes: int | None = None, needed_bytes: int | None = None):
+        super().__init__(message)
+        self.memory_bytes = memory_bytes
+        self.needed_bytes = needed_bytes
 
 
 class MissingTensorError(CircuitError):

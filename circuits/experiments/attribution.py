@@ -28,7 +28,16 @@ import torch
 from circuits.errors import ExperimentError
 from circuits.experiments.gradients import tracked_run
 from circuits.experiments.inputs import same_shape_inputs, with_targets_of
+from circuits.evaluation.costs import cost
+from circuits.experiments.memory_budget import (
+    check_memory_bytes,
+    evaluation_bytes,
+    refuse,
+    tracked_bytes,
+    usable,
+)
 from circuits.experiments.metrics import Metric
+from circuits.experiments.patch_batches import model_output
 from circuits.transformer.points import HEAD_KINDS, Point, resolve_points
 from circuits.rewriting.matching import get
 from circuits.core.nodes import Circuit, check_node
@@ -101,6 +110,7 @@ def attribution_patching(
     kinds: Iterable[str] = ("resid_pre", "attn_out", "mlp_out", "z"),
     *,
     into: str = "corrupted",
+    memory_bytes: int | None = None,
 ) -> AttributionResult:
     """Attribution patching of every layer (and head) of each of ``kinds``; see the module docstring.
 
@@ -108,6 +118,9 @@ def attribution_patching(
     ``'toks_int_var'``) to values of the same shape.  ``metric``: as ``ex.gradients`` takes it
     (a function of the logits returning one number as a tensor, as the patching grids take it, or
     a Metric that keeps the points, e.g. ``logit_diff(-1, good, bad, push_down=False)``).
+    ``memory_bytes``: the most its values may take (not the weights); a ``CacheError`` before
+    anything runs when ``cc.cost``'s bound on the tracked run, its gradients and the source run
+    (``memory_budget.tracked_bytes``) exceeds it.  Nothing is batched to fit: split the prompts.
 
     >>> result = ex.attribution_patching(c, {"toks_int_var": corrupted}, metric, ["resid_pre", "z"])
     >>> result["z"].sum(-1)              # [layer, head]: each head's output over every position
@@ -123,6 +136,8 @@ def attribution_patching(
         target, source = (with_targets_of(run, scored, "attribution_patching") for run in (target, source))
     layout = _layout(circuit, kinds)
     keys = [key for entries in layout.values() for _, key in entries]
+    if check_memory_bytes(memory_bytes, "attribution_patching") is not None:
+        _check_budget(target, source, metric, keys, memory_bytes)
     tracked = tracked_run(target, metric, keys, track=True)
     grads = torch.autograd.grad(tracked.metric, [tracked.values[key] for key in keys], allow_unused=True)
     with torch.no_grad():
@@ -133,6 +148,22 @@ def attribution_patching(
                 per_key[key] = _reduced(key, grad * (plain.values[key] - tracked.values[key].detach()))
         grids = {kind: _grid(entries, per_key) for kind, entries in layout.items()}
     return AttributionResult(grids, float(tracked.metric.detach()), float(plain.metric), into)
+
+
+def _check_budget(target: Circuit, source: Circuit, metric: Any, keys: list, memory_bytes: int) -> None:
+    """``CacheError`` when the tracked run (``tracked_bytes``), the gradients and values at ``keys``
+    and the source run's evaluation together may exceed ``memory_bytes``."""
+    roots = [
+        metric.circuit(run) if isinstance(metric, Metric) else model_output(run) for run in (target, source)
+    ]
+    tracked, plain = cost(roots[0]), cost(roots[1])
+    nodes = resolve_points(target, keys)
+    at_keys = sum(tracked[nodes[key]].out_bytes for key in keys if nodes[key].hash in tracked.by_hash)
+    need = tracked_bytes(tracked) + 2 * at_keys + evaluation_bytes(plain, plain.held_bytes)
+    if need > usable(memory_bytes):
+        raise refuse(
+            "attribution_patching", memory_bytes, need, "the tracked run, its gradients and the source run"
+        )
 
 
 def _checked_kinds(kinds: Iterable[str]) -> list[str]:

@@ -38,7 +38,9 @@ from circuits.evaluation.cache import DEFAULT_CACHE_BYTES, Evaluator, check_cach
 from circuits.errors import ExperimentError
 from circuits.experiments.inputs import same_shape_inputs, with_targets_of
 from circuits.experiments.metrics import Metric
+from circuits.experiments.memory_budget import check_memory_bytes
 from circuits.experiments.patch_batches import PatchRun, measure_all
+from circuits.experiments.patch_budget import grid_budget, patches_that_fit
 from circuits.experiments.workers import one_thread_if_forked
 from circuits.transformer.points import Point
 from circuits.core.nodes import Circuit, check_node
@@ -107,6 +109,7 @@ def patch_grid(
     positions_per_run: int = POSITIONS_PER_RUN,
     executor: concurrent.futures.Executor | None = None,
     cache_bytes: int = DEFAULT_CACHE_BYTES,
+    memory_bytes: int | None = None,
 ) -> PatchGrid:
     """The grid ``grid`` (a name of ``GRIDS`` or ``EVERY``); see the module docstring.
 
@@ -124,6 +127,9 @@ def patch_grid(
     cache of ``cache_bytes``); the result equals the local run's.  ``layers``: patch only these
     layers (ints, in the order given; default every layer): the tensor's first axis is theirs and
     each record names its layer, so a grid over a large model can be taken a few layers at a time.
+    ``memory_bytes``: the most the grid's values may take (not the weights): the cache and the
+    patches per run are sized to fit (``circuits.experiments.patch_budget``), and a budget below
+    one patch's run is a ``CacheError`` before anything runs; with an executor, per job.
     """
     options = RunOptions(patches_per_run, positions_per_run, cache_bytes)
     if isinstance(layers, Iterable) and not isinstance(layers, (str, bytes)):
@@ -137,6 +143,7 @@ def patch_grid(
                 part,
                 layers=layers,
                 executor=executor,
+                memory_bytes=memory_bytes,
                 **attrs.asdict(options),
             )
             for part in EVERY[grid]
@@ -149,9 +156,15 @@ def patch_grid(
     if isinstance(metric, Metric) and metric.targets == "clean":  # the patched run scores the clean targets
         corrupted = with_targets_of(corrupted, circuit, f"act_patch_{grid}")
     chosen = _checked_layers(layers, _layer_count(circuit), grid)
-    jobs = [(circuit, corrupted, spec, layer, metric, options) for layer in chosen]
+    budget = None
+    if check_memory_bytes(memory_bytes, f"act_patch_{grid}") is not None:
+        budget = grid_budget(
+            f"act_patch_{grid}", corrupted, metric, spec.kind, chosen, memory_bytes, cache_bytes
+        )
+        options = attrs.evolve(options, cache_bytes=budget.cache_bytes)
+    jobs = [(circuit, corrupted, spec, layer, metric, options, budget) for layer in chosen]
     if executor is None:
-        evaluator = Evaluator(cache_bytes)
+        evaluator = Evaluator(options.cache_bytes)
         results = [_layer_values(*job, evaluator=evaluator) for job in jobs]
     else:
         results = [future.result() for future in [executor.submit(_layer_values, *job) for job in jobs]]
@@ -167,8 +180,11 @@ class RunOptions:
     cache_bytes: int
 
 
-def _layer_values(circuit, corrupted, spec: Grid, layer: int, metric, options: RunOptions, evaluator=None):
-    """``(sizes, cells, values, dtype)`` of one layer's patches (module-level: it travels by pickle)."""
+def _layer_values(
+    circuit, corrupted, spec: Grid, layer: int, metric, options: RunOptions, budget=None, evaluator=None
+):
+    """``(sizes, cells, values, dtype)`` of one layer's patches (module-level: it travels by pickle);
+    ``budget``: a ``GridBudget`` that sizes the runs, or None."""
     one_thread_if_forked()  # an executor's forked worker would hang on torch's threads
     if evaluator is None:  # not `or`: an empty Evaluator is falsy (its len is 0)
         evaluator = Evaluator(options.cache_bytes)
@@ -180,7 +196,10 @@ def _layer_values(circuit, corrupted, spec: Grid, layer: int, metric, options: R
         cells = [cell + (i,) for cell in cells for i in range(sizes[axis])]
     positions = [dict(zip(axes, cell)).get("pos", dict(zip(axes, cell)).get("dest_pos", 0)) for cell in cells]
     indices = [_index(axes, cell) for cell in cells]
-    values = measure_all(run, indices, positions, options.patches_per_run, options.positions_per_run)
+    size = (
+        options.patches_per_run if budget is None else patches_that_fit(run, budget, options.patches_per_run)
+    )
+    values = measure_all(run, indices, positions, size, options.positions_per_run)
     return sizes, cells, values, run.clean_value.dtype
 
 
@@ -286,6 +305,7 @@ def _grid_function(grid: str) -> Callable[..., PatchGrid]:
         positions_per_run: int = POSITIONS_PER_RUN,
         executor: concurrent.futures.Executor | None = None,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
+        memory_bytes: int | None = None,
     ) -> PatchGrid:
         return patch_grid(
             circuit,
@@ -297,6 +317,7 @@ def _grid_function(grid: str) -> Callable[..., PatchGrid]:
             positions_per_run=positions_per_run,
             executor=executor,
             cache_bytes=cache_bytes,
+            memory_bytes=memory_bytes,
         )
 
     tl = f"transformer_lens.patching.get_act_patch_{grid}"

@@ -36,6 +36,7 @@ from circuits.evaluation.cache import DEFAULT_CACHE_BYTES, Evaluator, check_cach
 from circuits.evaluation.costs import cost
 from circuits.errors import ExperimentError, shown
 from circuits.experiments.ablation import zero_ablate
+from circuits.experiments.memory_budget import check_memory_bytes, evaluation_bytes, refuse, split, usable
 from circuits.experiments.metrics import Metric, mean_loss
 from circuits.experiments.workers import one_thread_if_forked
 from circuits.core.nodes import Circuit, check_node
@@ -297,6 +298,7 @@ def sweep(
     progress: bool = True,
     executor: concurrent.futures.Executor | None = None,
     shards: int | None = None,
+    memory_bytes: int | None = None,
 ) -> SweepResult:
     """Apply ``ablation`` to each target in turn and measure ``metric``; see the module docstring.
 
@@ -327,6 +329,11 @@ def sweep(
       use the first shard's baseline.  A worker forked from this process
       (``ProcessPoolExecutor``'s default on Linux) runs torch on one thread:
       forked, torch's thread pool would hang (``circuits.experiments.workers``).
+    - ``memory_bytes``: the most the sweep's values may take (its cache, each evaluation's
+      values and batches; not the weights): the cache and the batches are sized to fit
+      (``circuits.experiments.memory_budget``), and a budget below one evaluation's need is a
+      ``CacheError`` before anything runs.  With an ``evaluator``, its ``cache_bytes`` must fit
+      in it; with an ``executor``, each shard keeps to it.
 
     What it will cost before it runs: ``sweep_plan`` with the same arguments.
 
@@ -334,11 +341,18 @@ def sweep(
     >>> table["b0.a.head1"] - table.baseline
     """
     _check_arguments(circuit, ablation, evaluator, cache_bytes, policy)
+    check_memory_bytes(memory_bytes, "sweep")
     items = _targets(targets)
     if executor is not None:
-        return _sharded(executor, shards, circuit, items, ablation, metric, evaluator, cache_bytes, policy)
+        budget = (cache_bytes, memory_bytes)
+        return _sharded(executor, shards, circuit, items, ablation, metric, evaluator, budget, policy)
+    if evaluator is not None:
+        cache_bytes = evaluator.cache_bytes
+    steps, cache_bytes = _budgeted_steps(
+        "sweep", circuit, items, ablation, metric, cache_bytes, memory_bytes, evaluator is not None
+    )
     ev = evaluator if evaluator is not None else Evaluator(cache_bytes)
-    return _sweep_items(circuit, items, ablation, metric, ev, policy, progress)
+    return _sweep_items(steps, items, metric, ev, policy, progress)
 
 
 def sweep_plan(
@@ -348,17 +362,60 @@ def sweep_plan(
     metric: Metric | Callable[[torch.Tensor], Any] = mean_loss,
     *,
     cache_bytes: int = DEFAULT_CACHE_BYTES,
+    memory_bytes: int | None = None,
 ) -> SweepPlan:
     """What ``sweep`` with these arguments will cost, before it runs: every circuit is built and
     nothing is evaluated; the ``SweepPlan`` has the FLOPs and the peak memory the sweep will need
-    with the cache plan it would use (``cache_bytes``).
+    with the cache plan it would use (``cache_bytes``, sized to ``memory_bytes`` if given, as
+    ``sweep`` sizes it: a budget too small is the same ``CacheError``).
 
     >>> print(sweep_plan(circuit, head_names(circuit)))   # GFLOP and peak MiB
     """
     _check_arguments(circuit, ablation, None, cache_bytes, "planned", "sweep_plan")
+    check_memory_bytes(memory_bytes, "sweep_plan")
     items = _targets(targets, "sweep_plan")
-    steps = _steps(circuit, items, ablation, metric)
+    steps, cache_bytes = _budgeted_steps(
+        "sweep_plan", circuit, items, ablation, metric, cache_bytes, memory_bytes, False
+    )
     return _plan([unit for step in steps for unit in step.units], cache_bytes, len(items) + 1)
+
+
+def _budgeted_steps(
+    what: str,
+    circuit: Circuit,
+    items: list,
+    ablation: Callable,
+    metric: Any,
+    cache_bytes: int,
+    memory_bytes: int | None,
+    fixed_cache: bool,
+) -> tuple[list[_Step], int]:
+    """The sweep's steps and its cache budget, within ``memory_bytes`` (``memory_budget``): the
+    batches halved until the largest evaluation and the cache fit, a ``CacheError`` if none does.
+    ``fixed_cache``: ``cache_bytes`` is a given evaluator's, which the budget must hold whole."""
+    if memory_bytes is None:
+        return _steps(circuit, items, ablation, metric), cache_bytes
+    measure = metric.circuit if isinstance(metric, Metric) else _itself
+    clean = cost(measure(circuit))
+    held = clean.held_bytes  # the weights and inputs: the caller's
+    single = evaluation_bytes(clean, held)
+    room = usable(memory_bytes)
+    reserved = cache_bytes if fixed_cache else 0
+    if fixed_cache and single + reserved > room:
+        raise refuse(what, memory_bytes, single + reserved, "one evaluation and the evaluator's cache")
+    cache, batch_bytes = (
+        (cache_bytes, room - cache_bytes)
+        if fixed_cache
+        else split(what, memory_bytes, single, cache_bytes, "one evaluation of the circuit")
+    )
+    while True:
+        steps = _steps(circuit, items, ablation, metric, batch_bytes)
+        need = max(evaluation_bytes(cost(unit), held) for step in steps for unit in step.units)
+        if need + reserved <= room:
+            return steps, cache if fixed_cache else min(cache, room - need)
+        if not any(step.chunk is not None and len(step.labels) > 1 for step in steps):
+            raise refuse(what, memory_bytes, need + reserved, "its largest evaluation (one target)")
+        batch_bytes //= 2
 
 
 @dataclasses.dataclass
@@ -371,12 +428,14 @@ class _Step:
     chunk: Chunk | None = None
 
 
-def _steps(circuit: Circuit, items: list, ablation: Callable, metric: Any) -> list[_Step]:
+def _steps(
+    circuit: Circuit, items: list, ablation: Callable, metric: Any, batch_bytes: int | None = None
+) -> list[_Step]:
     """The clean circuit's step, then one per chunk or target in the order of the targets (each
     chunk at its first), every circuit built: a bad target fails before anything runs."""
     measure = metric.circuit if isinstance(metric, Metric) else _itself
     clean = _Step([], [[measure(circuit)]])
-    chunks, rest = batched_chunks(circuit, items, ablation, measure)
+    chunks, rest = batched_chunks(circuit, items, ablation, measure, batch_bytes)
     base = _head_splitter(circuit)
     steps = [
         _Step([label], [[measure(_ablated(ablation, base(target), label, target))]]) for label, target in rest
@@ -391,12 +450,11 @@ def _itself(circuit: Circuit) -> Circuit:
 
 
 def _sweep_items(
-    circuit: Circuit, items: list, ablation: Callable, metric: Any, ev: Evaluator, policy: str, progress: bool
+    steps: list[_Step], items: list, metric: Any, ev: Evaluator, policy: str, progress: bool
 ) -> SweepResult:
-    """The sweep of ``items`` (``(label, target)`` pairs) through ``ev``."""
+    """The sweep of ``items`` (``(label, target)`` pairs), built as ``steps``, through ``ev``."""
     as_metric = isinstance(metric, Metric)
     metric_name = metric.name if as_metric else getattr(metric, "__name__", repr(metric))
-    steps = _steps(circuit, items, ablation, metric)
     units = [unit for step in steps for unit in step.units]
     reads, last_read = _reuse_plan(units)
 
@@ -430,15 +488,15 @@ def _sweep_items(
     return SweepResult(records, baseline, metric_name)
 
 
-def _shard(circuit: Circuit, items: list, ablation: Callable, metric: Any, cache_bytes: int, policy: str):
-    """One shard of a sharded sweep, run where the executor runs it (module-level: it travels by pickle)."""
+def _shard(circuit: Circuit, items: list, ablation: Callable, metric: Any, budget: tuple, policy: str):
+    """One shard of a sharded sweep, run where the executor runs it (module-level: it travels by
+    pickle); ``budget``: ``(cache_bytes, memory_bytes)``."""
     one_thread_if_forked()
-    return _sweep_items(circuit, items, ablation, metric, Evaluator(cache_bytes), policy, progress=False)
+    steps, cache_bytes = _budgeted_steps("sweep", circuit, items, ablation, metric, *budget, False)
+    return _sweep_items(steps, items, metric, Evaluator(cache_bytes), policy, progress=False)
 
 
-def _sharded(
-    executor, shards, circuit, items, ablation, metric, evaluator, cache_bytes, policy
-) -> SweepResult:
+def _sharded(executor, shards, circuit, items, ablation, metric, evaluator, budget, policy) -> SweepResult:
     if not isinstance(executor, concurrent.futures.Executor) and not callable(
         getattr(executor, "submit", None)
     ):
@@ -457,9 +515,7 @@ def _sharded(
     bounds = [round(i * len(items) / count) for i in range(count + 1)]
     parts = [items[bounds[i] : bounds[i + 1]] for i in range(count)]
     try:
-        futures = [
-            executor.submit(_shard, circuit, part, ablation, metric, cache_bytes, policy) for part in parts
-        ]
+        futures = [executor.submit(_shard, circuit, part, ablation, metric, budget, policy) for part in parts]
         results = [future.result() for future in futures]
     except (pickle.PicklingError, AttributeError, TypeError) as error:
         if "pickle" not in str(error).lower():

@@ -105,8 +105,8 @@ def batched_chunks(
 
 def run_chunk(chunk: Chunk, evaluator: Evaluator, store: Any) -> list[torch.Tensor]:
     """Each target's measured value, from two evaluations: the targets' ``X``, then the batch."""
-    values = evaluator.evaluate_many(chunk.layer_values, store=store)
-    measured = evaluator.evaluate(chunk.batched, {chunk.symbol: torch.stack(values)}, store=store)
+    stacked = torch.stack(evaluator.evaluate_many(chunk.layer_values, store=store))  # the list freed at once
+    measured = evaluator.evaluate(chunk.batched, {chunk.symbol: stacked}, store=store)
     if measured.dim() == chunk.rank:  # the measured circuit does not read the layer: no target axis
         return [measured] * len(chunk.labels)
     return list(measured.unbind(0))
