@@ -35,6 +35,7 @@ import torch
 
 from circuits.transformer import names
 from circuits.evaluation.cache import DEFAULT_CACHE_BYTES, Evaluator, check_cache_bytes
+from circuits.evaluation.leaves import check_device
 from circuits.errors import ExperimentError
 from circuits.experiments.inputs import same_shape_inputs, with_targets_of
 from circuits.experiments.metrics import Metric
@@ -107,6 +108,7 @@ def patch_grid(
     positions_per_run: int = POSITIONS_PER_RUN,
     executor: concurrent.futures.Executor | None = None,
     cache_bytes: int = DEFAULT_CACHE_BYTES,
+    device: torch.device | str | None = None,
 ) -> PatchGrid:
     """The grid ``grid`` (a name of ``GRIDS`` or ``EVERY``); see the module docstring.
 
@@ -124,8 +126,12 @@ def patch_grid(
     cache of ``cache_bytes``); the result equals the local run's.  ``layers``: patch only these
     layers (ints, in the order given; default every layer): the tensor's first axis is theirs and
     each record names its layer, so a grid over a large model can be taken a few layers at a time.
+    ``device``: as ``cc.evaluate``'s (None: where the circuit's Arrays are); every run, the patched
+    values and a metric function's logits are there.  ``values`` is a CPU tensor of the runs' metric
+    numbers (in the activations' dtype) and the records are Python floats, whatever the device.
     """
-    options = RunOptions(patches_per_run, positions_per_run, cache_bytes)
+    device = check_device(device, f"act_patch_{grid}", ExperimentError)
+    options = RunOptions(patches_per_run, positions_per_run, cache_bytes, device)
     if isinstance(layers, Iterable) and not isinstance(layers, (str, bytes)):
         layers = list(layers)  # read once, though every part of an ``*_every`` grid uses it
     if grid in EVERY:
@@ -165,6 +171,7 @@ class RunOptions:
     patches_per_run: int
     positions_per_run: int
     cache_bytes: int
+    device: torch.device | None = None
 
 
 def _layer_values(circuit, corrupted, spec: Grid, layer: int, metric, options: RunOptions, evaluator=None):
@@ -172,7 +179,7 @@ def _layer_values(circuit, corrupted, spec: Grid, layer: int, metric, options: R
     one_thread_if_forked()  # an executor's forked worker would hang on torch's threads
     if evaluator is None:  # not `or`: an empty Evaluator is falsy (its len is 0)
         evaluator = Evaluator(options.cache_bytes)
-    run = PatchRun(circuit, corrupted, Point(spec.kind, layer), metric, evaluator)
+    run = PatchRun(circuit, corrupted, Point(spec.kind, layer), metric, evaluator, options.device)
     axes = spec.axes[1:]
     sizes = {axis: run.clean_value.shape[_AXIS_FROM_END[axis]] for axis in axes}
     cells = [()]
@@ -286,6 +293,7 @@ def _grid_function(grid: str) -> Callable[..., PatchGrid]:
         positions_per_run: int = POSITIONS_PER_RUN,
         executor: concurrent.futures.Executor | None = None,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
+        device: torch.device | str | None = None,
     ) -> PatchGrid:
         return patch_grid(
             circuit,
@@ -297,6 +305,7 @@ def _grid_function(grid: str) -> Callable[..., PatchGrid]:
             positions_per_run=positions_per_run,
             executor=executor,
             cache_bytes=cache_bytes,
+            device=device,
         )
 
     tl = f"transformer_lens.patching.get_act_patch_{grid}"

@@ -34,6 +34,7 @@ import torch
 from circuits.transformer import names
 from circuits.evaluation.cache import DEFAULT_CACHE_BYTES, Evaluator, check_cache_bytes
 from circuits.evaluation.costs import cost
+from circuits.evaluation.leaves import check_device
 from circuits.errors import ExperimentError, shown
 from circuits.experiments.ablation import zero_ablate
 from circuits.experiments.metrics import Metric, mean_loss
@@ -297,6 +298,7 @@ def sweep(
     progress: bool = True,
     executor: concurrent.futures.Executor | None = None,
     shards: int | None = None,
+    device: torch.device | str | None = None,
 ) -> SweepResult:
     """Apply ``ablation`` to each target in turn and measure ``metric``; see the module docstring.
 
@@ -327,6 +329,9 @@ def sweep(
       use the first shard's baseline.  A worker forked from this process
       (``ProcessPoolExecutor``'s default on Linux) runs torch on one thread:
       forked, torch's thread pool would hang (``circuits.experiments.workers``).
+    - ``device``: as ``cc.evaluate``'s (None: where the circuit's Arrays are); every evaluation
+      runs there, and a metric function gets the value there.  The table is Python floats
+      (``head_grid`` is a CPU tensor), whatever the device.
 
     What it will cost before it runs: ``sweep_plan`` with the same arguments.
 
@@ -334,11 +339,14 @@ def sweep(
     >>> table["b0.a.head1"] - table.baseline
     """
     _check_arguments(circuit, ablation, evaluator, cache_bytes, policy)
+    device = check_device(device, "sweep", ExperimentError)
     items = _targets(targets)
     if executor is not None:
-        return _sharded(executor, shards, circuit, items, ablation, metric, evaluator, cache_bytes, policy)
+        return _sharded(
+            executor, shards, circuit, items, ablation, metric, evaluator, cache_bytes, policy, device
+        )
     ev = evaluator if evaluator is not None else Evaluator(cache_bytes)
-    return _sweep_items(circuit, items, ablation, metric, ev, policy, progress)
+    return _sweep_items(circuit, items, ablation, metric, ev, policy, progress, device)
 
 
 def sweep_plan(
@@ -391,9 +399,16 @@ def _itself(circuit: Circuit) -> Circuit:
 
 
 def _sweep_items(
-    circuit: Circuit, items: list, ablation: Callable, metric: Any, ev: Evaluator, policy: str, progress: bool
+    circuit: Circuit,
+    items: list,
+    ablation: Callable,
+    metric: Any,
+    ev: Evaluator,
+    policy: str,
+    progress: bool,
+    device: torch.device | None = None,
 ) -> SweepResult:
-    """The sweep of ``items`` (``(label, target)`` pairs) through ``ev``."""
+    """The sweep of ``items`` (``(label, target)`` pairs) through ``ev``, evaluated on ``device``."""
     as_metric = isinstance(metric, Metric)
     metric_name = metric.name if as_metric else getattr(metric, "__name__", repr(metric))
     steps = _steps(circuit, items, ablation, metric)
@@ -410,9 +425,9 @@ def _sweep_items(
         start = time.perf_counter()
         with torch.no_grad():
             if step.chunk is None:
-                values = [ev.evaluate(step.units[0][0], store=admit)]
+                values = [ev.evaluate(step.units[0][0], device=device, store=admit)]
             else:
-                values = run_chunk(step.chunk, ev, admit)
+                values = run_chunk(step.chunk, ev, admit, device)
             numbers = [_number(value if as_metric else metric(value), metric_name) for value in values]
         seconds = (time.perf_counter() - start) / len(values)
         if not step.labels:
@@ -430,14 +445,18 @@ def _sweep_items(
     return SweepResult(records, baseline, metric_name)
 
 
-def _shard(circuit: Circuit, items: list, ablation: Callable, metric: Any, cache_bytes: int, policy: str):
+def _shard(
+    circuit: Circuit, items: list, ablation: Callable, metric: Any, cache_bytes: int, policy: str, device=None
+):
     """One shard of a sharded sweep, run where the executor runs it (module-level: it travels by pickle)."""
     one_thread_if_forked()
-    return _sweep_items(circuit, items, ablation, metric, Evaluator(cache_bytes), policy, progress=False)
+    return _sweep_items(
+        circuit, items, ablation, metric, Evaluator(cache_bytes), policy, progress=False, device=device
+    )
 
 
 def _sharded(
-    executor, shards, circuit, items, ablation, metric, evaluator, cache_bytes, policy
+    executor, shards, circuit, items, ablation, metric, evaluator, cache_bytes, policy, device=None
 ) -> SweepResult:
     if not isinstance(executor, concurrent.futures.Executor) and not callable(
         getattr(executor, "submit", None)
@@ -458,7 +477,8 @@ def _sharded(
     parts = [items[bounds[i] : bounds[i + 1]] for i in range(count)]
     try:
         futures = [
-            executor.submit(_shard, circuit, part, ablation, metric, cache_bytes, policy) for part in parts
+            executor.submit(_shard, circuit, part, ablation, metric, cache_bytes, policy, device)
+            for part in parts
         ]
         results = [future.result() for future in futures]
     except (pickle.PicklingError, AttributeError, TypeError) as error:

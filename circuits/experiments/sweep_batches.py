@@ -103,10 +103,15 @@ def batched_chunks(
     return chunks, rest
 
 
-def run_chunk(chunk: Chunk, evaluator: Evaluator, store: Any) -> list[torch.Tensor]:
-    """Each target's measured value, from two evaluations: the targets' ``X``, then the batch."""
-    values = evaluator.evaluate_many(chunk.layer_values, store=store)
-    measured = evaluator.evaluate(chunk.batched, {chunk.symbol: torch.stack(values)}, store=store)
+def run_chunk(
+    chunk: Chunk, evaluator: Evaluator, store: Any, device: torch.device | None = None
+) -> list[torch.Tensor]:
+    """Each target's measured value, from two evaluations on ``device``: the targets' ``X``, then the
+    batch (their values, stacked where they were computed, bound as its input)."""
+    values = evaluator.evaluate_many(chunk.layer_values, device=device, store=store)
+    measured = evaluator.evaluate(
+        chunk.batched, {chunk.symbol: torch.stack(values)}, device=device, store=store
+    )
     if measured.dim() == chunk.rank:  # the measured circuit does not read the layer: no target axis
         return [measured] * len(chunk.labels)
     return list(measured.unbind(0))
