@@ -372,27 +372,32 @@ def main() -> None:
         )
         raise SystemExit(2)
     bench = Bench(args)
+    started = time.perf_counter()
     where = torch.cuda.get_device_name(bench.device) if bench.cuda else "CPU"
+    dtype = str(args.dtype).removeprefix("torch.")
+    bench.save(
+        dict(kind="start", device=str(bench.device), name=where, argv=sys.argv[1:], torch=torch.__version__)
+    )
     print(
-        f"device {bench.device} ({where}), {args.dtype}, {args.rounds} round(s); torch {torch.__version__}",
+        f"device {bench.device} ({where}), {dtype}, {args.rounds} round(s) after {args.warmup} warm-up; "
+        f"torch {torch.__version__}",
         flush=True,
     )
     parts = {"forward": forward, "sweep": head_sweep, "grid": patching_grid, "attribution": attribution}
     for name, part in parts.items():
         if not args.only or name in args.only:
             part(bench, args)
-    shown = ", ".join(
-        f"{kind} {figure['ratio']:.3f}"
-        + (
-            ""
-            if figure["circuits_peak_bytes"] is None
-            else f" (peak {figure['circuits_peak_bytes'] / MiB:.0f} vs {figure['reference_peak_bytes'] / MiB:.0f} MiB)"
-        )
-        for kind, figure in bench.headline.items()
-    )
-    print(
-        f"headline: circuits / reference on {bench.device} ({where}) in {args.dtype}, median wall time: {shown}"
-    )
+            if bench.cuda:
+                torch.cuda.empty_cache()  # the part's models and caches are gone: give their memory back
+    print(f"all parts in {time.perf_counter() - started:.0f} s", flush=True)
+    shown = ", ".join(_headline(kind, figure) for kind, figure in bench.headline.items())
+    print(f"headline: circuits / reference on {bench.device} ({where}) in {dtype}, median wall time: {shown}")
+
+
+def _headline(kind: str, figure: dict) -> str:
+    ours, theirs = figure["circuits_peak_bytes"], figure["reference_peak_bytes"]
+    peaks = "" if ours is None else f" (peak +{ours / MiB:.0f} vs +{theirs / MiB:.0f} MiB)"
+    return f"{kind} {figure['ratio']:.3f}{peaks}"
 
 
 if __name__ == "__main__":
