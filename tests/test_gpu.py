@@ -232,7 +232,7 @@ def test_on_the_gpu_evaluate_and_the_evaluator_give_the_cpu_values():
     for _ in range(2):  # the second from the cache
         _close(ev.evaluate(circuit.get_unique(names.LOGITS), device="cuda"), reference, "Evaluator")
     profiled = cc.profile(circuit, device="cuda", synchronize=True)
-    assert profiled.total_seconds > 0
+    assert profiled.seconds > 0 and profiled.nodes
 
 
 @pytest.mark.gpu
@@ -244,11 +244,10 @@ def test_on_the_gpu_a_sweep_gives_the_cpu_table():
     gpu = ex.sweep(circuit, targets, progress=False, device="cuda")
     by_function = ex.sweep(circuit, targets, metric=seen, progress=False, device="cuda")
     assert set(seen.devices) == {"cuda"}
-    for table in (gpu,):
-        assert table.keys() == cpu.keys()
-        torch.testing.assert_close(
-            torch.tensor(list(table.values())), torch.tensor(list(cpu.values())), rtol=1e-4, atol=1e-6
-        )
+    assert gpu.keys() == cpu.keys()
+    torch.testing.assert_close(
+        torch.tensor(list(gpu.values())), torch.tensor(list(cpu.values())), rtol=1e-4, atol=1e-6
+    )
     assert len(by_function) == len(targets)
 
 
