@@ -209,7 +209,15 @@ def test_the_cache_analyses_run_on_the_device():
         attribution = ex.direct_logit_attribution(circuit, GOOD, BAD, device="meta")
         lens = ex.logit_lens(circuit, device="meta")
         grads = ex.gradients(circuit, Seen(), [("resid_pre", 1), ("z", 0)], device="meta")
-    assert _all_meta([attribution.values, attribution.total, lens.logits, *grads.values()])
+        cache = ex.run_with_cache(circuit, device="meta")
+        stack = cache.decompose_resid(apply_ln=True, pos_slice=-1)
+        made = [
+            cache.accumulated_resid(incl_mid=True, apply_ln=True),
+            stack,
+            cache.stack_head_results(incl_remainder=True, apply_ln=True),
+            cache.logit_attrs(stack, [GOOD, GOOD], [BAD, BAD], pos_slice=-1),
+        ]
+    assert _all_meta([attribution.values, attribution.total, lens.logits, *grads.values(), *made])
 
 
 # ------------------------------------------------------------------ on a GPU
