@@ -18,27 +18,53 @@ from typing import Any, Callable, Mapping
 import torch
 
 from circuits.errors import (
+    CircuitError,
     EvaluationError,
     MissingTensorError,
     MissingTensorEvaluationError,
     StaleTensorError,
     StaleTensorEvaluationError,
+    shown,
 )
 from circuits.evaluation.kernels import KERNEL_MAKERS, kernel_maker
 from circuits.evaluation.plan import Steps, error_at
 from circuits.core.nodes import Add, Array, Circuit, Einsum, Scalar, Symbol
 from circuits.core.shapes import format_shape
 
-__all__ = ["Call", "check_options", "constant_value", "finish_leaves", "leaf_handler", "same_device"]
+__all__ = [
+    "Call",
+    "check_device",
+    "check_options",
+    "constant_value",
+    "finish_leaves",
+    "leaf_handler",
+    "same_device",
+]
+
+
+def check_device(device: Any, what: str, error: type[CircuitError] = EvaluationError) -> torch.device | None:
+    """``device`` (None, a ``torch.device`` or its name) as a torch.device, or ``error`` naming
+    ``what``'s argument ``device``: a name torch does not know, or a CUDA device this machine lacks
+    (refused before any work starts, not by the first tensor moved there)."""
+    if device is None:
+        return None
+    try:
+        checked = torch.device(device)
+    except (RuntimeError, TypeError) as failure:
+        raise error(f"{what}: device {shown(repr(device))} is not a torch device ({failure})") from None
+    if checked.type == "cuda" and not (
+        torch.cuda.is_available() and (checked.index or 0) < torch.cuda.device_count()
+    ):
+        raise error(
+            f"{what}: device {str(checked)!r} is not available here (torch sees "
+            f"{torch.cuda.device_count()} CUDA devices)"
+        )
+    return checked
 
 
 def check_options(inputs: Any, device: Any, dtype: Any) -> torch.device | None:
     """The call's options checked (``EvaluationError`` otherwise); returns the device as a torch.device."""
-    if device is not None:
-        try:
-            device = torch.device(device)
-        except (RuntimeError, TypeError) as error:
-            raise EvaluationError(f"evaluate: device {device!r} is not a torch device ({error})") from None
+    device = check_device(device, "evaluate")
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise EvaluationError(
             f"evaluate: dtype {dtype!r} is not a floating torch dtype (it casts floating tensors only; "

@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from circuits.evaluation.cache import DEFAULT_CACHE_BYTES, Evaluator
+from circuits.evaluation.leaves import check_device
 from circuits.experiments.inputs import (
     EXPANDED,
     REBATCHED,
@@ -73,6 +74,7 @@ def mean_ablate(
     dataset_inputs: Mapping[Any, Any],
     *,
     evaluator: Evaluator | None = None,
+    device: torch.device | str | None = None,
 ) -> Circuit:
     """Every node ``matcher`` finds replaced by its mean over a dataset.
 
@@ -94,12 +96,15 @@ def mean_ablate(
     A node that does not depend on the inputs is left as it is.  The
     dataset runs go through ``evaluator`` (default: a fresh
     ``Evaluator(DEFAULT_CACHE_BYTES)`` for this call), so several matched
-    nodes share their common work, and a sweep can pass its own.
+    nodes share their common work, and a sweep can pass its own.  ``device``: where the dataset runs
+    are evaluated (as ``cc.evaluate``'s; None: where the circuit's Arrays are); the means are Arrays
+    on it.
 
     >>> tokens = torch.randint(0, vocab, (64, 129))             # 64 sequences of the right length
     >>> ablated = mean_ablate(split, "b1.a.head3", {"toks_int_var": tokens})
     """
     check_node(circuit, "mean_ablate: the circuit", ExperimentError)
+    device = check_device(device, "mean_ablate", ExperimentError)
     check_keys_found(circuit, dataset_inputs, "mean_ablate")  # a mapping, every key found
     ev = evaluator if evaluator is not None else Evaluator(DEFAULT_CACHE_BYTES)
     unbatched_inputs = any(node.rank < 2 for key in dataset_inputs for node in circuit.get(key))
@@ -115,12 +120,14 @@ def mean_ablate(
                     "[N, ...] with an extra leading axis"
                 )
             kind = REBATCHED  # [N, S+1] for [B, S+1] with N == B: still a dataset of N rows
-        return _dataset_mean(node, on_dataset, kind, ev)
+        return _dataset_mean(node, on_dataset, kind, ev, device)
 
     return rewrite_found(circuit, matcher, mean_of, "mean_ablate")
 
 
-def _dataset_mean(node: Circuit, on_dataset: Circuit, kind: str, ev: Evaluator) -> Circuit:
+def _dataset_mean(
+    node: Circuit, on_dataset: Circuit, kind: str, ev: Evaluator, device: torch.device | None
+) -> Circuit:
     """``node``'s mean over the dataset axes of ``on_dataset`` (extra leading axes, or the leading one)."""
     if kind == REBATCHED and on_dataset.rank != node.rank:
         raise ExperimentError(
@@ -138,7 +145,7 @@ def _dataset_mean(node: Circuit, on_dataset: Circuit, kind: str, ev: Evaluator) 
     if kind != EXPANDED and node.rank == 0:
         raise ExperimentError(f"mean_ablate: {node.describe()} has no batch axis to average over")
     with torch.no_grad():
-        value = ev.evaluate(on_dataset)
+        value = ev.evaluate(on_dataset, device=device)
         if kind == EXPANDED:
             mean = value.mean(dim=tuple(range(extra))) if extra else value
             return Array(mean.clone(), name=node.name)

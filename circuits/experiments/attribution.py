@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable, Mapping
 import torch
 
 from circuits.errors import ExperimentError
+from circuits.evaluation.leaves import check_device
 from circuits.experiments.gradients import tracked_run
 from circuits.experiments.inputs import same_shape_inputs, with_targets_of
 from circuits.evaluation.costs import cost
@@ -84,6 +85,7 @@ class AttributionResult(dict):
     def records(self) -> list[dict]:
         rows = []
         for kind, grid in self.items():
+            grid = grid.cpu()  # one copy, not one device read per number
             for index in torch.cartesian_prod(*[torch.arange(n) for n in grid.shape]).reshape(-1, grid.ndim):
                 at = [int(i) for i in index]
                 head = at[1] if grid.ndim == 3 else None
@@ -111,6 +113,7 @@ def attribution_patching(
     *,
     into: str = "corrupted",
     memory_bytes: int | None = None,
+    device: torch.device | str | None = None,
 ) -> AttributionResult:
     """Attribution patching of every layer (and head) of each of ``kinds``; see the module docstring.
 
@@ -118,6 +121,8 @@ def attribution_patching(
     ``'toks_int_var'``) to values of the same shape.  ``metric``: as ``ex.gradients`` takes it
     (a function of the logits returning one number as a tensor, as the patching grids take it, or
     a Metric that keeps the points, e.g. ``logit_diff(-1, good, bad, push_down=False)``).
+    ``device``: as ``cc.evaluate``'s (None: where the circuit's Arrays are); both runs, the backward
+    and the grids are there (the grids stay on it; ``records`` and the two metrics are floats).
     ``memory_bytes``: the most its values may take (not the weights); a ``CacheError`` before
     anything runs when ``cc.cost``'s bound on the tracked run, its gradients and the source run
     (``memory_budget.tracked_bytes``) exceeds it.  Nothing is batched to fit: split the prompts.
@@ -126,6 +131,7 @@ def attribution_patching(
     >>> result["z"].sum(-1)              # [layer, head]: each head's output over every position
     """
     check_node(circuit, "attribution_patching: the circuit", ExperimentError)
+    device = check_device(device, "attribution_patching", ExperimentError)
     kinds = _checked_kinds(kinds)
     if into not in ("corrupted", "clean"):
         raise ExperimentError(f"attribution_patching: into must be 'corrupted' or 'clean', got {into!r}")
@@ -137,11 +143,11 @@ def attribution_patching(
     layout = _layout(circuit, kinds)
     keys = [key for entries in layout.values() for _, key in entries]
     if check_memory_bytes(memory_bytes, "attribution_patching") is not None:
-        _check_budget(target, source, metric, keys, memory_bytes)
-    tracked = tracked_run(target, metric, keys, track=True)
+        _check_budget(target, source, metric, keys, memory_bytes, device)
+    tracked = tracked_run(target, metric, keys, track=True, device=device)
     grads = torch.autograd.grad(tracked.metric, [tracked.values[key] for key in keys], allow_unused=True)
     with torch.no_grad():
-        plain = tracked_run(source, metric, keys, track=False)
+        plain = tracked_run(source, metric, keys, track=False, device=device)
         per_key = {}
         for key, grad in zip(keys, grads):
             if grad is not None:
@@ -150,13 +156,15 @@ def attribution_patching(
     return AttributionResult(grids, float(tracked.metric.detach()), float(plain.metric), into)
 
 
-def _check_budget(target: Circuit, source: Circuit, metric: Any, keys: list, memory_bytes: int) -> None:
+def _check_budget(
+    target: Circuit, source: Circuit, metric: Any, keys: list, memory_bytes: int, device: torch.device | None
+) -> None:
     """``CacheError`` when the tracked run (``tracked_bytes``), the gradients and values at ``keys``
     and the source run's evaluation together may exceed ``memory_bytes``."""
     roots = [
         metric.circuit(run) if isinstance(metric, Metric) else model_output(run) for run in (target, source)
     ]
-    tracked, plain = cost(roots[0]), cost(roots[1])
+    tracked, plain = cost(roots[0], device), cost(roots[1], device)
     nodes = resolve_points(target, keys)
     at_keys = sum(tracked[nodes[key]].out_bytes for key in keys if nodes[key].hash in tracked.by_hash)
     need = tracked_bytes(tracked) + 2 * at_keys + evaluation_bytes(plain, plain.held_bytes)
@@ -225,14 +233,14 @@ def _grid(entries: list[tuple[tuple, tuple]], per_key: dict[tuple, torch.Tensor]
         raise ExperimentError("attribution_patching: the metric depends on none of these points")
     layers = max(index[0] for index, _ in entries) + 1
     if len(entries[0][0]) == 1:
-        grid = torch.zeros((layers, first.shape[-1]), dtype=first.dtype)
+        grid = torch.zeros((layers, first.shape[-1]), dtype=first.dtype, device=first.device)
     else:
         axis = max(
             (per_key[key].shape[0] for (_, head), key in entries if head is None and key in per_key),
             default=0,
         )
         heads = max([axis] + [head + 1 for (_, head), _ in entries if head is not None])
-        grid = torch.zeros((layers, heads, first.shape[-1]), dtype=first.dtype)
+        grid = torch.zeros((layers, heads, first.shape[-1]), dtype=first.dtype, device=first.device)
     for index, key in entries:
         if key in per_key:
             grid[index if index[-1] is not None else index[:1]] = per_key[key]

@@ -24,6 +24,7 @@ import torch
 
 from circuits.core.nodes import Circuit, check_node
 from circuits.errors import ExperimentError
+from circuits.evaluation.leaves import check_device
 from circuits.experiments import residual
 from circuits.experiments.activations import ActivationCache, run_with_cache
 from circuits.transformer import names
@@ -37,7 +38,8 @@ ERROR_MEASURES = ("mul", "abs")
 
 
 def detection_pattern(kind: str, tokens: Any) -> torch.Tensor:
-    """The ``[S, S]`` detection pattern of ``kind`` for tokens ``[S]`` (``[B, S, S]`` for ``[B, S]``)."""
+    """The ``[S, S]`` detection pattern of ``kind`` for tokens ``[S]`` (``[B, S, S]`` for ``[B, S]``),
+    on the tokens' device."""
     if kind not in HEAD_PATTERNS:
         raise ExperimentError(f"detection pattern {kind!r}: the named ones are {', '.join(HEAD_PATTERNS)}")
     ids = torch.as_tensor(tokens)
@@ -46,9 +48,9 @@ def detection_pattern(kind: str, tokens: Any) -> torch.Tensor:
             f"tokens: expected integer ids [S] or [B, S], got {ids.dtype} {list(ids.shape)}"
         )
     seq = ids.shape[-1]
-    below = torch.ones(seq, seq).tril(-1)  # strictly earlier keys
+    below = torch.ones(seq, seq, device=ids.device).tril(-1)  # strictly earlier keys
     if kind == "previous_token_head":
-        pattern = torch.diag(torch.ones(seq - 1), -1).expand(*ids.shape[:-1], seq, seq)
+        pattern = torch.diag(torch.ones(seq - 1, device=ids.device), -1).expand(*ids.shape[:-1], seq, seq)
         return pattern.clone()
     duplicate = (ids[..., :, None] == ids[..., None, :]).float() * below
     if kind == "duplicate_token_head":
@@ -65,23 +67,27 @@ def detect_head(
     exclude_bos: bool = False,
     exclude_current_token: bool = False,
     error_measure: str = "mul",
+    device: torch.device | str | None = None,
 ) -> torch.Tensor:
     """Every head's score ``[layer, head]`` for ``pattern`` (a name of ``HEAD_PATTERNS`` or a
     ``[S, S]`` / ``[B, S, S]`` tensor of zeros and ones); see the module docstring.
 
     ``circuit``: a model circuit (its own tokens are read), or its ``ActivationCache`` (the
     attention patterns it lacks are computed with one more run).  Split layers are read head by head.
+    ``device``: where a circuit's attention patterns are computed (as ``cc.evaluate``'s; a cache's
+    are where they were computed); the scores are on the patterns' device.
     """
     if error_measure not in ERROR_MEASURES:
         raise ExperimentError(f"error_measure={error_measure!r}: expected one of {ERROR_MEASURES}")
     for flag, value in (("exclude_bos", exclude_bos), ("exclude_current_token", exclude_current_token)):
         if not isinstance(value, bool):
             raise ExperimentError(f"{flag}={value!r} is not a bool")
-    cache = circuit if isinstance(circuit, ActivationCache) else _attention_cache(circuit)
+    device = check_device(device, "detect_head", ExperimentError)
+    cache = circuit if isinstance(circuit, ActivationCache) else _attention_cache(circuit, device)
     facts = cache.facts
     probs = [_layer_probs(cache, layer, facts.split_heads.get(layer)) for layer in range(facts.n_layers)]
     attention = torch.stack(probs, dim=-4)  # [batch?, layer, head, q, k]
-    detection = _detection(pattern, cache.circuit, attention).to(attention.dtype)
+    detection = _detection(pattern, cache.circuit, attention).to(attention.device, attention.dtype)
     detection = detection.unsqueeze(-3).unsqueeze(-3)  # over layers and heads
     if error_measure == "mul":  # the excluded attention is zeroed, then the share is taken
         attention = _excluded(attention, exclude_bos, exclude_current_token)
@@ -102,7 +108,7 @@ def _excluded(values: torch.Tensor, bos: bool, current: bool) -> torch.Tensor:
     return values
 
 
-def _attention_cache(circuit: Circuit) -> ActivationCache:
+def _attention_cache(circuit: Circuit, device: torch.device | None) -> ActivationCache:
     check_node(circuit, "detect_head: the circuit (or its ActivationCache)", ExperimentError)
     facts = residual.model_facts(circuit)
     points: list[Point] = []
@@ -110,7 +116,7 @@ def _attention_cache(circuit: Circuit) -> ActivationCache:
         n_heads = facts.split_heads.get(layer)
         heads = [None] if n_heads is None else list(range(n_heads))
         points += [Point("attn_probs", layer, head) for head in heads]
-    return run_with_cache(circuit, points)
+    return run_with_cache(circuit, points, device=device)
 
 
 def _layer_probs(cache: ActivationCache, layer: int, n_heads: int | None) -> torch.Tensor:
@@ -129,7 +135,7 @@ def _detection(pattern: Any, circuit: Circuit, attention: torch.Tensor) -> torch
                 f"detect_head: a named pattern is built from the circuit's tokens {names.INPUT_TOKENS!r}; "
                 f"{circuit.describe()} has {len(found)} such nodes: give the pattern as a tensor"
             )
-        pattern = detection_pattern(pattern, next(iter(found)).evaluate())
+        pattern = detection_pattern(pattern, next(iter(found)).evaluate(device=attention.device))
     if not isinstance(pattern, torch.Tensor):
         raise ExperimentError(
             f"detect_head: pattern must be a name or a tensor, got {type(pattern).__name__}"

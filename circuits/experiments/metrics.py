@@ -42,6 +42,7 @@ import torch
 from circuits.transformer import names
 from circuits.evaluation.cache import Evaluator
 from circuits.evaluation import evaluate
+from circuits.evaluation.leaves import check_device
 from circuits.errors import ExperimentError, shown
 from circuits.core.nodes import (
     Add,
@@ -66,7 +67,7 @@ class Metric:
     """A metric as a circuit builder: ``build(circuit) -> circuit of shape []``.
 
     ``metric.circuit(c)`` builds it; ``metric(c)`` (or ``metric(c,
-    evaluator=ev)``) evaluates it to a float.  ``targets``: which run's next tokens it scores
+    evaluator=ev, device="cuda")``) evaluates it to a float.  ``targets``: which run's next tokens it scores
     when an experiment compares two runs (the module docstring); ``with_targets`` changes it.
     """
 
@@ -94,10 +95,22 @@ class Metric:
             )
         return node
 
-    def __call__(self, circuit: Circuit, *, evaluator: Evaluator | None = None) -> float:
+    def __call__(
+        self,
+        circuit: Circuit,
+        *,
+        evaluator: Evaluator | None = None,
+        device: torch.device | str | None = None,
+    ) -> float:
+        """The metric of ``circuit``, evaluated on ``device`` (as ``cc.evaluate``'s), through
+        ``evaluator`` if given."""
+        device = check_device(device, f"metric {self.name}", ExperimentError)
         node = self.circuit(circuit)
         with torch.no_grad():
-            value = evaluator.evaluate(node) if evaluator is not None else evaluate(node)
+            if evaluator is not None:
+                value = evaluator.evaluate(node, device=device)
+            else:
+                value = evaluate(node, device=device)
         return float(value)
 
     def __repr__(self) -> str:

@@ -41,7 +41,8 @@ __all__ = ["PatchRun", "first_change", "measure_all", "model_output"]
 class PatchRun:
     """Measures patches of the node at ``key`` (a ``Point``) of one circuit.
 
-    ``clean`` and ``corrupted`` are the model circuit on the clean and on the corrupted inputs;
+    ``clean`` and ``corrupted`` are the model circuit on the clean and on the corrupted inputs,
+    evaluated on ``device`` (None: where their Arrays are; the patched values are made there too);
     ``metric`` a ``Metric`` or a function of the logits tensor ``[B, S, V]`` (of an encoder's output,
     its root, where the circuit has no logits: ``model_output``); ``evaluator`` keeps
     what every chunk reads (the corrupted layers below the node, for instance).  On a causal
@@ -51,17 +52,27 @@ class PatchRun:
     already there (an IOI prompt corrupted at its repeated name changes nothing before it).
     """
 
-    def __init__(self, clean: Circuit, corrupted: Circuit, key: tuple, metric: Any, evaluator: Evaluator):
-        self.evaluator, self.metric = evaluator, metric
+    def __init__(
+        self,
+        clean: Circuit,
+        corrupted: Circuit,
+        key: tuple,
+        metric: Any,
+        evaluator: Evaluator,
+        device: torch.device | None = None,
+    ):
+        self.evaluator, self.metric, self.device = evaluator, metric, device
         node = _layer_node(corrupted, key)
-        self.clean_value = evaluator.evaluate(resolve_points(clean, [key])[key])
-        self.corrupted_value = evaluator.evaluate(node)
+        self.clean_value = evaluator.evaluate(resolve_points(clean, [key])[key], device=device)
+        self.corrupted_value = evaluator.evaluate(node, device=device)
         self.leaf = Array(self.corrupted_value, name=f"patch.{key[0]}")
         self.leafed = replace(corrupted, {node: self.leaf})
         self.measured = self._measured(self.leafed)
         self.shared = {n.hash for n in unique_nodes([self.measured])}
         self.prefixes = (
-            _block_values(corrupted, key[1], evaluator) if causal_suffix.is_causal(corrupted) else None
+            _block_values(corrupted, key[1], evaluator, device)
+            if causal_suffix.is_causal(corrupted)
+            else None
         )
         self.first_change = first_change(self.clean_value, self.corrupted_value) if self.prefixes else 0
 
@@ -85,7 +96,7 @@ class PatchRun:
             measured = self._measured(causal_suffix.from_position(self.leafed, first_position, self.prefixes))
         batched = expand(measured, {self.leaf: Array(patched, name=self.leaf.name)})
         with torch.no_grad():
-            value = self.evaluator.evaluate(batched, store=self._reused)
+            value = self.evaluator.evaluate(batched, device=self.device, store=self._reused)
         if batched.rank == measured.rank:
             # no patch axis: the measured circuit does not read the patched node (every patch lies
             # after the measured position on a causal model), so each patch leaves the metric as it is
@@ -138,14 +149,16 @@ def _layer_node(circuit: Circuit, key: tuple) -> Circuit:
         ) from None
 
 
-def _block_values(corrupted: Circuit, layer: int, evaluator: Evaluator) -> dict[str, torch.Tensor]:
+def _block_values(
+    corrupted: Circuit, layer: int, evaluator: Evaluator, device: torch.device | None = None
+) -> dict[str, torch.Tensor]:
     """The corrupted run's residual stream ``'b{l}'`` for every ``l >= layer`` (the stored prefixes)."""
     blocks = {}
     for node in unique_nodes([corrupted]):
         parsed = names.parse(node.name) if node.name is not None else None
         if parsed is not None and parsed.kind == "block" and parsed.layer >= layer:
             blocks[node.name] = node
-    values = evaluator.evaluate_many(list(blocks.values()))
+    values = evaluator.evaluate_many(list(blocks.values()), device=device)
     return dict(zip(blocks, values))
 
 

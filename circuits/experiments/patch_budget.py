@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 import attrs
+import torch
 
 from circuits.core.nodes import Circuit
 from circuits.core.traversal import unique_nodes
@@ -27,12 +28,13 @@ __all__ = ["GridBudget", "grid_budget", "patches_that_fit"]
 
 @attrs.frozen
 class GridBudget:
-    """``cache_bytes`` for the grid's Evaluator, ``batch_bytes`` for one run's patches, and
-    ``held_bytes``: the weights and inputs (the caller's, not counted)."""
+    """``cache_bytes`` for the grid's Evaluator, ``batch_bytes`` for one run's patches,
+    ``held_bytes``: the weights and inputs (the caller's, not counted), and the ``device`` it runs on."""
 
     cache_bytes: int
     batch_bytes: int
     held_bytes: int
+    device: torch.device | None = None
 
 
 def grid_budget(
@@ -41,13 +43,15 @@ def grid_budget(
     metric: Any,
     kind: str,
     layers: Iterable[int],
-    memory_bytes: int,
-    cache_bytes: int,
+    budget: tuple[int, int],
+    device: torch.device | None = None,
 ) -> GridBudget:
-    """The budget of a grid of ``kind`` over ``layers`` of ``corrupted``; ``CacheError`` when one
-    patch per run does not fit in ``memory_bytes``."""
+    """The budget of a grid of ``kind`` over ``layers`` of ``corrupted`` run on ``device``;
+    ``budget``: ``(memory_bytes, cache_bytes)``.  ``CacheError`` when one patch per run does not
+    fit in ``memory_bytes``."""
+    memory_bytes, cache_bytes = budget
     measured = metric.circuit(corrupted) if isinstance(metric, Metric) else model_output(corrupted)
-    costed, whole = cost(measured), cost(corrupted)
+    costed, whole = cost(measured, device), cost(corrupted, device)
     held = costed.held_bytes
     points = [Point(kind, layer) for layer in layers]
     nodes = resolve_points(corrupted, points)
@@ -62,12 +66,14 @@ def grid_budget(
     single = evaluation_bytes(costed, held) + node_bytes  # one patch: its value and the run above
     for_what = "one evaluation of the circuit with one patch (and the patched node's values)"
     cache, rest = split(what, memory_bytes, single + fixed, cache_bytes, for_what)
-    return GridBudget(cache, rest - fixed, held)
+    return GridBudget(cache, rest - fixed, held, device)
 
 
 def patches_that_fit(run: PatchRun, budget: GridBudget, most: int) -> int:
     """How many of ``run``'s patches one evaluation can take within ``budget`` (at least 1, at most ``most``)."""
-    per_patch = evaluation_bytes(cost(run.measured), budget.held_bytes)  # the leaf counts: not held
+    per_patch = evaluation_bytes(
+        cost(run.measured, budget.device), budget.held_bytes
+    )  # the leaf counts: not held
     return max(1, min(most, budget.batch_bytes // max(1, per_patch)))
 
 

@@ -35,6 +35,7 @@ import torch
 
 from circuits.transformer import names
 from circuits.evaluation.cache import DEFAULT_CACHE_BYTES, Evaluator, check_cache_bytes
+from circuits.evaluation.leaves import check_device
 from circuits.errors import ExperimentError
 from circuits.experiments.inputs import same_shape_inputs, with_targets_of
 from circuits.experiments.metrics import Metric
@@ -110,6 +111,7 @@ def patch_grid(
     executor: concurrent.futures.Executor | None = None,
     cache_bytes: int = DEFAULT_CACHE_BYTES,
     memory_bytes: int | None = None,
+    device: torch.device | str | None = None,
 ) -> PatchGrid:
     """The grid ``grid`` (a name of ``GRIDS`` or ``EVERY``); see the module docstring.
 
@@ -130,8 +132,12 @@ def patch_grid(
     ``memory_bytes``: the most the grid's values may take (not the weights): the cache and the
     patches per run are sized to fit (``circuits.experiments.patch_budget``), and a budget below
     one patch's run is a ``CacheError`` before anything runs; with an executor, per job.
+    ``device``: as ``cc.evaluate``'s (None: where the circuit's Arrays are); every run, the patched
+    values and a metric function's logits are there.  ``values`` is a CPU tensor of the runs' metric
+    numbers (in the activations' dtype) and the records are Python floats, whatever the device.
     """
-    options = RunOptions(patches_per_run, positions_per_run, cache_bytes)
+    device = check_device(device, f"act_patch_{grid}", ExperimentError)
+    options = RunOptions(patches_per_run, positions_per_run, cache_bytes, device)
     if isinstance(layers, Iterable) and not isinstance(layers, (str, bytes)):
         layers = list(layers)  # read once, though every part of an ``*_every`` grid uses it
     if grid in EVERY:
@@ -159,7 +165,13 @@ def patch_grid(
     budget = None
     if check_memory_bytes(memory_bytes, f"act_patch_{grid}") is not None:
         budget = grid_budget(
-            f"act_patch_{grid}", corrupted, metric, spec.kind, chosen, memory_bytes, cache_bytes
+            f"act_patch_{grid}",
+            corrupted,
+            metric,
+            spec.kind,
+            chosen,
+            (memory_bytes, cache_bytes),
+            options.device,
         )
         options = attrs.evolve(options, cache_bytes=budget.cache_bytes)
     jobs = [(circuit, corrupted, spec, layer, metric, options, budget) for layer in chosen]
@@ -178,6 +190,7 @@ class RunOptions:
     patches_per_run: int
     positions_per_run: int
     cache_bytes: int
+    device: torch.device | None = None
 
 
 def _layer_values(
@@ -188,7 +201,7 @@ def _layer_values(
     one_thread_if_forked()  # an executor's forked worker would hang on torch's threads
     if evaluator is None:  # not `or`: an empty Evaluator is falsy (its len is 0)
         evaluator = Evaluator(options.cache_bytes)
-    run = PatchRun(circuit, corrupted, Point(spec.kind, layer), metric, evaluator)
+    run = PatchRun(circuit, corrupted, Point(spec.kind, layer), metric, evaluator, options.device)
     axes = spec.axes[1:]
     sizes = {axis: run.clean_value.shape[_AXIS_FROM_END[axis]] for axis in axes}
     cells = [()]
@@ -306,6 +319,7 @@ def _grid_function(grid: str) -> Callable[..., PatchGrid]:
         executor: concurrent.futures.Executor | None = None,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
         memory_bytes: int | None = None,
+        device: torch.device | str | None = None,
     ) -> PatchGrid:
         return patch_grid(
             circuit,
@@ -318,6 +332,7 @@ def _grid_function(grid: str) -> Callable[..., PatchGrid]:
             executor=executor,
             cache_bytes=cache_bytes,
             memory_bytes=memory_bytes,
+            device=device,
         )
 
     tl = f"transformer_lens.patching.get_act_patch_{grid}"

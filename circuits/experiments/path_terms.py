@@ -23,6 +23,7 @@ import torch
 
 from circuits.errors import ExperimentError
 from circuits.evaluation import evaluate_many
+from circuits.evaluation.leaves import check_device
 from circuits.experiments import residual
 from circuits.experiments.composition import Compositions, head_of
 from circuits.transformer.points import as_point, resolve_points
@@ -52,7 +53,7 @@ class _Model:
     evaluated in one run: the final norm's, each post-norm's (Gemma 2) and, for ``order > 1``, each
     attention norm's (``scales[key]``, ``[batch, pos]``)."""
 
-    def __init__(self, circuit: Circuit, facts, order: int):
+    def __init__(self, circuit: Circuit, facts, order: int, device: torch.device | None = None):
         self.facts = facts
         keys = [("logits",), ("ln_final_scale",), ("embed",)]
         keys += [("pos_embed",)] if facts.pos_in_resid else []
@@ -68,7 +69,8 @@ class _Model:
         for layer, writes in enumerate(facts.writes):
             if writes.attn_norm is not None:
                 scales[("attn_post_scale", layer, None)] = writes.attn_norm.rsqrt
-        self.scales = dict(zip(scales, (value.detach() for value in evaluate_many(list(scales.values())))))
+        values = evaluate_many(list(scales.values()), device=device)
+        self.scales = dict(zip(scales, (value.detach() for value in values)))
 
     def point(self, *key) -> Circuit:
         return self.points[as_point(key)]
@@ -171,7 +173,7 @@ def _readout(model: _Model, scale: torch.Tensor, tokens: torch.Tensor | None) ->
     (vocab): the final norm's own weight node (Gemma's ``1 + w``) and the unembedding node."""
     readout = model.facts.readout
     d_model = readout.unembed.shape[-1]
-    centre = torch.eye(d_model, dtype=scale.dtype)
+    centre = torch.eye(d_model, dtype=scale.dtype, device=scale.device)
     if readout.norm.centred:
         centre = centre - 1.0 / d_model
     return [
@@ -225,6 +227,7 @@ def path_terms(
     tokens=None,
     *,
     uncapped: bool = False,
+    device: torch.device | str | None = None,
 ) -> PathTerms:
     """The logits at ``pos`` as an Add ``'path_terms'`` of one node per direct path (see the module).
 
@@ -239,8 +242,12 @@ def path_terms(
     ``tokens`` (vocabulary ids) keeps only those logits, in that order: ``[batch, len(tokens)]``
     terms, each reading only those rows of the unembedding (much cheaper with a large vocabulary).
     A model that soft-caps its logits (Gemma 2) is refused unless ``uncapped=True``: the terms then
-    sum to the logits before the cap (``'t.unembed'``, plus the unembedding bias if any)."""
+    sum to the logits before the cap (``'t.unembed'``, plus the unembedding bias if any).
+    ``device``: where the frozen scales are computed (as ``cc.evaluate``'s; None: where the circuit's
+    Arrays are); the Arrays made here (the scales, the centring matrix) live there, so evaluate the
+    terms there too (``cc.evaluate(result.terms, device=device)``)."""
     check_node(circuit, "the model circuit", ExperimentError)
+    device = check_device(device, "path_terms", ExperimentError)
     if isinstance(order, bool) or not isinstance(order, int) or order < 1:
         raise ExperimentError(f"path_terms: order={order!r}; give an int >= 1 (1: direct paths only)")
     facts = residual.model_facts(circuit)
@@ -253,7 +260,7 @@ def path_terms(
     if unsplit:
         circuit = split_heads(circuit, unsplit)
         facts = residual.model_facts(circuit)
-    model = _Model(circuit, facts, order)
+    model = _Model(circuit, facts, order, device)
     batch, seq, vocab = model.point("logits").shape
     pos = _position(pos, seq)
     tokens = _tokens(tokens, vocab)

@@ -114,12 +114,13 @@ def _weight(cache: ActivationCache, name: str, like: torch.Tensor) -> torch.Tens
     arrays = cache.facts.arrays
     if name in arrays and arrays[name] is None:
         raise ExperimentError(f"weight {name!r}: several different nodes have this name")
-    return arrays[name].evaluate().to(like) if name in arrays else None
+    return arrays[name].evaluate(device=like.device).to(like) if name in arrays else None
 
 
 def _value(node: Circuit | None, like: torch.Tensor) -> torch.Tensor | None:
-    """A weight node's value (a weight, or Gemma's ``1 + w``) on ``like``'s device and dtype."""
-    return None if node is None else node.evaluate().to(like)
+    """A weight node's value (a weight, or Gemma's ``1 + w``) on ``like``'s device and dtype (computed
+    there: Gemma's ``1 + w`` is not computed where the weight is, then copied)."""
+    return None if node is None else node.evaluate(device=like.device).to(like)
 
 
 # ------------------------------------------------------------------ arguments

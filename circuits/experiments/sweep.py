@@ -34,6 +34,7 @@ import torch
 from circuits.transformer import names
 from circuits.evaluation.cache import DEFAULT_CACHE_BYTES, Evaluator, check_cache_bytes
 from circuits.evaluation.costs import cost
+from circuits.evaluation.leaves import check_device
 from circuits.errors import ExperimentError, shown
 from circuits.experiments.ablation import zero_ablate
 from circuits.experiments.memory_budget import check_memory_bytes, evaluation_bytes, refuse, split, usable
@@ -299,6 +300,7 @@ def sweep(
     executor: concurrent.futures.Executor | None = None,
     shards: int | None = None,
     memory_bytes: int | None = None,
+    device: torch.device | str | None = None,
 ) -> SweepResult:
     """Apply ``ablation`` to each target in turn and measure ``metric``; see the module docstring.
 
@@ -334,6 +336,9 @@ def sweep(
       (``circuits.experiments.memory_budget``), and a budget below one evaluation's need is a
       ``CacheError`` before anything runs.  With an ``evaluator``, its ``cache_bytes`` must fit
       in it; with an ``executor``, each shard keeps to it.
+    - ``device``: as ``cc.evaluate``'s (None: where the circuit's Arrays are); every evaluation
+      runs there, and a metric function gets the value there.  The table is Python floats
+      (``head_grid`` is a CPU tensor), whatever the device.
 
     What it will cost before it runs: ``sweep_plan`` with the same arguments.
 
@@ -342,17 +347,18 @@ def sweep(
     """
     _check_arguments(circuit, ablation, evaluator, cache_bytes, policy)
     check_memory_bytes(memory_bytes, "sweep")
+    device = check_device(device, "sweep", ExperimentError)
     items = _targets(targets)
     if executor is not None:
         budget = (cache_bytes, memory_bytes)
-        return _sharded(executor, shards, circuit, items, ablation, metric, evaluator, budget, policy)
+        return _sharded(executor, shards, circuit, items, ablation, metric, evaluator, budget, policy, device)
     if evaluator is not None:
         cache_bytes = evaluator.cache_bytes
     steps, cache_bytes = _budgeted_steps(
-        "sweep", circuit, items, ablation, metric, cache_bytes, memory_bytes, evaluator is not None
+        "sweep", circuit, items, ablation, metric, (cache_bytes, memory_bytes), evaluator is not None, device
     )
     ev = evaluator if evaluator is not None else Evaluator(cache_bytes)
-    return _sweep_items(steps, items, metric, ev, policy, progress)
+    return _sweep_items(steps, items, metric, ev, policy, progress, device)
 
 
 def sweep_plan(
@@ -375,7 +381,7 @@ def sweep_plan(
     check_memory_bytes(memory_bytes, "sweep_plan")
     items = _targets(targets, "sweep_plan")
     steps, cache_bytes = _budgeted_steps(
-        "sweep_plan", circuit, items, ablation, metric, cache_bytes, memory_bytes, False
+        "sweep_plan", circuit, items, ablation, metric, (cache_bytes, memory_bytes), False
     )
     return _plan([unit for step in steps for unit in step.units], cache_bytes, len(items) + 1)
 
@@ -386,17 +392,19 @@ def _budgeted_steps(
     items: list,
     ablation: Callable,
     metric: Any,
-    cache_bytes: int,
-    memory_bytes: int | None,
+    budget: tuple[int, int | None],
     fixed_cache: bool,
+    device: torch.device | None = None,
 ) -> tuple[list[_Step], int]:
     """The sweep's steps and its cache budget, within ``memory_bytes`` (``memory_budget``): the
     batches halved until the largest evaluation and the cache fit, a ``CacheError`` if none does.
-    ``fixed_cache``: ``cache_bytes`` is a given evaluator's, which the budget must hold whole."""
+    ``budget``: ``(cache_bytes, memory_bytes)``; ``fixed_cache``: ``cache_bytes`` is a given
+    evaluator's, which the budget must hold whole; ``device``: where it runs, for ``cc.cost``."""
+    cache_bytes, memory_bytes = budget
     if memory_bytes is None:
         return _steps(circuit, items, ablation, metric), cache_bytes
     measure = metric.circuit if isinstance(metric, Metric) else _itself
-    clean = cost(measure(circuit))
+    clean = cost(measure(circuit), device)
     held = clean.held_bytes  # the weights and inputs: the caller's
     single = evaluation_bytes(clean, held)
     room = usable(memory_bytes)
@@ -410,7 +418,7 @@ def _budgeted_steps(
     )
     while True:
         steps = _steps(circuit, items, ablation, metric, batch_bytes)
-        need = max(evaluation_bytes(cost(unit), held) for step in steps for unit in step.units)
+        need = max(evaluation_bytes(cost(unit, device), held) for step in steps for unit in step.units)
         if need + reserved <= room:
             return steps, cache if fixed_cache else min(cache, room - need)
         if not any(step.chunk is not None and len(step.labels) > 1 for step in steps):
@@ -450,9 +458,15 @@ def _itself(circuit: Circuit) -> Circuit:
 
 
 def _sweep_items(
-    steps: list[_Step], items: list, metric: Any, ev: Evaluator, policy: str, progress: bool
+    steps: list[_Step],
+    items: list,
+    metric: Any,
+    ev: Evaluator,
+    policy: str,
+    progress: bool,
+    device: torch.device | None = None,
 ) -> SweepResult:
-    """The sweep of ``items`` (``(label, target)`` pairs), built as ``steps``, through ``ev``."""
+    """The sweep of ``items`` (``(label, target)`` pairs), built as ``steps``, through ``ev`` on ``device``."""
     as_metric = isinstance(metric, Metric)
     metric_name = metric.name if as_metric else getattr(metric, "__name__", repr(metric))
     units = [unit for step in steps for unit in step.units]
@@ -468,9 +482,9 @@ def _sweep_items(
         start = time.perf_counter()
         with torch.no_grad():
             if step.chunk is None:
-                values = [ev.evaluate(step.units[0][0], store=admit)]
+                values = [ev.evaluate(step.units[0][0], device=device, store=admit)]
             else:
-                values = run_chunk(step.chunk, ev, admit)
+                values = run_chunk(step.chunk, ev, admit, device)
             numbers = [_number(value if as_metric else metric(value), metric_name) for value in values]
         seconds = (time.perf_counter() - start) / len(values)
         if not step.labels:
@@ -488,15 +502,19 @@ def _sweep_items(
     return SweepResult(records, baseline, metric_name)
 
 
-def _shard(circuit: Circuit, items: list, ablation: Callable, metric: Any, budget: tuple, policy: str):
+def _shard(
+    circuit: Circuit, items: list, ablation: Callable, metric: Any, budget: tuple, policy: str, device=None
+):
     """One shard of a sharded sweep, run where the executor runs it (module-level: it travels by
     pickle); ``budget``: ``(cache_bytes, memory_bytes)``."""
     one_thread_if_forked()
-    steps, cache_bytes = _budgeted_steps("sweep", circuit, items, ablation, metric, *budget, False)
-    return _sweep_items(steps, items, metric, Evaluator(cache_bytes), policy, progress=False)
+    steps, cache_bytes = _budgeted_steps("sweep", circuit, items, ablation, metric, budget, False, device)
+    return _sweep_items(steps, items, metric, Evaluator(cache_bytes), policy, progress=False, device=device)
 
 
-def _sharded(executor, shards, circuit, items, ablation, metric, evaluator, budget, policy) -> SweepResult:
+def _sharded(
+    executor, shards, circuit, items, ablation, metric, evaluator, budget, policy, device=None
+) -> SweepResult:
     if not isinstance(executor, concurrent.futures.Executor) and not callable(
         getattr(executor, "submit", None)
     ):
@@ -515,7 +533,9 @@ def _sharded(executor, shards, circuit, items, ablation, metric, evaluator, budg
     bounds = [round(i * len(items) / count) for i in range(count + 1)]
     parts = [items[bounds[i] : bounds[i + 1]] for i in range(count)]
     try:
-        futures = [executor.submit(_shard, circuit, part, ablation, metric, budget, policy) for part in parts]
+        futures = [
+            executor.submit(_shard, circuit, part, ablation, metric, budget, policy, device) for part in parts
+        ]
         results = [future.result() for future in futures]
     except (pickle.PicklingError, AttributeError, TypeError) as error:
         if "pickle" not in str(error).lower():

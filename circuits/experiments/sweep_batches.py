@@ -103,10 +103,14 @@ def batched_chunks(
     return chunks, rest
 
 
-def run_chunk(chunk: Chunk, evaluator: Evaluator, store: Any) -> list[torch.Tensor]:
-    """Each target's measured value, from two evaluations: the targets' ``X``, then the batch."""
-    stacked = torch.stack(evaluator.evaluate_many(chunk.layer_values, store=store))  # the list freed at once
-    measured = evaluator.evaluate(chunk.batched, {chunk.symbol: stacked}, store=store)
+def run_chunk(
+    chunk: Chunk, evaluator: Evaluator, store: Any, device: torch.device | None = None
+) -> list[torch.Tensor]:
+    """Each target's measured value, from two evaluations on ``device``: the targets' ``X``, then the
+    batch (their values, stacked where they were computed, bound as its input; the list is freed
+    once stacked)."""
+    stacked = torch.stack(evaluator.evaluate_many(chunk.layer_values, device=device, store=store))
+    measured = evaluator.evaluate(chunk.batched, {chunk.symbol: stacked}, device=device, store=store)
     if measured.dim() == chunk.rank:  # the measured circuit does not read the layer: no target axis
         return [measured] * len(chunk.labels)
     return list(measured.unbind(0))
