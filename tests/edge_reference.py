@@ -161,7 +161,8 @@ def eap_ig_activations(forward, hf, clean_tokens, corrupted_tokens, metric, step
         for k in range(1, steps + 1):
             alpha = k / steps
             fixed = {
-                s: alpha * clean.senders[s].detach() + (1 - alpha) * corrupted.senders[s].detach() for s in members
+                s: alpha * clean.senders[s].detach() + (1 - alpha) * corrupted.senders[s].detach()
+                for s in members
             }
             grads = _grads(forward(hf, clean_tokens, fixed=fixed), metric)
             total = grads if total is None else {n: total[n] + grads[n] for n in grads}

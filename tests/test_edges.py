@@ -27,7 +27,9 @@ def _gpt2(dtype=torch.float64, **fields):
 
 def _llama(dtype=torch.float64, **fields):
     """Grouped-query attention: 2 layers of 4 query heads on 2 key/value heads of 6 dims."""
-    fields = dict(dict(num_hidden_layers=2, num_attention_heads=4, hidden_size=24, intermediate_size=14), **fields)
+    fields = dict(
+        dict(num_hidden_layers=2, num_attention_heads=4, hidden_size=24, intermediate_size=14), **fields
+    )
     return f.llama(kv_heads=fields.pop("kv_heads", 2), perturb=f.scaled_weights, **fields).to(dtype)
 
 
@@ -103,7 +105,12 @@ def test_one_edge_at_zero_is_that_sender_removed_from_that_receiver(family):
     hf, tokens = make(), _tokens(1)
     edges = ex.edge_circuit(cm.from_hf(hf, tokens))
     kv = "head1" if family == "gpt2" else "kv0"
-    for edge in [f"b0.a.head2->b1.a.{kv}.k", "b0.a.head0->b1.a.head1.q", f"{edges.senders[0]}->b1.m", "b1.m->t.call"]:
+    for edge in [
+        f"b0.a.head2->b1.a.{kv}.k",
+        "b0.a.head0->b1.a.head1.q",
+        f"{edges.senders[0]}->b1.m",
+        "b1.m->t.call",
+    ]:
         expected = forward(hf, tokens[:, :-1], drop={edge}).logits
         got = _logits(edges.without_edges([edge]).circuit)
         assert (got - expected).abs().max() < 1e-9, edge
@@ -173,7 +180,8 @@ def test_eap_per_position_sums_to_eap_and_prints_as_comments():
     frame = total.to_pandas()
     assert list(frame.columns) == ["edge", "sender", "receiver", "score"] and len(frame) == len(edges.edges)
     top_sender, top_score = max(
-        ((e.sender, float(total[e.name])) for e in edges.edges if e.receiver == "t.call"), key=lambda p: abs(p[1])
+        ((e.sender, float(total[e.name])) for e in edges.edges if e.receiver == "t.call"),
+        key=lambda p: abs(p[1]),
     )
     text = edges.circuit.repr(comment=total.comment)
     assert f"'edges->t.call' Add  # {top_sender} {top_score:+.4g}" in text

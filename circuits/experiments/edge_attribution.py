@@ -38,7 +38,7 @@ import torch
 from circuits.core.nodes import Circuit
 from circuits.core.traversal import unique_nodes
 from circuits.errors import ExperimentError
-from circuits.evaluation import compile_plan
+from circuits.evaluation import compile_plan, evaluate_many
 from circuits.experiments.edges import Edge, EdgeCircuit, edge_circuit
 from circuits.experiments.inputs import same_shape_inputs
 from circuits.experiments.metrics import Metric, find
@@ -103,7 +103,11 @@ class EdgeScores:
         if node.name is None or not node.name.startswith("edges->"):
             return None
         receiver = node.name.removeprefix("edges->")
-        mine = [(e.sender, float(self.scores[i].sum())) for i, e in enumerate(self.edges) if e.receiver == receiver]
+        mine = [
+            (e.sender, float(self.scores[i].sum()))
+            for i, e in enumerate(self.edges)
+            if e.receiver == receiver
+        ]
         mine.sort(key=lambda pair: -abs(pair[1]))
         return ", ".join(f"{sender} {score:+.4g}" for sender, score in mine[:top]) or None
 
@@ -128,7 +132,7 @@ def edge_attribution(
         raise ExperimentError(f"edge_attribution: method must be one of {EDGE_METHODS}, got {method!r}")
     if method != "eap" and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
         raise ExperimentError(f"edge_attribution: steps must be a positive int, got {steps!r}")
-    edges = circuit if isinstance(circuit, EdgeCircuit) else edge_circuit(circuit)
+    edges = circuit if isinstance(circuit, EdgeCircuit) else edge_circuit(circuit, masked=False)
     what = "edge_attribution: corrupted_inputs"
     corrupted = same_shape_inputs(edges.circuit, corrupted_inputs, what)
     if corrupted.hash == edges.circuit.hash:
@@ -137,7 +141,7 @@ def edge_attribution(
     with torch.no_grad():
         corrupted_out = run.senders(corrupted)
     clean = run.tracked()
-    clean_out = clean.senders.detach()
+    clean_out = torch.stack([value.detach() for value in clean.senders])
     diff = corrupted_out - clean_out
     if method == "eap":
         grads = clean.grads()
@@ -146,13 +150,15 @@ def edge_attribution(
     else:
         grads = _ig_activations(run, clean_out, corrupted_out, steps)
     scores = _scores(edges, diff, grads, per_position)
-    return EdgeScores(edges.edges, scores, float(clean.metric.detach()), method, 1 if method == "eap" else steps)
+    return EdgeScores(
+        edges.edges, scores, float(clean.metric.detach()), method, 1 if method == "eap" else steps
+    )
 
 
 class _Tracked:
     """One tracked run: the metric, the stacked senders' values and each receiver input's value."""
 
-    def __init__(self, metric: torch.Tensor, senders: torch.Tensor, inputs: list[torch.Tensor]):
+    def __init__(self, metric: torch.Tensor, senders: list, inputs: list):
         self.metric, self.senders, self.inputs = metric, senders, inputs
 
     def grads(self) -> list[torch.Tensor | None]:
@@ -172,10 +178,13 @@ class _Runs:
         if isinstance(metric, Metric):
             self.root = metric.circuit(edges.circuit)
         elif callable(metric):
-            self.root = find(edges.circuit, names.LOGITS, "edge_attribution: a metric function takes the logits")
+            self.root = find(
+                edges.circuit, names.LOGITS, "edge_attribution: a metric function takes the logits"
+            )
         else:
-            raise ExperimentError(f"edge_attribution: metric must be a Metric or a function of the logits, got {metric!r}")
-        self.stack = edges.receivers[-1].input.get_unique(f"edges.senders<{len(edges.senders)}")
+            raise ExperimentError(
+                f"edge_attribution: metric must be a Metric or a function of the logits, got {metric!r}"
+            )
         present = {node.hash for node in unique_nodes([self.root])}
         missing = [r.name for r in edges.receivers if r.input.hash not in present]
         if missing:
@@ -185,15 +194,23 @@ class _Runs:
                 "needs push_down=False here)"
             )
         self.receiver_hashes = {r.input.hash: i for i, r in enumerate(edges.receivers)}
+        self.sender_hashes = {node.hash: i for i, node in enumerate(edges.sender_nodes)}
 
     def senders(self, circuit: Circuit) -> torch.Tensor:
-        """Every sender's value in ``circuit``'s run, stacked ``[senders, ...]``."""
-        return circuit.get_unique(self.stack.name).evaluate()
+        """Every sender's value in ``circuit``'s run (found by name), stacked ``[senders, ...]``."""
+        wanted = set(self.edges.senders)
+        found: dict[str, list[Circuit]] = {}
+        for node in unique_nodes([circuit]):
+            if node.name in wanted:
+                found.setdefault(node.name, []).append(node)
+        if any(len(found.get(name, ())) != 1 for name in wanted):
+            raise ExperimentError(f"edge_attribution: {circuit.describe()} has no one node per sender name")
+        return torch.stack(evaluate_many([found[name][0] for name in self.edges.senders]))
 
     def tracked(self, known: Mapping[Circuit, torch.Tensor] | None = None) -> _Tracked:
         """The clean run with every receiver input's value in the autograd graph."""
         inputs: list[Any] = [None] * len(self.edges.receivers)
-        kept: dict[str, torch.Tensor] = {}
+        senders: list[Any] = [None] * len(self.edges.senders)
 
         def kernel(node: Circuit, default: Callable) -> Callable:
             return _tracked(default) if node.hash in self.receiver_hashes else default
@@ -201,13 +218,13 @@ class _Runs:
         def on_value(node: Circuit, value: torch.Tensor) -> None:
             if node.hash in self.receiver_hashes:
                 inputs[self.receiver_hashes[node.hash]] = value
-            elif node.hash == self.stack.hash:
-                kept["senders"] = value
+            elif node.hash in self.sender_hashes:
+                senders[self.sender_hashes[node.hash]] = value
 
         with torch.enable_grad():
             value = compile_plan([self.root], known=known, kernel=kernel).run(on_value=on_value)[0]
             number = value if isinstance(self.metric, Metric) else self.metric(value)
-        return _Tracked(_checked_number(number, self.metric), kept["senders"], inputs)
+        return _Tracked(_checked_number(number, self.metric), senders, inputs)
 
 
 def _tracked(default: Callable) -> Callable:
@@ -220,7 +237,11 @@ def _tracked(default: Callable) -> Callable:
 
 def _checked_number(value: Any, metric: Any) -> torch.Tensor:
     if not isinstance(value, torch.Tensor) or value.numel() != 1:
-        got = f"a tensor of shape {list(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+        got = (
+            f"a tensor of shape {list(value.shape)}"
+            if isinstance(value, torch.Tensor)
+            else type(value).__name__
+        )
         raise ExperimentError(f"edge_attribution: metric must return one number as a torch tensor, got {got}")
     if not value.requires_grad:
         raise ExperimentError(

@@ -82,7 +82,7 @@ class Receiver:
     head: int | None
     n_senders: int
     input: Circuit
-    mask: Array
+    mask: Array | None  #: None in the unmasked form (``edge_circuit(masked=False)``)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +129,8 @@ class EdgeCircuit:
         mapping, receivers = {}, {r.name: r for r in self.receivers}
         for name, value in masks.items():
             old = self.receiver(name).mask
+            if old is None:
+                raise ExperimentError("EdgeCircuit.with_masks: this edge circuit has no masks (masked=False)")
             value = torch.as_tensor(value, dtype=old.value.dtype)
             if tuple(value.shape) != tuple(old.shape):
                 raise ExperimentError(
@@ -155,10 +157,16 @@ class EdgeCircuit:
         return self.with_masks(masks)
 
 
-def edge_circuit(circuit: Circuit, *, per_position: bool = False) -> EdgeCircuit:
+def edge_circuit(circuit: Circuit, *, per_position: bool = False, masked: bool = True) -> EdgeCircuit:
     """``circuit`` (a model the builders make, heads split or not) with every edge explicit; see the
     module docstring.  A model whose heads cannot be separate senders (Gemma 2's post-norm over
-    their sum) or whose stream is not the sum of its writes is an ``ExperimentError``."""
+    their sum) or whose stream is not the sum of its writes is an ``ExperimentError``.
+
+    ``masked=False`` builds the same receivers without masks: each receiver's input
+    ``'edges->r'`` is a copy of the residual stream rebuilt from the senders (one Add per
+    sublayer, not one sum per receiver), the circuit ``edge_attribution`` differentiates (the
+    gradient at each receiver's input, at the cost of a forward rather than of every edge).  Its
+    receivers' ``mask`` is None and ``with_masks`` refuses it."""
     check_node(circuit, "edge_circuit: circuit", ExperimentError)
     if unsplit_layers(circuit):
         circuit = split_heads(circuit, sorted(unsplit_layers(circuit)))
@@ -169,15 +177,15 @@ def edge_circuit(circuit: Circuit, *, per_position: bool = False) -> EdgeCircuit
                 f"edge_circuit: layer {layer} normalizes its writes after the sublayer (a post-norm), so "
                 "its heads are no separate senders of the residual stream"
             )
-    return _Builder(circuit, facts, per_position).build()
+    return _Builder(circuit, facts, per_position, masked).build()
 
 
 class _Builder:
     """The rewrite, layer by layer from the embeddings up: each receiver's input is built over the
     senders written so far, then the components reading it are rebuilt over their inputs."""
 
-    def __init__(self, circuit: Circuit, facts, per_position: bool):
-        self.circuit, self.facts, self.per_position = circuit, facts, per_position
+    def __init__(self, circuit: Circuit, facts, per_position: bool, masked: bool):
+        self.circuit, self.facts, self.per_position, self.masked = circuit, facts, per_position, masked
         keys = [("resid_pre", 0)] + [("ln1", layer) for layer in range(facts.n_layers)]
         keys += [("ln2", layer) for layer in range(facts.n_layers)] if facts.has_mlp else []
         self.points = resolve_points(circuit, keys)
@@ -187,6 +195,7 @@ class _Builder:
         self.receivers: list[Receiver] = []
         self.new_senders: list[tuple[str, Circuit]] = []  #: this sublayer's, readable above it
         self.stacks: dict[int, Circuit] = {}
+        self.stream = embeds  #: the unmasked form's residual stream, rebuilt from the senders
         self.dtype = _float_dtype(circuit)
 
     def build(self) -> EdgeCircuit:
@@ -197,7 +206,9 @@ class _Builder:
             inputs = {}
             for head, branch in enumerate(heads):
                 kv = head // (len(heads) // n_kv)
-                kv_label = names.head(layer, head) if n_kv == len(heads) else f"{names.attn_out(layer)}.kv{kv}"
+                kv_label = (
+                    names.head(layer, head) if n_kv == len(heads) else f"{names.attn_out(layer)}.kv{kv}"
+                )
                 roles = {
                     "q": (f"{names.head(layer, head)}.q", head),
                     "k": (f"{kv_label}.k", kv),
@@ -227,27 +238,36 @@ class _Builder:
 
     def flush(self, bias: Circuit | None) -> None:
         """The senders of the sublayer just rebuilt become readable by the receivers above it."""
+        n = len(self.senders) + len(self.new_senders)
+        parts = [node for _, node in self.new_senders] + ([] if bias is None else [bias])
+        self.stream = Add(self.stream, *parts, name=f"edges.stream<{n}")
         self.senders += self.new_senders
         self.new_senders = []
         if bias is not None:
             self.biases.append(bias)
 
     def receiver_norm(self, norm: Circuit, name: str, kind: str, layer, head) -> Circuit:
-        """A copy of ``norm`` reading the masked sum of the senders so far: receiver ``name``."""
+        """A copy of ``norm`` reading receiver ``name``'s input: the masked sum of the senders so far
+        (the unmasked form: a copy of the stream rebuilt from them)."""
         stream = read_norm(norm).input
         n = len(self.senders)
-        stack = self.stack(n)
-        axes = "bpd"[3 - stream.rank :] if stream.rank <= 3 else None
-        if axes is None or tuple(stack.shape[1:]) != tuple(stream.shape):
+        rebuilt = self.stack(n) if self.masked else self.stream
+        shape = tuple(rebuilt.shape[1:] if self.masked else rebuilt.shape)
+        if stream.rank > 3 or shape != tuple(stream.shape):
             raise ExperimentError(
                 f"edge_circuit: the stream {stream.describe()} {list(stream.shape)} the norm {norm.describe()} "
-                f"reads is not shaped like its senders {list(stack.shape[1:])}"
+                f"reads is not shaped like its senders {list(shape)}"
             )
+        axes = "bpd"[3 - stream.rank :]
+        if not self.masked:
+            total = Einsum((rebuilt, axes), out_axes=axes, name=f"edges->{name}")
+            self.receivers.append(Receiver(name, kind, layer, head, n, total, None))
+            return _rewire(norm, stream, total)
         mask_shape = (n, stream.shape[-2]) if self.per_position else (n,)
         mask = Array(torch.ones(mask_shape, dtype=self.dtype), name=f"edges.mask->{name}")
         mask_axes = "s" + axes[-2] if self.per_position else "s"
         summed = f"edges.masked->{name}" if self.biases else f"edges->{name}"
-        total = Einsum((mask, mask_axes), (stack, "s" + axes), out_axes=axes, name=summed)
+        total = Einsum((mask, mask_axes), (rebuilt, "s" + axes), out_axes=axes, name=summed)
         if self.biases:  # the attention output biases: constant, always on
             total = Add(total, *self.biases, name=f"edges->{name}")
         self.receivers.append(Receiver(name, kind, layer, head, n, total, mask))
@@ -256,7 +276,9 @@ class _Builder:
     def stack(self, n: int) -> Circuit:
         """The first ``n`` senders stacked on a new leading axis (one Concat per prefix length)."""
         if n not in self.stacks:
-            parts = [Rearrange(node, "... -> 1 ...", name=f"{name}.stacked") for name, node in self.senders[:n]]
+            parts = [
+                Rearrange(node, "... -> 1 ...", name=f"{name}.stacked") for name, node in self.senders[:n]
+            ]
             self.stacks[n] = Concat(*parts, axis=0, name=f"edges.senders<{n}")
         return self.stacks[n]
 
