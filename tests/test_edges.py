@@ -58,9 +58,47 @@ def _metric(logits: torch.Tensor) -> torch.Tensor:
 def test_masks_at_one_equal_the_model(family, dtype, tol, split):
     hf = FAMILIES[family][0](dtype)
     c = cm.from_hf(hf, _tokens(0))
-    edges = ex.edge_circuit(split_heads(c) if split else c)
-    assert (_logits(edges.circuit) - _logits(c)).abs().max() <= tol
-    assert (edges.circuit.evaluate() - c.evaluate()).abs().max() <= tol  # the loss too
+    for masked in (True, False):
+        edges = ex.edge_circuit(split_heads(c) if split else c, masked=masked)
+        assert (_logits(edges.circuit) - _logits(c)).abs().max() <= tol
+        assert (edges.circuit.evaluate() - c.evaluate()).abs().max() <= tol  # the loss too
+
+
+OTHER_FAMILIES = {
+    "neox_parallel": lambda: f.neox(parallel=True),  # the MLP reads the stream before the heads
+    "neox_sequential": lambda: f.neox(parallel=False),
+    "qwen2": f.qwen2,
+    "mistral": f.mistral,
+    "gemma": f.gemma,
+    "opt": f.opt,
+}
+
+
+@pytest.mark.parametrize("family", sorted(OTHER_FAMILIES))
+def test_masks_at_one_equal_the_model_in_other_families(family):
+    c = cm.from_hf(OTHER_FAMILIES[family]().double(), _tokens(0, (2, 6)))
+    edges = ex.edge_circuit(c)
+    assert (_logits(edges.circuit) - _logits(c)).abs().max() <= 1e-10
+
+
+def test_parallel_attention_mlp_reads_only_the_earlier_layers():
+    edges = ex.edge_circuit(cm.from_hf(f.neox(parallel=True).double(), _tokens(0, (2, 6))))
+    assert edges.receiver("b1.m").n_senders == edges.senders.index("b1.a.head0")
+    sequential = ex.edge_circuit(cm.from_hf(f.neox(parallel=False).double(), _tokens(0, (2, 6))))
+    assert sequential.receiver("b1.m").n_senders == sequential.senders.index("b1.m")
+
+
+def test_the_shipped_attention_only_model():
+    c = cm.load_demo_model(_tokens(0, (2, 6)) % 10)
+    edges = ex.edge_circuit(c)
+    assert edges.senders[0] == "idxed_embeds" and len(edges.receivers) == 2 * 4 * 3 + 1
+    got = edges.circuit.get_unique("t.call").evaluate(dtype=torch.float64)
+    assert (got - c.get_unique("t.call").evaluate(dtype=torch.float64)).abs().max() <= 1e-10
+
+
+def test_a_post_norm_over_the_heads_is_refused():
+    with pytest.raises(ExperimentError, match="post-norm"):
+        ex.edge_circuit(cm.from_hf(f.gemma2().double(), _tokens(0, (2, 6))))
 
 
 def test_edges_of_gpt2_are_every_sender_before_every_receiver():
@@ -173,7 +211,8 @@ def test_eap_ig_equals_the_reference(family, method):
 def test_eap_per_position_sums_to_eap_and_prints_as_comments():
     hf, clean, corrupted = _gpt2(), _tokens(3), _tokens(4)
     edges = ex.edge_circuit(cm.from_hf(hf, clean))
-    total = ex.edge_attribution(edges, {"toks_int_var": corrupted}, _metric)
+    total = ex.edge_attribution(edges, {"toks_int_var": corrupted}, _metric)  # the masked circuit's
+    assert _compare(total, ref.eap(ref.gpt2_forward, hf, clean[:, :-1], corrupted[:, :-1], _metric)) < 1e-9
     by_pos = ex.edge_attribution(edges, {"toks_int_var": corrupted}, _metric, per_position=True)
     assert by_pos.scores.shape == (len(edges.edges), 6)
     assert (by_pos.scores.sum(-1) - total.scores).abs().max() < 1e-12

@@ -186,8 +186,14 @@ class _Builder:
 
     def __init__(self, circuit: Circuit, facts, per_position: bool, masked: bool):
         self.circuit, self.facts, self.per_position, self.masked = circuit, facts, per_position, masked
-        keys = [("resid_pre", 0)] + [("ln1", layer) for layer in range(facts.n_layers)]
-        keys += [("ln2", layer) for layer in range(facts.n_layers)] if facts.has_mlp else []
+        layers = range(facts.n_layers)
+        keys = [("resid_pre", layer) for layer in layers] + [("resid_final",)]
+        keys += [("ln1", layer) for layer in layers]
+        keys += (
+            [key for layer in layers for key in (("ln2", layer), ("resid_mid", layer))]
+            if facts.has_mlp
+            else []
+        )
         self.points = resolve_points(circuit, keys)
         embeds = self.points[("resid_pre", 0, None)]
         self.senders: list[tuple[str, Circuit]] = [(embeds.name or names.EMBEDS, embeds)]
@@ -195,36 +201,27 @@ class _Builder:
         self.receivers: list[Receiver] = []
         self.new_senders: list[tuple[str, Circuit]] = []  #: this sublayer's, readable above it
         self.stacks: dict[int, Circuit] = {}
-        self.stream = embeds  #: the unmasked form's residual stream, rebuilt from the senders
+        #: per stream node of the model (by hash): the senders, biases and rebuilt stream it holds
+        self.streams: dict[bytes, tuple[int, tuple[Circuit, ...], Circuit]] = {embeds.hash: (1, (), embeds)}
+        self.stream = embeds  #: the residual stream rebuilt from the senders (the unmasked form's)
         self.dtype = _float_dtype(circuit)
 
     def build(self) -> EdgeCircuit:
         for layer, writes in enumerate(self.facts.writes):
-            norm = self.points[("ln1", layer, None)]
-            heads = _head_branches(writes.attn, layer)
-            n_kv = _kv_heads(heads[0], layer, len(heads))
-            inputs = {}
-            for head, branch in enumerate(heads):
-                kv = head // (len(heads) // n_kv)
-                kv_label = (
-                    names.head(layer, head) if n_kv == len(heads) else f"{names.attn_out(layer)}.kv{kv}"
-                )
-                roles = {
-                    "q": (f"{names.head(layer, head)}.q", head),
-                    "k": (f"{kv_label}.k", kv),
-                    "v": (f"{kv_label}.v", kv),
-                }
-                for role, (name, index) in roles.items():
-                    if name not in inputs:
-                        inputs[name] = self.receiver_norm(norm, name, role, layer, index)
-                wired = {role: inputs[name] for role, (name, _) in roles.items()}
-                self.new_senders.append((names.head(layer, head), _rewire_head(branch, norm, wired)))
-            self.flush(writes.attn_bias)
+            after = (
+                ("resid_pre", layer + 1, None)
+                if layer + 1 < self.facts.n_layers
+                else ("resid_final", None, None)
+            )
+            self.attention(layer, writes.attn)
+            self.flush(
+                writes.attn_bias, self.points[("resid_mid", layer, None) if writes.mlp is not None else after]
+            )
             if writes.mlp is not None:
                 norm = self.points[("ln2", layer, None)]
                 mlp_norm = self.receiver_norm(norm, names.mlp_out(layer), "mlp", layer, None)
                 self.new_senders.append((names.mlp_out(layer), _rewire(writes.mlp, norm, mlp_norm)))
-                self.flush(None)
+                self.flush(None, self.points[after])
         final = self.facts.readout.norm.output
         new_final = self.receiver_norm(final, names.LOGITS, "logits", None, None)
         root = replace(self.circuit, {final: new_final})
@@ -236,8 +233,29 @@ class _Builder:
             self.per_position,
         )
 
-    def flush(self, bias: Circuit | None) -> None:
-        """The senders of the sublayer just rebuilt become readable by the receivers above it."""
+    def attention(self, layer: int, attn: Circuit) -> None:
+        """Layer ``layer``'s heads rebuilt, each query, key and value path on its receiver's norm."""
+        norm = self.points[("ln1", layer, None)]
+        heads = _head_branches(attn, layer)
+        n_kv = _kv_heads(heads[0], layer, len(heads))
+        inputs: dict[str, Circuit] = {}
+        for head, branch in enumerate(heads):
+            kv = head // (len(heads) // n_kv)
+            kv_label = names.head(layer, head) if n_kv == len(heads) else f"{names.attn_out(layer)}.kv{kv}"
+            roles = {
+                "q": (f"{names.head(layer, head)}.q", head),
+                "k": (f"{kv_label}.k", kv),
+                "v": (f"{kv_label}.v", kv),
+            }
+            for role, (name, index) in roles.items():
+                if name not in inputs:
+                    inputs[name] = self.receiver_norm(norm, name, role, layer, index)
+            wired = {role: inputs[name] for role, (name, _) in roles.items()}
+            self.new_senders.append((names.head(layer, head), _rewire_head(branch, norm, wired)))
+
+    def flush(self, bias: Circuit | None, model_stream: Circuit) -> None:
+        """The senders of the sublayer just rebuilt (and its bias) join the stream: what the model's
+        ``model_stream`` holds, for the receivers that read it."""
         n = len(self.senders) + len(self.new_senders)
         parts = [node for _, node in self.new_senders] + ([] if bias is None else [bias])
         self.stream = Add(self.stream, *parts, name=f"edges.stream<{n}")
@@ -245,13 +263,19 @@ class _Builder:
         self.new_senders = []
         if bias is not None:
             self.biases.append(bias)
+        self.streams[model_stream.hash] = (n, tuple(self.biases), self.stream)
 
     def receiver_norm(self, norm: Circuit, name: str, kind: str, layer, head) -> Circuit:
-        """A copy of ``norm`` reading receiver ``name``'s input: the masked sum of the senders so far
-        (the unmasked form: a copy of the stream rebuilt from them)."""
+        """A copy of ``norm`` reading receiver ``name``'s input: the masked sum of the senders the
+        model's stream there holds (the unmasked form: a copy of that stream, rebuilt)."""
         stream = read_norm(norm).input
-        n = len(self.senders)
-        rebuilt = self.stack(n) if self.masked else self.stream
+        if stream.hash not in self.streams:
+            raise ExperimentError(
+                f"edge_circuit: the norm {norm.describe()} reads {stream.describe()}, which is no residual "
+                "stream the model's layers write (resid_pre, resid_mid)"
+            )
+        n, biases, rebuilt_stream = self.streams[stream.hash]
+        rebuilt = self.stack(n) if self.masked else rebuilt_stream
         shape = tuple(rebuilt.shape[1:] if self.masked else rebuilt.shape)
         if stream.rank > 3 or shape != tuple(stream.shape):
             raise ExperimentError(
@@ -266,10 +290,10 @@ class _Builder:
         mask_shape = (n, stream.shape[-2]) if self.per_position else (n,)
         mask = Array(torch.ones(mask_shape, dtype=self.dtype), name=f"edges.mask->{name}")
         mask_axes = "s" + axes[-2] if self.per_position else "s"
-        summed = f"edges.masked->{name}" if self.biases else f"edges->{name}"
+        summed = f"edges.masked->{name}" if biases else f"edges->{name}"
         total = Einsum((mask, mask_axes), (rebuilt, "s" + axes), out_axes=axes, name=summed)
-        if self.biases:  # the attention output biases: constant, always on
-            total = Add(total, *self.biases, name=f"edges->{name}")
+        if biases:  # the attention output biases: constant, always on
+            total = Add(total, *biases, name=f"edges->{name}")
         self.receivers.append(Receiver(name, kind, layer, head, n, total, mask))
         return _rewire(norm, stream, total)
 
