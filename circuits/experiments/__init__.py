@@ -63,8 +63,8 @@ from circuits.experiments import patching_grids
 from circuits.experiments.ablation import mean_ablate, zero_ablate
 from circuits.experiments.activations import ActivationCache, run_with_cache
 from circuits.experiments.attribution import AttributionResult, attribution_patching
-from circuits.experiments.edge_attribution import EDGE_METHODS, EdgeScores, edge_attribution
-from circuits.experiments.edges import Edge, EdgeCircuit, Receiver, edge_circuit
+from circuits.experiments.edge_attribution import EdgeScores, edge_attribution
+from circuits.experiments.edges import EdgeCircuit, edge_circuit
 from circuits.experiments.gradients import Gradients, gradients
 from circuits.experiments.head_detector import detect_head
 from circuits.experiments.inputs import with_inputs
@@ -118,11 +118,8 @@ __all__ = [
     "path_terms",
     "run_with_cache",
     # Edges: circuit discovery
-    "EDGE_METHODS",
-    "Edge",
     "EdgeCircuit",
     "EdgeScores",
-    "Receiver",
     "edge_attribution",
     "edge_circuit",
     # Patching grids (every act_patch_* is in patching_grids)

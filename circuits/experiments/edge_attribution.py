@@ -134,8 +134,11 @@ def edge_attribution(
         raise ExperimentError(f"edge_attribution: steps must be a positive int, got {steps!r}")
     edges = circuit if isinstance(circuit, EdgeCircuit) else edge_circuit(circuit, masked=False)
     what = "edge_attribution: corrupted_inputs"
-    corrupted = same_shape_inputs(edges.circuit, corrupted_inputs, what)
-    if corrupted.hash == edges.circuit.hash:
+    # unmasked, the senders compute what the model's nodes of their names compute, without the
+    # receivers' copies of the norms: the corrupted run is the model's
+    source = edges.circuit if isinstance(circuit, EdgeCircuit) else edges.model
+    corrupted = same_shape_inputs(source, corrupted_inputs, what)
+    if corrupted.hash == source.hash:
         raise ExperimentError(f"{what} {list(corrupted_inputs)!r} change nothing: every score would be zero")
     run = _Runs(edges, metric)
     with torch.no_grad():

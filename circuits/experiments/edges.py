@@ -88,13 +88,15 @@ class Receiver:
 @dataclasses.dataclass(frozen=True)
 class EdgeCircuit:
     """The rewritten model (``circuit``, the same root as the model's), its ``senders`` (names, in
-    mask order) with their nodes (``sender_nodes``), its ``receivers`` and ``edges``."""
+    mask order) with their nodes (``sender_nodes``), its ``receivers`` and ``edges``; ``model``: the
+    model circuit it was built from, heads split (its nodes named as the senders compute them)."""
 
     circuit: Circuit
     senders: tuple[str, ...]
     sender_nodes: tuple[Circuit, ...]
     receivers: tuple[Receiver, ...]
     per_position: bool
+    model: Circuit
 
     @property
     def edges(self) -> tuple[Edge, ...]:
@@ -231,6 +233,7 @@ class _Builder:
             tuple(node for _, node in self.senders),
             tuple(self.receivers),
             self.per_position,
+            self.circuit,
         )
 
     def attention(self, layer: int, attn: Circuit) -> None:
