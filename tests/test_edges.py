@@ -193,6 +193,7 @@ def test_eap_equals_the_reference(family):
     assert max(abs(v) for v in expected.values()) > 1e-2  # scores far from zero
 
 
+@pytest.mark.slow  # the reference runs 3 steps per unit of senders
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 @pytest.mark.parametrize("method", ["eap-ig-inputs", "eap-ig-activations"])
 def test_eap_ig_equals_the_reference(family, method):
