@@ -265,3 +265,16 @@ def test_bad_inputs_are_typed_errors_naming_the_argument():
     scores = ex.edge_attribution(edges, corrupted, _metric)
     with pytest.raises(ExperimentError, match="'b1.m->b0.m'"):
         scores["b1.m->b0.m"]
+
+
+@pytest.mark.parametrize("targets", ["clean", "corrupted"])
+def test_mean_loss_scores_the_next_tokens_its_targets_name(targets):
+    hf, clean, corrupted = _gpt2(), _tokens(3), _tokens(4)
+    metric = ex.mean_loss.with_targets(targets)
+    scores = ex.edge_attribution(cm.from_hf(hf, clean), {"toks_int_var": corrupted}, metric)
+    next_tokens = (clean if targets == "clean" else corrupted)[:, 1:]
+
+    def loss(logits):
+        return -logits.log_softmax(-1).gather(-1, next_tokens[..., None]).mean()
+
+    assert _compare(scores, ref.eap(ref.gpt2_forward, hf, clean[:, :-1], corrupted[:, :-1], loss)) < 1e-9

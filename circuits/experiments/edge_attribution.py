@@ -31,6 +31,7 @@ The metric is a function of the logits returning one number (as ``ex.gradients``
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Mapping
 
 import torch
@@ -40,7 +41,7 @@ from circuits.core.traversal import unique_nodes
 from circuits.errors import ExperimentError
 from circuits.evaluation import compile_plan, evaluate_many
 from circuits.experiments.edges import Edge, EdgeCircuit, edge_circuit
-from circuits.experiments.inputs import same_shape_inputs
+from circuits.experiments.inputs import same_shape_inputs, with_targets_of
 from circuits.experiments.metrics import Metric, find
 from circuits.experiments.tables import records_frame
 from circuits.transformer import names
@@ -140,6 +141,8 @@ def edge_attribution(
     corrupted = same_shape_inputs(source, corrupted_inputs, what)
     if corrupted.hash == source.hash:
         raise ExperimentError(f"{what} {list(corrupted_inputs)!r} change nothing: every score would be zero")
+    if isinstance(metric, Metric) and metric.targets == "corrupted":  # it scores the corrupted next tokens
+        edges = dataclasses.replace(edges, circuit=with_targets_of(edges.circuit, corrupted, what))
     run = _Runs(edges, metric)
     with torch.no_grad():
         corrupted_out = run.senders(corrupted)
