@@ -34,6 +34,11 @@
                                               backward, no weight gradients
 ``attribution_patching(c, corrupted, metric)`` the gradient estimate of patching every layer,
                                               head and position at once
+``edge_circuit(c)``                           every edge explicit: each receiver (head q/k/v
+                                              input, MLP input, logits) reads a masked sum
+                                              of its senders (``EdgeCircuit``)
+``edge_attribution(c, corrupted, metric)``    EAP and EAP-IG scores of every edge
+                                              (``EdgeScores``; docs/discovery.md)
 ``patch_grid(c, corrupted, metric, grid)``    TransformerLens's patching grids; one function
 ``patching_grids.act_patch_resid_pre`` and    per grid in ``patching_grids``, as
 every ``act_patch_*``                         TransformerLens's ``patching`` (docs/patching.md)
@@ -58,6 +63,8 @@ from circuits.experiments import patching_grids
 from circuits.experiments.ablation import mean_ablate, zero_ablate
 from circuits.experiments.activations import ActivationCache, run_with_cache
 from circuits.experiments.attribution import AttributionResult, attribution_patching
+from circuits.experiments.edge_attribution import EdgeScores, edge_attribution
+from circuits.experiments.edges import EdgeCircuit, edge_circuit
 from circuits.experiments.gradients import Gradients, gradients
 from circuits.experiments.head_detector import detect_head
 from circuits.experiments.inputs import with_inputs
@@ -110,6 +117,11 @@ __all__ = [
     "logit_lens",
     "path_terms",
     "run_with_cache",
+    # Edges: circuit discovery
+    "EdgeCircuit",
+    "EdgeScores",
+    "edge_attribution",
+    "edge_circuit",
     # Patching grids (every act_patch_* is in patching_grids)
     "PatchGrid",
     "patch_grid",

@@ -1,0 +1,331 @@
+"""``edge_attribution``: EAP and EAP-IG scores of every edge of an ``edge_circuit``.
+
+EAP (Syed et al. 2023) estimates what patching one edge changes: the corrupted run's sender output
+swapped into one receiver's input, in the clean run.  To first order that is::
+
+    score(s -> r) = (out_s(corrupted) - out_s(clean)) · ∂metric/∂input_r (clean run)
+
+summed over the batch and positions (``per_position=True`` keeps the positions): one plain run on
+the corrupted inputs, one tracked run and one backward on the clean inputs.  The sign and the
+difference are hannamw/EAP-IG's (``get_scores_eap``: corrupted minus clean, the gradient on the
+clean run); EAP-IG's ``attribute`` further divides by the number of examples, which we do not (the
+sum over the batch is the estimate of patching every row at once, as ``attribution_patching``).
+
+EAP-IG (Hanna et al. 2024) replaces the one gradient by the mean of ``steps`` gradients along a
+path from the corrupted to the clean run:
+
+- ``"eap-ig-inputs"``: the input embeddings (the sender ``'embeds'``) interpolated,
+  ``corrupted + k/steps * (clean - corrupted)`` for ``k = 0 .. steps-1``, everything above computed
+  from them (hannamw/EAP-IG's ``get_scores_eap_ig``).
+- ``"eap-ig-activations"``: for each edge, its sender's *unit* (the embeddings, one layer's heads
+  together, or one MLP) set to ``k/steps * clean + (1 - k/steps) * corrupted`` for ``k = 1 ..
+  steps``, every other component computed as usual; the receivers above the unit take their
+  gradients from those runs.  hannamw/EAP-IG's ``get_scores_ig_activations`` averages each
+  receiver's gradient over the interpolations of *every* unit (some of them above the receiver,
+  where the fixed unit cuts the gradient's path); ours uses the edge's own sender unit, the
+  integrated gradient of the activation the edge carries.
+
+The metric is a function of the logits returning one number (as ``ex.gradients`` takes it) or a
+``Metric`` built over the circuit (``logit_diff(..., push_down=False)``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping
+
+import torch
+
+from circuits.core.nodes import Circuit
+from circuits.core.traversal import unique_nodes
+from circuits.errors import ExperimentError
+from circuits.evaluation import compile_plan, evaluate_many
+from circuits.experiments.edges import Edge, EdgeCircuit, edge_circuit
+from circuits.experiments.inputs import same_shape_inputs, with_targets_of
+from circuits.experiments.metrics import Metric, find
+from circuits.experiments.tables import records_frame
+from circuits.transformer import names
+
+__all__ = ["EDGE_METHODS", "EdgeScores", "edge_attribution"]
+
+EDGE_METHODS = ("eap", "eap-ig-inputs", "eap-ig-activations")
+
+
+class EdgeScores:
+    """Every edge's score: ``edges`` (``Edge``, in ``EdgeCircuit.edges`` order), ``scores``
+    (``[edges]``, or ``[edges, positions]`` with ``per_position``), ``metric`` (the clean run's),
+    ``method`` and ``steps``.  ``scores_by_name['b0.a.head1->b1.m']``; ``to_pandas()``; ``comment``
+    for ``c.print(comment=...)``."""
+
+    def __init__(self, edges: tuple[Edge, ...], scores: torch.Tensor, metric: float, method: str, steps: int):
+        self.edges, self.scores, self.metric = edges, scores, metric
+        self.method, self.steps = method, steps
+        self._index = {edge.name: i for i, edge in enumerate(edges)}
+
+    def __len__(self) -> int:
+        return len(self.edges)
+
+    def __repr__(self) -> str:
+        return f"EdgeScores({self.method}, {len(self)} edges, metric {self.metric:.6g})"
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        """The score of the edge ``'sender->receiver'``; another name is an ``ExperimentError``."""
+        if name not in self._index:
+            raise ExperimentError(
+                f"EdgeScores: no edge {name!r} (edges are 'sender->receiver', e.g. {self.edges[0].name!r})"
+            )
+        return self.scores[self._index[name]]
+
+    def top(self, k: int) -> list[tuple[str, float]]:
+        """The ``k`` edges of largest absolute score (summed over positions), largest first."""
+        total = self.scores.reshape(len(self), -1).sum(-1)
+        order = total.abs().argsort(descending=True)[:k]
+        return [(self.edges[i].name, float(total[i])) for i in order.tolist()]
+
+    @property
+    def records(self) -> list[dict]:
+        """One dict per edge (and position): ``edge``, ``sender``, ``receiver``, (``pos``), ``score``."""
+        rows = []
+        for edge, score in zip(self.edges, self.scores):
+            base = {"edge": edge.name, "sender": edge.sender, "receiver": edge.receiver}
+            if score.ndim == 0:
+                rows.append({**base, "score": float(score)})
+            else:
+                rows += [{**base, "pos": p, "score": float(v)} for p, v in enumerate(score.tolist())]
+        return rows
+
+    def to_pandas(self):
+        """``records`` as a pandas DataFrame (pandas is not a dependency: install it to use this)."""
+        return records_frame(self.records, "EdgeScores")
+
+    def comment(self, node: Circuit, top: int = 4) -> str | None:
+        """For ``c.print(comment=scores.comment)``: on each receiver's input ``'edges->r'``, its
+        ``top`` senders by absolute score (``'b0.a.head1 +0.0312'``)."""
+        if node.name is None or not node.name.startswith("edges->"):
+            return None
+        receiver = node.name.removeprefix("edges->")
+        mine = [
+            (e.sender, float(self.scores[i].sum()))
+            for i, e in enumerate(self.edges)
+            if e.receiver == receiver
+        ]
+        mine.sort(key=lambda pair: -abs(pair[1]))
+        return ", ".join(f"{sender} {score:+.4g}" for sender, score in mine[:top]) or None
+
+
+def edge_attribution(
+    circuit: Circuit | EdgeCircuit,
+    corrupted_inputs: Mapping[Any, Any],
+    metric: Metric | Callable[[torch.Tensor], torch.Tensor],
+    *,
+    method: str = "eap",
+    steps: int = 5,
+    per_position: bool = False,
+) -> EdgeScores:
+    """Every edge's EAP or EAP-IG score (module docstring); ``circuit`` is a model circuit (rewritten
+    by ``edge_circuit``) or an ``EdgeCircuit``, on the clean inputs.  ``corrupted_inputs`` maps its
+    inputs (``'toks_int_var'``) to values of the same shape.
+
+    >>> scores = ex.edge_attribution(c, {"toks_int_var": corrupted}, lambda logits: logits[:, -1, 7].sum())
+    >>> scores.to_pandas().sort_values("score").head()
+    """
+    if method not in EDGE_METHODS:
+        raise ExperimentError(f"edge_attribution: method must be one of {EDGE_METHODS}, got {method!r}")
+    if method != "eap" and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise ExperimentError(f"edge_attribution: steps must be a positive int, got {steps!r}")
+    edges = circuit if isinstance(circuit, EdgeCircuit) else edge_circuit(circuit, masked=False)
+    what = "edge_attribution: corrupted_inputs"
+    # unmasked, the senders compute what the model's nodes of their names compute, without the
+    # receivers' copies of the norms: the corrupted run is the model's
+    source = edges.circuit if isinstance(circuit, EdgeCircuit) else edges.model
+    corrupted = same_shape_inputs(source, corrupted_inputs, what)
+    if corrupted.hash == source.hash:
+        raise ExperimentError(f"{what} {list(corrupted_inputs)!r} change nothing: every score would be zero")
+    if isinstance(metric, Metric) and metric.targets == "corrupted":  # it scores the corrupted next tokens
+        edges = dataclasses.replace(edges, circuit=with_targets_of(edges.circuit, corrupted, what))
+    run = _Runs(edges, metric)
+    with torch.no_grad():
+        corrupted_out = run.senders(corrupted)
+    clean = run.tracked()
+    clean_out = torch.stack([value.detach() for value in clean.senders])
+    diff = corrupted_out - clean_out
+    if method == "eap":
+        grads = clean.grads()
+    elif method == "eap-ig-inputs":
+        grads = _ig_inputs(run, clean_out, corrupted_out, steps)
+    else:
+        grads = _ig_activations(run, clean_out, corrupted_out, steps)
+    scores = _scores(edges, diff, grads, per_position)
+    return EdgeScores(
+        edges.edges, scores, float(clean.metric.detach()), method, 1 if method == "eap" else steps
+    )
+
+
+class _Tracked:
+    """One tracked run: the metric, the stacked senders' values and each receiver input's value."""
+
+    def __init__(self, metric: torch.Tensor, senders: list, inputs: list):
+        self.metric, self.senders, self.inputs = metric, senders, inputs
+
+    def grads(self) -> list[torch.Tensor | None]:
+        """``∂metric/∂input`` per receiver (zeros where the metric does not depend on it; None for a
+        receiver the run did not compute: one below a sender whose value was given)."""
+        computed = [x for x in self.inputs if x is not None]
+        found = iter(torch.autograd.grad(self.metric, computed, allow_unused=True))
+        grads = [None if x is None else next(found) for x in self.inputs]
+        return [g if x is None or g is not None else torch.zeros_like(x) for x, g in zip(self.inputs, grads)]
+
+
+class _Runs:
+    """The runs of one attribution: the metric's root over the edge circuit, the receivers tracked."""
+
+    def __init__(self, edges: EdgeCircuit, metric: Any):
+        self.edges, self.metric = edges, metric
+        if isinstance(metric, Metric):
+            self.root = metric.circuit(edges.circuit)
+        elif callable(metric):
+            self.root = find(
+                edges.circuit, names.LOGITS, "edge_attribution: a metric function takes the logits"
+            )
+        else:
+            raise ExperimentError(
+                f"edge_attribution: metric must be a Metric or a function of the logits, got {metric!r}"
+            )
+        present = {node.hash for node in unique_nodes([self.root])}
+        missing = [r.name for r in edges.receivers if r.input.hash not in present]
+        if missing:
+            raise ExperimentError(
+                f"edge_attribution: metric {getattr(metric, 'name', metric)!r} does not read the receivers "
+                f"{missing[:4]} of the edge circuit (a Metric that pushes an Index down, such as logit_diff, "
+                "needs push_down=False here)"
+            )
+        self.receiver_hashes = {r.input.hash: i for i, r in enumerate(edges.receivers)}
+        self.sender_hashes = {node.hash: i for i, node in enumerate(edges.sender_nodes)}
+
+    def senders(self, circuit: Circuit) -> torch.Tensor:
+        """Every sender's value in ``circuit``'s run (found by name), stacked ``[senders, ...]``."""
+        wanted = set(self.edges.senders)
+        found: dict[str, list[Circuit]] = {}
+        for node in unique_nodes([circuit]):
+            if node.name in wanted:
+                found.setdefault(node.name, []).append(node)
+        if any(len(found.get(name, ())) != 1 for name in wanted):
+            raise ExperimentError(f"edge_attribution: {circuit.describe()} has no one node per sender name")
+        return torch.stack(evaluate_many([found[name][0] for name in self.edges.senders]))
+
+    def tracked(self, known: Mapping[Circuit, torch.Tensor] | None = None) -> _Tracked:
+        """The clean run with every receiver input's value in the autograd graph."""
+        inputs: list[Any] = [None] * len(self.edges.receivers)
+        senders: list[Any] = [None] * len(self.edges.senders)
+
+        def kernel(node: Circuit, default: Callable) -> Callable:
+            return _tracked(default) if node.hash in self.receiver_hashes else default
+
+        def on_value(node: Circuit, value: torch.Tensor) -> None:
+            if node.hash in self.receiver_hashes:
+                inputs[self.receiver_hashes[node.hash]] = value
+            elif node.hash in self.sender_hashes:
+                senders[self.sender_hashes[node.hash]] = value
+
+        with torch.enable_grad():
+            value = compile_plan([self.root], known=known, kernel=kernel).run(on_value=on_value)[0]
+            number = value if isinstance(self.metric, Metric) else self.metric(value)
+        return _Tracked(_checked_number(number, self.metric), senders, inputs)
+
+
+def _tracked(default: Callable) -> Callable:
+    def tracked(*arguments: torch.Tensor) -> torch.Tensor:
+        value = default(*arguments)
+        return value if value.requires_grad else value.detach().requires_grad_()
+
+    return tracked
+
+
+def _checked_number(value: Any, metric: Any) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor) or value.numel() != 1:
+        got = (
+            f"a tensor of shape {list(value.shape)}"
+            if isinstance(value, torch.Tensor)
+            else type(value).__name__
+        )
+        raise ExperimentError(f"edge_attribution: metric must return one number as a torch tensor, got {got}")
+    if not value.requires_grad:
+        raise ExperimentError(
+            f"edge_attribution: metric {getattr(metric, 'name', metric)!r} does not depend on the edges (its "
+            "value is outside the autograd graph): compute it from the logits it is given, with torch operations"
+        )
+    return value.reshape(())
+
+
+def _ig_inputs(run: _Runs, clean: torch.Tensor, corrupted: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """The mean over ``k = 0 .. steps-1`` of the receivers' gradients with the embeddings at
+    ``corrupted + k/steps (clean - corrupted)``."""
+    embeds = run.edges.sender_nodes[0]
+    total = None
+    for k in range(steps):
+        value = corrupted[0] + (k / steps) * (clean[0] - corrupted[0])
+        grads = run.tracked({embeds: value}).grads()
+        total = grads if total is None else [t + g for t, g in zip(total, grads)]
+    return [t / steps for t in total]
+
+
+def _units(edges: EdgeCircuit) -> list[list[int]]:
+    """The senders grouped in units (the embeddings, each layer's heads, each MLP): sender indices."""
+    units: list[list[int]] = []
+    previous = None
+    for index, name in enumerate(edges.senders):
+        parsed = names.parse(name)
+        key = (parsed.kind, parsed.layer) if parsed is not None and parsed.kind == "head" else name
+        if key != previous:
+            units.append([])
+        units[-1].append(index)
+        previous = key
+    return units
+
+
+def _ig_activations(run: _Runs, clean: torch.Tensor, corrupted: torch.Tensor, steps: int) -> dict:
+    """Per unit of senders, the mean over ``k = 1 .. steps`` of the gradients of the receivers reading
+    it, with the unit's senders at ``k/steps clean + (1 - k/steps) corrupted``: ``{unit: {receiver
+    index: gradient}}``."""
+    edges, per_unit = run.edges, {}
+    for unit in _units(edges):
+        readers = [i for i, r in enumerate(edges.receivers) if r.n_senders > unit[0]]
+        total: list[torch.Tensor] | None = None
+        for k in range(1, steps + 1):
+            alpha = k / steps
+            known = {edges.sender_nodes[s]: alpha * clean[s] + (1 - alpha) * corrupted[s] for s in unit}
+            grads = run.tracked(known).grads()
+            total = grads if total is None else [None if g is None else t + g for t, g in zip(total, grads)]
+        per_unit[tuple(unit)] = {i: total[i] / steps for i in readers}
+    return per_unit
+
+
+def _scores(edges: EdgeCircuit, diff: torch.Tensor, grads: list | dict, per_position: bool) -> torch.Tensor:
+    """``diff_s · grad_r`` per edge, summed over every axis but the positions (with ``per_position``),
+    as matrix products over blocks of senders and receivers.  ``grads``: one per receiver, or (the
+    activations IG) ``{unit: {receiver: gradient}}``."""
+    receivers = edges.receivers
+    shape = (diff.shape[0], len(receivers)) + ((diff.shape[-2],) if per_position else ())
+    table = torch.zeros(shape, dtype=diff.dtype)
+    if isinstance(grads, dict):
+        blocks = [(list(unit), sorted(by_receiver), by_receiver) for unit, by_receiver in grads.items()]
+    else:
+        by_count: dict[int, list[int]] = {}
+        for i, receiver in enumerate(receivers):
+            by_count.setdefault(receiver.n_senders, []).append(i)
+        blocks = [(list(range(n)), readers, dict(enumerate(grads))) for n, readers in by_count.items()]
+    for senders, readers, by_receiver in blocks:
+        if readers:
+            block = _dot(diff[senders], torch.stack([by_receiver[i] for i in readers]), per_position)
+            table[senders[0] : senders[-1] + 1][:, readers] = block  # the senders are contiguous
+    return torch.cat([table[: r.n_senders, i] for i, r in enumerate(receivers)])
+
+
+def _dot(senders: torch.Tensor, grads: torch.Tensor, per_position: bool) -> torch.Tensor:
+    """``[senders, receivers]`` (``[senders, receivers, positions]``): each pair's product summed
+    over every axis (but the positions, the second to last)."""
+    if not per_position:
+        return senders.reshape(senders.shape[0], -1) @ grads.reshape(grads.shape[0], -1).T
+    s = senders.movedim(-2, 0).reshape(senders.shape[-2], senders.shape[0], -1)
+    g = grads.movedim(-2, 0).reshape(grads.shape[-2], grads.shape[0], -1)
+    return torch.bmm(s, g.transpose(1, 2)).permute(1, 2, 0)
