@@ -206,6 +206,8 @@ def einsum_workspace(
     operands promoted to a common dtype, the core before its multipliers (or before its diagonal
     embedding), a batched dot's product, and ``reduced.float32_workspace`` where the contraction runs
     in float32.  ``torch.einsum``'s and ``reshape``'s own copies are not counted."""
+    if not shapes:
+        return 0, 0  # no operand: a constant, nothing to copy
     common = functools.reduce(torch.promote_types, dtypes)
     size = common.itemsize
     transient = sum(math.prod(shape) * size for shape, dtype in zip(shapes, dtypes) if dtype != common)

@@ -41,7 +41,7 @@ from circuits.experiments.inputs import same_shape_inputs, with_targets_of
 from circuits.experiments.metrics import Metric
 from circuits.experiments.memory_budget import check_memory_bytes
 from circuits.experiments.patch_batches import PatchRun, measure_all
-from circuits.experiments.patch_budget import grid_budget, patches_that_fit
+from circuits.experiments.patch_budget import GridBudget, grid_budget, patches_that_fit
 from circuits.experiments.workers import one_thread_if_forked
 from circuits.transformer.points import Point
 from circuits.core.nodes import Circuit, check_node
@@ -162,17 +162,8 @@ def patch_grid(
     if isinstance(metric, Metric) and metric.targets == "clean":  # the patched run scores the clean targets
         corrupted = with_targets_of(corrupted, circuit, f"act_patch_{grid}")
     chosen = _checked_layers(layers, _layer_count(circuit), grid)
-    budget = None
-    if check_memory_bytes(memory_bytes, f"act_patch_{grid}") is not None:
-        budget = grid_budget(
-            f"act_patch_{grid}",
-            corrupted,
-            metric,
-            spec.kind,
-            chosen,
-            (memory_bytes, cache_bytes),
-            options.device,
-        )
+    budget = _budget(grid, corrupted, metric, spec, chosen, memory_bytes, options)
+    if budget is not None:
         options = attrs.evolve(options, cache_bytes=budget.cache_bytes)
     jobs = [(circuit, corrupted, spec, layer, metric, options, budget) for layer in chosen]
     if executor is None:
@@ -181,6 +172,16 @@ def patch_grid(
     else:
         results = [future.result() for future in [executor.submit(_layer_values, *job) for job in jobs]]
     return _assembled(grid, spec, chosen, results)
+
+
+def _budget(
+    grid: str, corrupted, metric, spec: Grid, chosen: list[int], memory_bytes, options
+) -> GridBudget | None:
+    """The grid's ``GridBudget`` within ``memory_bytes`` (None: no budget)."""
+    if check_memory_bytes(memory_bytes, f"act_patch_{grid}") is None:
+        return None
+    budget = (memory_bytes, options.cache_bytes)
+    return grid_budget(f"act_patch_{grid}", corrupted, metric, spec.kind, chosen, budget, options.device)
 
 
 @attrs.frozen
