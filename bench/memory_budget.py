@@ -23,28 +23,11 @@ import argparse
 import time
 
 import torch
-from memory_peak import MiB, TARGET, llama
-from torch.profiler import ProfilerActivity, profile
+from memory_peak import MiB, TARGET, llama, profiled
 
 from circuits import experiments as ex
 from circuits import models
 from circuits.errors import CacheError
-
-
-def profiled(run):
-    """``(result, peak bytes)`` of ``run()``, the peak from the profiler's memory events."""
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        result = run()
-    events = sorted(
-        (event.start_ns(), event.nbytes())
-        for event in prof.profiler.kineto_results.events()
-        if event.name() == "[memory]"
-    )
-    live = peak = 0
-    for _, nbytes in events:
-        live += nbytes
-        peak = max(peak, live)
-    return result, peak
 
 
 def logit_diff(logits: torch.Tensor) -> torch.Tensor:

@@ -53,10 +53,10 @@ def llama(quick: bool, dtype: torch.dtype):
     return transformers.LlamaForCausalLM(config).to(dtype).eval()
 
 
-def profiled_peak(root: cc.Circuit) -> int:
-    """The most bytes torch allocated at once during one evaluation, from the profiler's memory events."""
-    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        cc.evaluate(root)
+def profiled(run):
+    """``(run(), the most bytes torch allocated at once during it)``, from the profiler's memory events."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        result = run()
     events = sorted(
         (event.start_ns(), event.nbytes())
         for event in prof.profiler.kineto_results.events()
@@ -66,7 +66,13 @@ def profiled_peak(root: cc.Circuit) -> int:
     for _, nbytes in events:
         live += nbytes
         peak = max(peak, live)
-    return peak
+    return result, peak
+
+
+def profiled_peak(root: cc.Circuit) -> int:
+    """The most bytes torch allocated at once during one evaluation of ``root``."""
+    with torch.no_grad():
+        return profiled(lambda: cc.evaluate(root))[1]
 
 
 def measure(dtype: torch.dtype, args) -> float:

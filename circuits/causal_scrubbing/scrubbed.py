@@ -20,6 +20,7 @@ from circuits.causal_scrubbing.correspondence import Correspondence
 from circuits.causal_scrubbing.dataset import Dataset
 from circuits.causal_scrubbing.hypothesis import SampledInputs
 from circuits.errors import CausalScrubbingError, shown
+from circuits.evaluation.leaves import check_device
 from circuits.rewriting.matching import Matcher, are_any_found
 from circuits.core.nodes import Circuit, DiscreteVar
 
@@ -48,22 +49,7 @@ def _checked_device_dtype(device_dtype: Any) -> tuple[torch.device | None, torch
 
 
 def _checked_device(device: Any) -> torch.device | None:
-    if device is None:
-        return None
-    try:
-        device = torch.device(device)
-    except (TypeError, RuntimeError) as error:
-        raise CausalScrubbingError(
-            f"ExperimentEvalSettings: device_dtype's device {shown(repr(device))} is not a torch device ({error})"
-        ) from None
-    if device.type == "cuda" and not (
-        torch.cuda.is_available() and (device.index or 0) < torch.cuda.device_count()
-    ):
-        raise CausalScrubbingError(
-            f"ExperimentEvalSettings: device_dtype's device {str(device)!r} is not available here "
-            f"({torch.cuda.device_count()} CUDA devices)"
-        )
-    return device
+    return check_device(device, "ExperimentEvalSettings: device_dtype", CausalScrubbingError)
 
 
 def _checked_dtype(dtype: Any) -> torch.dtype | None:
