@@ -19,11 +19,10 @@ in it).  Tokens: ``--batch`` x ``--seq``, a corrupted copy with one token change
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
-from memory_peak import MiB, TARGET, llama, profiled
+from memory_peak import MiB, TARGET, llama, model_arguments, profiled
 
 from circuits import experiments as ex
 from circuits import models
@@ -35,16 +34,13 @@ def logit_diff(logits: torch.Tensor) -> torch.Tensor:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="a 4-layer model of d_model 256")
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--seq", type=int, default=64)
+    parser = model_arguments(__doc__)
     parser.add_argument(
-        "--budget-mib", type=float, default=None, help="default: 40%% of the unbudgeted sweep's"
+        "--budget-mib",
+        type=float,
+        default=None,
+        help="default: halfway between the least the sweep accepts and its unbudgeted peak",
     )
-    parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model = llama(args.quick, torch.bfloat16)

@@ -97,15 +97,18 @@ def measure(dtype: torch.dtype, args) -> float:
     return ratio
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def model_arguments(doc: str) -> argparse.ArgumentParser:
+    """The options of the 1B-model memory benches: ``--quick``, ``--batch``, ``--seq``, ``--threads``."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a 4-layer model of d_model 256")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = model_arguments(__doc__).parse_args()
     torch.set_num_threads(args.threads)
     ratios = {dtype: measure(dtype, args) for dtype in (torch.bfloat16, torch.float32)}
     worst = max(abs(ratio - 1) for ratio in ratios.values())
