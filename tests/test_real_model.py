@@ -12,6 +12,7 @@ logit attribution, a row of each patching grid and one path patch.  The model sh
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 
 import pytest
@@ -46,11 +47,20 @@ def smol():
 
 @pytest.fixture(scope="module")
 def hf(smol):
+    """transformers' own model read from the same file by its GGUF loader.
+
+    The loader parses the file twice (config, then weights) and builds gguf's tensor-name map
+    once per submodule (397 times): both are pure functions of their arguments, so they are
+    memoized while it loads (half its time; what it computes is unchanged)."""
+    import gguf
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(smol.path.parent), gguf_file=smol.path.name, attn_implementation="eager"
-    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf, "GGUFReader", functools.lru_cache(maxsize=1)(gguf.GGUFReader))
+        patch.setattr(gguf, "get_tensor_name_map", functools.lru_cache(maxsize=4)(gguf.get_tensor_name_map))
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(smol.path.parent), gguf_file=smol.path.name, attn_implementation="eager"
+        )
     return model.eval()
 
 
