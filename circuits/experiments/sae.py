@@ -216,3 +216,32 @@ def feature_attribution(
     replaced = circuit.replace({circuit.get_unique(names.acts): Array(tracked, names.acts)})
     (gradient,) = torch.autograd.grad(metric(replaced.evaluate(inputs=corrupted_inputs, **run)), tracked)
     return (clean - corrupted) * gradient
+
+
+def feature_logit_attrs(
+    circuit: Circuit,
+    point: Any,
+    tokens: Any,
+    *,
+    incorrect_tokens: Any = None,
+    pos_slice: Any = None,
+    inputs: Mapping[Any, Any] | None = None,
+    **run: Any,
+) -> torch.Tensor:
+    """Each feature's direct contribution to the logit of ``tokens`` (minus ``incorrect_tokens``):
+    its activation times its decoder row, through the final norm (the run's own scale) and the
+    unembedding, as ``ActivationCache.logit_attrs`` reads a residual stack: ``[d_sae, *batch_and_pos]``.
+
+    ``circuit`` is a whole model circuit (the final norm and unembedding are read off it); the
+    SAE at ``point`` must write into the residual stream (a residual point, ``attn_out``,
+    ``mlp_out``, or a transcoder writing one)."""
+    from circuits.experiments.activations import run_with_cache
+
+    names = sae_names(point)
+    acts = feature_values(circuit, [point], inputs=inputs, **run)[names.acts]
+    decoder = circuit.get_unique(names.acts.removesuffix(".acts") + ".W_dec").evaluate(**run)
+    cache = run_with_cache(circuit, [], inputs=inputs, **run)
+    if pos_slice is not None:
+        acts = acts[:, pos_slice]
+    stack = torch.einsum("...f,fd->f...d", acts, decoder.to(acts.dtype))
+    return cache.logit_attrs(stack, tokens, incorrect_tokens, pos_slice=pos_slice)
