@@ -87,8 +87,15 @@ def hooked_logits(model, tokens, edit_block_input=None, edit_mlp=None):
             handle.remove()
 
 
-@pytest.mark.parametrize("architecture", ["standard", "jumprelu", "topk"])
-@pytest.mark.parametrize("kind,layer", [("resid_pre", 1), ("mlp_out", 0), ("attn_out", 1), ("resid_mid", 0)])
+@pytest.mark.parametrize(
+    "architecture,kind,layer",
+    [
+        ("standard", "resid_pre", 1),
+        ("jumprelu", "mlp_out", 0),
+        ("topk", "attn_out", 1),
+        ("standard", "resid_mid", 0),
+    ],
+)
 def test_splice_with_error_keeps_the_value(architecture, kind, layer):
     tokens = torch.randint(0, 17, (2, 6), generator=torch.Generator().manual_seed(0))
     circuit = gpt2_circuit(tokens)
@@ -200,7 +207,7 @@ def logit_diff(logits: torch.Tensor) -> torch.Tensor:
 def test_feature_patching_and_attribution_against_hooks(model):
     sae = random_sae("standard", "blocks.1.hook_resid_pre", seed=6)
     spliced = splice_sae(logits_circuit(model), sae)
-    inputs = {"toks_int_var": CORRUPTED[:, :-1]}
+    inputs = {"toks_int_var": CORRUPTED}
     patched = feature_patching(spliced, ("resid_pre", 1), logit_diff, corrupted_inputs=inputs)
     clean_acts = reference_encode(sae, resid_pre1(model))
     expected = []

@@ -27,17 +27,20 @@ from circuits.core.nodes import Add, Array, Circuit, Einsum, GeneralFunction, ch
 from circuits.core.traversal import unique_nodes
 from circuits.errors import SAEError
 from circuits.evaluation import compile_plan
+from circuits.experiments.inputs import same_shape_inputs
 from circuits.models.sae import SAE
 from circuits.transformer.points import as_point, resolve_points
 
 __all__ = [
     "SAENames",
     "feature_attribution",
+    "feature_logit_attrs",
     "feature_patching",
     "feature_values",
     "sae_names",
     "splice_sae",
     "splice_saes",
+    "unspliced",
 ]
 
 
@@ -184,15 +187,15 @@ def feature_patching(
     patched in, for each of ``features`` (default: all): ``[len(features)]``, as a patching grid
     over the SAE's features (``metric``: the circuit's value -> a number)."""
     names = sae_names(point)
-    clean = feature_values(circuit, [point], inputs=clean_inputs, **run)[names.acts]
-    corrupted = feature_values(circuit, [point], inputs=corrupted_inputs, **run)[names.acts]
-    acts = circuit.get_unique(names.acts)
+    clean, corrupted, run_on = _two_runs(
+        circuit, point, clean_inputs, corrupted_inputs, "feature_patching", run
+    )
+    acts = run_on.get_unique(names.acts)
     results = []
     for k in range(clean.shape[-1]) if features is None else features:
         patched = corrupted.clone()
         patched[..., k] = clean[..., k]
-        replaced = circuit.replace({acts: Array(patched, names.acts)})
-        value = replaced.evaluate(inputs=corrupted_inputs, **run)
+        value = run_on.replace({acts: Array(patched, names.acts)}).evaluate(**run)
         results.append(torch.as_tensor(metric(value)).detach())
     return torch.stack(results)
 
@@ -210,12 +213,23 @@ def feature_attribution(
     on the corrupted run, ``[..., d_sae]`` (the acts' own shape), the gradient estimate of
     ``feature_patching`` per position (summed over the leading axes, it estimates each feature's)."""
     names = sae_names(point)
-    clean = feature_values(circuit, [point], inputs=clean_inputs, **run)[names.acts]
-    corrupted = feature_values(circuit, [point], inputs=corrupted_inputs, **run)[names.acts]
+    clean, corrupted, run_on = _two_runs(
+        circuit, point, clean_inputs, corrupted_inputs, "feature_attribution", run
+    )
     tracked = corrupted.detach().clone().requires_grad_(True)
-    replaced = circuit.replace({circuit.get_unique(names.acts): Array(tracked, names.acts)})
-    (gradient,) = torch.autograd.grad(metric(replaced.evaluate(inputs=corrupted_inputs, **run)), tracked)
+    replaced = run_on.replace({run_on.get_unique(names.acts): Array(tracked, names.acts)})
+    (gradient,) = torch.autograd.grad(metric(replaced.evaluate(**run)), tracked)
     return (clean - corrupted) * gradient
+
+
+def _two_runs(circuit, point, clean_inputs, corrupted_inputs, what: str, run: Mapping[str, Any]):
+    """The features' clean and corrupted values, and the circuit on the corrupted inputs (each
+    inputs mapping as the patching grids take it: node or name -> value of the same shape)."""
+    clean_run = circuit if clean_inputs is None else same_shape_inputs(circuit, clean_inputs, what)
+    corrupted_run = same_shape_inputs(circuit, corrupted_inputs, what)
+    acts = sae_names(point).acts
+    clean = feature_values(clean_run, [point], **run)[acts]
+    return clean, feature_values(corrupted_run, [point], **run)[acts], corrupted_run
 
 
 def feature_logit_attrs(
@@ -234,14 +248,34 @@ def feature_logit_attrs(
 
     ``circuit`` is a whole model circuit (the final norm and unembedding are read off it); the
     SAE at ``point`` must write into the residual stream (a residual point, ``attn_out``,
-    ``mlp_out``, or a transcoder writing one)."""
+    ``mlp_out``, or a transcoder writing one), and every SAE must be spliced with its error: the
+    norm's scale and the readout are read from the circuit with the SAEs taken out
+    (``unspliced``), which computes the same only then."""
     from circuits.experiments.activations import run_with_cache
 
     names = sae_names(point)
     acts = feature_values(circuit, [point], inputs=inputs, **run)[names.acts]
     decoder = circuit.get_unique(names.acts.removesuffix(".acts") + ".W_dec").evaluate(**run)
-    cache = run_with_cache(circuit, [], inputs=inputs, **run)
+    cache = run_with_cache(unspliced(circuit), [], inputs=inputs, **run)
     if pos_slice is not None:
         acts = acts[:, pos_slice]
     stack = torch.einsum("...f,fd->f...d", acts, decoder.to(acts.dtype))
     return cache.logit_attrs(stack, tokens, incorrect_tokens, pos_slice=pos_slice)
+
+
+def unspliced(circuit: Circuit) -> Circuit:
+    """``circuit`` with every SAE spliced with its error taken out again (each ``recon + error``
+    node back to the node it replaced, by its name); an SAE spliced without its error is refused,
+    since nothing of the circuit computes what it replaced."""
+    mapping = {}
+    for node in unique_nodes([circuit]):
+        names = [child.name or "" for child in node.children]
+        if len(names) == 1 and names[0].endswith(".sae.recon"):
+            raise SAEError(f"unspliced: the SAE at {node.name!r} was spliced without its error (error=False)")
+        if (
+            len(names) == 2
+            and names[0].endswith(".sae.recon")
+            and names[1] == names[0][: -len("recon")] + "error"
+        ):
+            mapping[node] = node.children[1].children[0].rename(node.name)
+    return circuit.replace(mapping) if mapping else circuit
