@@ -304,7 +304,7 @@ def _check_fields(config: Mapping[str, Any], where: Any) -> None:
 def _architecture(config: Mapping[str, Any], where: Any) -> str:
     """SAELens's architecture; a 5.x config without one is ``standard`` (``topk`` with
     ``activation_fn: 'topk'``), as SAELens's ``handle_pre_6_0_config`` reads it."""
-    activation = config.get("activation_fn", config.get("activation_fn_str", "relu"))
+    activation = config.get("activation_fn", config.get("activation_fn_str"))
     default = "topk" if activation == "topk" else "standard"
     architecture = config.get("architecture", default)
     if architecture not in ARCHITECTURES:
@@ -314,7 +314,9 @@ def _architecture(config: Mapping[str, Any], where: Any) -> str:
             "architecture",
             path=where,
         )
-    if activation not in ("relu", "topk") or (activation == "topk") != (architecture == "topk"):
+    if activation is not None and (
+        activation not in ("relu", "topk") or (activation == "topk") != (architecture == "topk")
+    ):
         raise SAEError(
             f"{where}: activation_fn {activation!r} with architecture {architecture!r}: a {architecture} "
             f"SAE's activation is {'topk' if architecture == 'topk' else 'relu'}",
