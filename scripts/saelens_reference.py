@@ -54,7 +54,9 @@ def make(name: str, seed: int):
 
     architecture, fields, hook, hook_out = SAES[name]
     sae_class, config_class = get_sae_class(architecture)
-    metadata = SAEMetadata(hook_name=hook, model_name="tiny-gpt2", **({"hook_name_out": hook_out} if hook_out else {}))
+    metadata = SAEMetadata(
+        hook_name=hook, model_name="tiny-gpt2", **({"hook_name_out": hook_out} if hook_out else {})
+    )
     sae = sae_class(config_class(d_in=D_IN, d_sae=D_SAE, metadata=metadata, **fields))
     generator = torch.Generator().manual_seed(seed)
     state = {}
@@ -78,7 +80,9 @@ def main(out: Path) -> None:
             acts = sae.encode(x)
             recon = sae.decode(acts)
         save_file({"x": x, "acts": acts, "recon": recon.contiguous()}, str(folder / "reference.safetensors"))
-    (out / "versions.json").write_text(json.dumps({"sae_lens": versions, "torch": torch.__version__}, indent=1))
+    (out / "versions.json").write_text(
+        json.dumps({"sae_lens": versions, "torch": torch.__version__}, indent=1)
+    )
 
 
 if __name__ == "__main__":
