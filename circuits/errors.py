@@ -211,6 +211,16 @@ class ModelError(CircuitError, ValueError):
         self.mismatched_keys = list(mismatched_keys)
 
 
+class SAEError(ModelError):
+    """A sparse autoencoder or transcoder that cannot be read or spliced: an unknown architecture,
+    config field or weight, a weight of the wrong shape, or a point it does not fit.  ``field``
+    names the config field or weight at fault, ``path`` the file (None for an object in memory)."""
+
+    def __init__(self, message: str, field: str | None = None, *, path=None, **keys):
+        super().__init__(message, field, **keys)
+        self.path = None if path is None else str(path)
+
+
 class PassError(CircuitError, ValueError):
     """A pass applied to a circuit that lacks the structure it rewrites
     (no attention scores to mask, no unsplit layer to split), or given a

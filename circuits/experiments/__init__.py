@@ -80,6 +80,7 @@ from circuits.experiments.patching import patch, resample_ablate
 from circuits.experiments.patching_grids import PatchGrid, patch_grid
 from circuits.experiments.path_terms import PathTerms, path_terms
 from circuits.experiments.plots import plot_attention, plot_grid
+from circuits.experiments.sae import splice_sae, splice_saes
 from circuits.experiments.sweep import SweepPlan, SweepResult, head_names, sweep, sweep_plan
 from circuits.transformer.points import Point
 
@@ -117,6 +118,8 @@ __all__ = [
     "logit_lens",
     "path_terms",
     "run_with_cache",
+    "splice_sae",
+    "splice_saes",
     # Edges: circuit discovery
     "EdgeCircuit",
     "EdgeScores",

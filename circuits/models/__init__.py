@@ -46,6 +46,7 @@ from circuits.models.smollm2 import SMOLLM2_FILE, smollm2, smollm2_path
 from circuits.models.torch_import import from_torch
 from circuits.models.transformer_lens import TRANSFORMER_LENS_KEYS, from_transformer_lens
 from circuits.models.text import to_str_tokens, to_tokens
+from circuits.models.sae import SAE, from_saelens, load_sae
 
 __all__ = [
     "CONVENTIONS",
@@ -61,6 +62,7 @@ __all__ = [
     "ModelError",
     "ModelOptions",
     "NeoXConfig",
+    "SAE",
     "attn_only_random_weights",
     "bert_random_weights",
     "build_attn_only",
@@ -72,6 +74,7 @@ __all__ = [
     "from_hf",
     "from_hf_bert",
     "from_hf_state_dict",
+    "from_saelens",
     "from_torch",
     "from_transformer_lens",
     "gpt2_random_weights",
@@ -79,6 +82,7 @@ __all__ = [
     "llama_random_weights",
     "load_demo_model",
     "load_hf_checkpoint",
+    "load_sae",
     "load_sentence_transformer",
     "rope_cos_sin",
     "sentence_transformer_tokenizer",
