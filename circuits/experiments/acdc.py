@@ -132,7 +132,14 @@ def acdc(
         raise ExperimentError(f"{what}: batch must be a positive int, got {batch!r}")
     edges = _edge_circuit(circuit, corrupted_inputs, ablation, what)
     spec = DiscoveryMetric(metric, edges, position=position, what=what)
-    search = _Search(edges, spec, evaluator or Evaluator(DEFAULT_CACHE_BYTES), threshold, absolute, batch)
+    search = _Search(
+        edges,
+        spec,
+        Evaluator(DEFAULT_CACHE_BYTES) if evaluator is None else evaluator,
+        threshold,
+        absolute,
+        batch,
+    )
     start = time.perf_counter()
     search.check_depends()
     search.run()

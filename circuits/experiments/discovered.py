@@ -160,7 +160,7 @@ def discovered_circuit(
     if spec is not None:
         root = spec.root(masked.circuit)
         with torch.no_grad():
-            value = spec.value((evaluator or Evaluator(0)).evaluate(root))
+            value = spec.value((Evaluator(0) if evaluator is None else evaluator).evaluate(root))
         metric_circuit = spec.saved_root(masked.circuit)
     return DiscoveredCircuit(
         masked.circuit,

@@ -67,7 +67,13 @@ def ablated_values(edges, ablation: str, inputs: Mapping[Any, Any] | None, what:
         raise ExperimentError(f"{what}: ablation={ablation!r} needs corrupted_inputs (the run it reads)")
     model = edges.model
     if ablation == "resample":
-        values = sender_values(edges, same_shape_inputs(model, inputs, f"{what}: corrupted_inputs"))
+        corrupted = same_shape_inputs(model, inputs, f"{what}: corrupted_inputs")
+        if corrupted.hash == model.hash:
+            raise ExperimentError(
+                f"{what}: corrupted_inputs {list(inputs)!r} change nothing: every resampled edge would read "
+                "its clean value"
+            )
+        values = sender_values(edges, corrupted)
     else:
         check_keys_found(model, inputs, f"{what}: corrupted_inputs")
         if edges.sender_nodes[0].rank != 3:

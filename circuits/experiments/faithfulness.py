@@ -127,7 +127,7 @@ def faithfulness(
     ranking = _ranking(edges, scores, absolute, what)
     full = masked_edges(edges, [e.name for e in edges.edges])
     spec = DiscoveryMetric(metric, full, position=position, what=what)
-    evaluator = evaluator or Evaluator(DEFAULT_CACHE_BYTES)
+    evaluator = Evaluator(DEFAULT_CACHE_BYTES) if evaluator is None else evaluator
 
     def measured(kept: list[str]) -> float:
         with torch.no_grad():
