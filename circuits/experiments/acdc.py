@@ -166,8 +166,6 @@ def _edge_circuit(circuit: Any, corrupted_inputs: Any, ablation: str, what: str)
     """The edge circuit to search, masks at 1, reading ``ablation`` values."""
     if ablation not in ABLATIONS:
         raise ExperimentError(f"{what}: ablation must be one of {ABLATIONS}, got {ablation!r}")
-    if ablation != "zero" and corrupted_inputs is None:
-        raise ExperimentError(f"{what}: ablation={ablation!r} needs corrupted_inputs (the run it reads)")
     if isinstance(circuit, EdgeCircuit):
         if circuit.per_position or any(r.mask is None for r in circuit.receivers):
             raise ExperimentError(
@@ -175,6 +173,7 @@ def _edge_circuit(circuit: Any, corrupted_inputs: Any, ablation: str, what: str)
             )
         edges = circuit.with_masks({r.name: torch.ones_like(r.mask.value) for r in circuit.receivers})
         if edges.ablation == "zero" and ablation != "zero":
+            _check_inputs(corrupted_inputs, ablation, what)
             edges = edges.with_ablation(ablation, corrupted_inputs)
         elif edges.ablation != ablation:
             raise ExperimentError(
@@ -183,7 +182,13 @@ def _edge_circuit(circuit: Any, corrupted_inputs: Any, ablation: str, what: str)
         return edges
     if ablation == "zero":
         return edge_circuit(circuit)
+    _check_inputs(corrupted_inputs, ablation, what)
     return edge_circuit(circuit, ablation=ablation, corrupted_inputs=corrupted_inputs)
+
+
+def _check_inputs(corrupted_inputs: Any, ablation: str, what: str) -> None:
+    if corrupted_inputs is None:
+        raise ExperimentError(f"{what}: ablation={ablation!r} needs corrupted_inputs (the run it reads)")
 
 
 def _component(receiver: str) -> str | None:

@@ -22,6 +22,7 @@ import torch
 
 from circuits.core.nodes import Circuit
 from circuits.errors import ExperimentError
+from circuits.evaluation import evaluate
 from circuits.evaluation.cache import Evaluator
 from circuits.experiments.discovery_metric import DiscoveryMetric, check_threshold
 from circuits.experiments.edge_attribution import EdgeScores
@@ -159,8 +160,8 @@ def discovered_circuit(
     value, metric_circuit = None, None
     if spec is not None:
         root = spec.root(masked.circuit)
-        with torch.no_grad():
-            value = spec.value((Evaluator(0) if evaluator is None else evaluator).evaluate(root))
+        with torch.no_grad():  # as cc.evaluate (or the given evaluator) gives it
+            value = spec.value(evaluate(root) if evaluator is None else evaluator.evaluate(root))
         metric_circuit = spec.saved_root(masked.circuit)
     return DiscoveredCircuit(
         masked.circuit,
