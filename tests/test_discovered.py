@@ -11,7 +11,7 @@ import circuits as cc
 import circuits.experiments as ex
 import circuits.models as cm
 from circuits.errors import ExperimentError
-from circuits.experiments.faithfulness import area_under
+from circuits.experiments.faithfulness import MIB_FRACTIONS, area_under
 
 import acdc_reference as ref
 import factories as f
@@ -112,7 +112,7 @@ def test_faithfulness_against_a_hand_computation(model):
 def test_the_mib_area_rule():
     # faithfulness 0, 0.5, 1 at 10%, 50%, 100%: CPR = 0.4 * 0.25 + 0.5 * 0.75, CMD = 0.4 * 0.75 + 0.5 * 0.25
     assert area_under((0.1, 0.5, 1.0), (0.0, 0.5, 1.0)) == pytest.approx(0.475)
-    assert ex.MIB_FRACTIONS == (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+    assert MIB_FRACTIONS == (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
 
 def test_the_faithfulness_plot(model):

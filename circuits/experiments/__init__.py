@@ -66,14 +66,14 @@ errors are ``circuits.errors.ExperimentError`` and ``MissingPointError``.
 """
 
 from circuits.experiments import patching_grids
-from circuits.experiments.acdc import ACDCResult, ACDCStep, acdc
+from circuits.experiments.acdc import acdc
 from circuits.experiments.ablation import mean_ablate, zero_ablate
 from circuits.experiments.activations import ActivationCache, run_with_cache
 from circuits.experiments.attribution import AttributionResult, attribution_patching
 from circuits.experiments.edge_attribution import EdgeScores, edge_attribution
-from circuits.experiments.discovered import DiscoveredCircuit, discovered_circuit
+from circuits.experiments.discovered import discovered_circuit
 from circuits.experiments.edges import EdgeCircuit, edge_circuit
-from circuits.experiments.faithfulness import MIB_FRACTIONS, Faithfulness, faithfulness
+from circuits.experiments.faithfulness import faithfulness
 from circuits.experiments.gradients import Gradients, gradients
 from circuits.experiments.head_detector import detect_head
 from circuits.experiments.inputs import with_inputs
@@ -127,13 +127,8 @@ __all__ = [
     "path_terms",
     "run_with_cache",
     # Edges: circuit discovery
-    "ACDCResult",
-    "ACDCStep",
-    "DiscoveredCircuit",
     "EdgeCircuit",
     "EdgeScores",
-    "Faithfulness",
-    "MIB_FRACTIONS",
     "acdc",
     "discovered_circuit",
     "edge_attribution",
