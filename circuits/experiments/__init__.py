@@ -39,6 +39,12 @@
                                               of its senders (``EdgeCircuit``)
 ``edge_attribution(c, corrupted, metric)``    EAP and EAP-IG scores of every edge
                                               (``EdgeScores``; docs/discovery.md)
+``acdc(c, corrupted, "kl", threshold=)``      ACDC's greedy pruning from the logits down, zero,
+                                              mean or resample ablation (``ACDCResult``)
+``discovered_circuit(edges, kept)``           kept edges (names, top-n or a threshold of
+                                              ``EdgeScores``, ACDC's) as a circuit whose other
+                                              edges are ablated, with its metric; it saves
+``faithfulness(edges, scores, metric)``       MIB's faithfulness curve, CPR and CMD; ``.plot()``
 ``patch_grid(c, corrupted, metric, grid)``    TransformerLens's patching grids; one function
 ``patching_grids.act_patch_resid_pre`` and    per grid in ``patching_grids``, as
 every ``act_patch_*``                         TransformerLens's ``patching`` (docs/patching.md)
@@ -60,11 +66,14 @@ errors are ``circuits.errors.ExperimentError`` and ``MissingPointError``.
 """
 
 from circuits.experiments import patching_grids
+from circuits.experiments.acdc import acdc
 from circuits.experiments.ablation import mean_ablate, zero_ablate
 from circuits.experiments.activations import ActivationCache, run_with_cache
 from circuits.experiments.attribution import AttributionResult, attribution_patching
 from circuits.experiments.edge_attribution import EdgeScores, edge_attribution
+from circuits.experiments.discovered import discovered_circuit
 from circuits.experiments.edges import EdgeCircuit, edge_circuit
+from circuits.experiments.faithfulness import faithfulness
 from circuits.experiments.gradients import Gradients, gradients
 from circuits.experiments.head_detector import detect_head
 from circuits.experiments.inputs import with_inputs
@@ -123,8 +132,11 @@ __all__ = [
     # Edges: circuit discovery
     "EdgeCircuit",
     "EdgeScores",
+    "acdc",
+    "discovered_circuit",
     "edge_attribution",
     "edge_circuit",
+    "faithfulness",
     # Patching grids (every act_patch_* is in patching_grids)
     "PatchGrid",
     "patch_grid",

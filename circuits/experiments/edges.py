@@ -97,6 +97,10 @@ class EdgeCircuit:
     receivers: tuple[Receiver, ...]
     per_position: bool
     model: Circuit
+    #: what a masked-off edge reads: ``"zero"``, ``"mean"`` or ``"resample"`` (``with_ablation``)
+    ablation: str = "zero"
+    #: the Array ``'edges.ablated'`` of every sender's ablated value (None under zero ablation)
+    ablated: Array | None = None
 
     @property
     def edges(self) -> tuple[Edge, ...]:
@@ -148,6 +152,14 @@ class EdgeCircuit:
         senders = tuple(found.get(node.name, node) for node in self.sender_nodes)
         return dataclasses.replace(self, circuit=circuit, receivers=rebuilt, sender_nodes=senders)
 
+    def with_ablation(self, ablation: str, corrupted_inputs: Mapping | None = None) -> EdgeCircuit:
+        """This circuit with its masked-off edges reading ``ablation`` (``"zero"``, ``"mean"`` or
+        ``"resample"``) values of their senders, computed on ``corrupted_inputs``: each receiver's
+        input becomes ``sum_s m_s clean_s + (1 - m_s) ablated_s`` (``circuits.experiments.edge_ablation``)."""
+        from circuits.experiments.edge_ablation import with_ablation
+
+        return with_ablation(self, ablation, corrupted_inputs)
+
     def without_edges(self, edges: Iterable[str]) -> EdgeCircuit:
         """The masks of ``edges`` (names ``'sender->receiver'``) set to 0, every other one kept."""
         masks: dict[str, torch.Tensor] = {}
@@ -159,9 +171,18 @@ class EdgeCircuit:
         return self.with_masks(masks)
 
 
-def edge_circuit(circuit: Circuit, *, per_position: bool = False, masked: bool = True) -> EdgeCircuit:
+def edge_circuit(
+    circuit: Circuit,
+    *,
+    per_position: bool = False,
+    masked: bool = True,
+    ablation: str = "zero",
+    corrupted_inputs: Mapping | None = None,
+) -> EdgeCircuit:
     """``circuit`` (a model the builders make, heads split or not) with every edge explicit; see the
-    module docstring.  A model whose heads cannot be separate senders (Gemma 2's post-norm over
+    module docstring.  ``ablation``: what a masked-off edge reads, ``"zero"`` (the default),
+    ``"resample"`` (its sender's output on ``corrupted_inputs``) or ``"mean"`` (that output's mean
+    over their batch): ``EdgeCircuit.with_ablation``.  A model whose heads cannot be separate senders (Gemma 2's post-norm over
     their sum) or whose stream is not the sum of its writes is an ``ExperimentError``.
 
     ``masked=False`` builds the same receivers without masks: each receiver's input
@@ -179,7 +200,12 @@ def edge_circuit(circuit: Circuit, *, per_position: bool = False, masked: bool =
                 f"edge_circuit: layer {layer} normalizes its writes after the sublayer (a post-norm), so "
                 "its heads are no separate senders of the residual stream"
             )
-    return _Builder(circuit, facts, per_position, masked).build()
+    edges = _Builder(circuit, facts, per_position, masked).build()
+    if ablation == "zero" and corrupted_inputs is None:
+        return edges
+    if not masked:
+        raise ExperimentError("edge_circuit: ablation= needs the masks (masked=True)")
+    return edges.with_ablation(ablation, corrupted_inputs)
 
 
 class _Builder:

@@ -1,0 +1,296 @@
+"""``acdc``: Automatic Circuit DisCovery (Conmy et al. 2023) over the edges of an ``edge_circuit``.
+
+Greedy pruning from the logits down.  The receivers are visited in reverse topological order
+(the reverse of ``EdgeCircuit.receivers``: the logits, the last MLP, the last layer's heads from
+the last, value before key before query, ... the first layer's); for each, its senders from the
+latest written to the embeddings.  Each edge is tentatively ablated (its mask entry set to 0, so
+that the receiver reads the sender's ablated value: ``EdgeCircuit.with_ablation``); with ``m`` the
+metric of the circuit so far and ``m'`` with the edge ablated::
+
+    delta = m' - m            (absolute=True: |m' - m|)
+    delta < threshold  ->  the edge stays removed, m = m'
+    otherwise          ->  it is restored
+
+The metric is one ACDC minimises: ``"kl"`` (KL from the full model's next-token distribution, at
+one ``position`` or averaged over all) or a task metric written so that lower is better (a negated
+logit difference), or compared by absolute change (``absolute=True``, ACDC's
+``abs_value_threshold``).
+
+A component whose output no kept edge reads any more (no path to the logits) has its input edges
+removed without a test, as ACDC prunes it: every receiver reading it reads its ablated value, so
+its own inputs cannot change the metric.  Such edges are in the result's steps with
+``tested=False``.
+
+Each test rebinds one mask Array and evaluates through a cached ``cc.Evaluator``: only what lies
+above the receiver is computed again.  Tests are batched speculatively: the next ``batch`` edges of
+a receiver are evaluated together, the ``j``-th with the first ``j`` removed; the results stand as
+long as every edge before was removed (greedy ACDC's order, exactly), and the search resumes after
+the first edge kept.  The batch doubles after a batch fully removed and shrinks after a keep.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Mapping
+
+import torch
+
+from circuits.core.nodes import Array, Circuit
+from circuits.errors import ExperimentError
+from circuits.evaluation.cache import DEFAULT_CACHE_BYTES, Evaluator
+from circuits.experiments.discovery_metric import DiscoveryMetric, check_threshold
+from circuits.experiments.edge_ablation import ABLATIONS
+from circuits.experiments.edges import EdgeCircuit, edge_circuit
+from circuits.experiments.tables import records_frame
+from circuits.rewriting.rewrite import replace
+from circuits.transformer import names
+
+__all__ = ["ACDCResult", "ACDCStep", "acdc"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ACDCStep:
+    """One edge in visit order: its ``delta`` (None where it was pruned untested), whether it was
+    ``kept``, and the ``metric`` of the circuit after the decision."""
+
+    edge: str
+    sender: str
+    receiver: str
+    tested: bool
+    delta: float | None
+    kept: bool
+    metric: float
+
+
+class ACDCResult:
+    """What ``acdc`` found: ``kept`` (edge names, in ``EdgeCircuit.edges`` order), ``steps`` (every
+    edge in visit order), ``masks`` (per receiver, 1 = kept), ``edges`` (the full ``EdgeCircuit`` it
+    searched, masks at 1), the metric's ``name``, ``metric_full`` (0 for KL) and ``metric`` (the
+    discovered circuit's), ``threshold``, ``ablation``; ``evaluations`` (circuits evaluated, the
+    speculated ones included) and ``seconds``.  ``circuit()`` is the discovered circuit."""
+
+    def __init__(self, edges, metric: DiscoveryMetric, masks, steps, settings: dict):
+        self.edges, self.metric_spec, self.masks, self.steps = edges, metric, masks, tuple(steps)
+        self.metric_name = metric.name
+        for key, value in settings.items():
+            setattr(self, key, value)
+        self.kept = tuple(e.name for e in edges.edges if masks[e.receiver][e.index] != 0)
+
+    @property
+    def tested(self) -> int:
+        """How many edges were tested (the others were pruned as unconnected)."""
+        return sum(step.tested for step in self.steps)
+
+    def __repr__(self) -> str:
+        return (
+            f"ACDCResult({len(self.kept)} of {len(self.edges.edges)} edges kept, {self.metric_name} "
+            f"{self.metric:.6g} (full {self.metric_full:.6g}), threshold {self.threshold:g}, {self.ablation} "
+            f"ablation)"
+        )
+
+    @property
+    def records(self) -> list[dict]:
+        """One dict per step: ``step``, ``edge``, ``sender``, ``receiver``, ``tested``, ``delta``,
+        ``kept``, ``metric``."""
+        return [{"step": i, **dataclasses.asdict(step)} for i, step in enumerate(self.steps)]
+
+    def to_pandas(self):
+        """``records`` as a pandas DataFrame (pandas is not a dependency)."""
+        return records_frame(self.records, "ACDCResult")
+
+    def circuit(self):
+        """The discovered circuit: ``discovered_circuit(self)``."""
+        from circuits.experiments.discovered import discovered_circuit
+
+        return discovered_circuit(self)
+
+
+def acdc(
+    circuit: Circuit | EdgeCircuit,
+    corrupted_inputs: Mapping[Any, Any] | None,
+    metric: Any = "kl",
+    *,
+    threshold: float,
+    ablation: str = "resample",
+    position: int | None = None,
+    absolute: bool = False,
+    batch: int = 8,
+    evaluator: Evaluator | None = None,
+) -> ACDCResult:
+    """ACDC over every edge of ``circuit`` (a model circuit, or an ``EdgeCircuit``); see the module
+    docstring.  ``corrupted_inputs`` (``{"toks_int_var": tokens}``) give the ablated values:
+    ``"resample"`` their senders' outputs (the shape of the clean inputs), ``"mean"`` their mean over
+    the batch; ``"zero"`` needs none (None).  ``batch``: the most edges tested in one evaluation.
+
+    >>> result = ex.acdc(c, {"toks_int_var": corrupted}, "kl", threshold=0.01, position=-1)
+    >>> result.kept, result.to_pandas(), result.circuit().save("ioi.circ")
+    """
+    what = "acdc"
+    threshold = check_threshold(threshold, what)
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ExperimentError(f"{what}: batch must be a positive int, got {batch!r}")
+    edges = _edge_circuit(circuit, corrupted_inputs, ablation, what)
+    spec = DiscoveryMetric(metric, edges, position=position, what=what)
+    search = _Search(
+        edges,
+        spec,
+        Evaluator(DEFAULT_CACHE_BYTES) if evaluator is None else evaluator,
+        threshold,
+        absolute,
+        batch,
+    )
+    start = time.perf_counter()
+    search.check_depends()
+    search.run()
+    settings = dict(
+        threshold=threshold,
+        ablation=edges.ablation,
+        absolute=absolute,
+        metric_full=search.full,
+        metric=search.current,
+        evaluations=search.evaluations,
+        seconds=time.perf_counter() - start,
+    )
+    result = ACDCResult(edges, spec, search.masks, search.steps, settings)
+    if not result.kept:
+        deltas = [s.delta for s in result.steps if s.delta is not None]
+        raise ExperimentError(
+            f"{what}: threshold {threshold:g} removed every edge (the largest delta was "
+            f"{max(deltas):.6g}): no circuit; lower the threshold"
+        )
+    return result
+
+
+def _edge_circuit(circuit: Any, corrupted_inputs: Any, ablation: str, what: str) -> EdgeCircuit:
+    """The edge circuit to search, masks at 1, reading ``ablation`` values."""
+    if ablation not in ABLATIONS:
+        raise ExperimentError(f"{what}: ablation must be one of {ABLATIONS}, got {ablation!r}")
+    if isinstance(circuit, EdgeCircuit):
+        if circuit.per_position or any(r.mask is None for r in circuit.receivers):
+            raise ExperimentError(
+                f"{what}: circuit must have one mask entry per edge (not per_position, masked)"
+            )
+        edges = circuit.with_masks({r.name: torch.ones_like(r.mask.value) for r in circuit.receivers})
+        if edges.ablation == "zero" and ablation != "zero":
+            _check_inputs(corrupted_inputs, ablation, what)
+            edges = edges.with_ablation(ablation, corrupted_inputs)
+        elif edges.ablation != ablation:
+            raise ExperimentError(
+                f"{what}: circuit reads {edges.ablation!r} ablations, ablation={ablation!r} was asked"
+            )
+        return edges
+    if ablation == "zero":
+        return edge_circuit(circuit)
+    _check_inputs(corrupted_inputs, ablation, what)
+    return edge_circuit(circuit, ablation=ablation, corrupted_inputs=corrupted_inputs)
+
+
+def _check_inputs(corrupted_inputs: Any, ablation: str, what: str) -> None:
+    if corrupted_inputs is None:
+        raise ExperimentError(f"{what}: ablation={ablation!r} needs corrupted_inputs (the run it reads)")
+
+
+def _component(receiver: str) -> str | None:
+    """The sender a receiver feeds: ``'b1.a.head0.q'`` -> ``'b1.a.head0'``; the logits feed none."""
+    if receiver == names.LOGITS:
+        return None
+    head, dot, role = receiver.rpartition(".")
+    return head if dot and role in ("q", "k", "v") else receiver
+
+
+class _Search:
+    """ACDC's state: the masks, the metric circuit over them, the steps so far."""
+
+    def __init__(self, edges: EdgeCircuit, spec: DiscoveryMetric, evaluator, threshold, absolute, batch):
+        self.edges, self.spec, self.evaluator = edges, spec, evaluator
+        self.threshold, self.absolute, self.batch = threshold, absolute, batch
+        self.masks = {r.name: r.mask.value.clone() for r in edges.receivers}
+        self.mask_nodes = {r.name: r.mask for r in edges.receivers}
+        self.root = spec.root(edges.circuit)
+        self.readers = {name: 0 for name in edges.senders}  # kept edges out of each sender
+        self.steps: list[ACDCStep] = []
+        self.evaluations = 0
+        self.full = self.current = self.evaluate([self.root])[0]
+
+    def evaluate(self, roots: list[Circuit]) -> list[float]:
+        self.evaluations += len(roots)
+        with torch.no_grad():
+            values = self.evaluator.evaluate_many(roots)
+        return [self.spec.value(v) for v in values]
+
+    def variant(self, receiver: str, mask: torch.Tensor) -> tuple[Array, Circuit]:
+        node = Array(mask, name=self.mask_nodes[receiver].name)
+        return node, replace(self.root, {self.mask_nodes[receiver]: node})
+
+    def check_depends(self) -> None:
+        """Refuse a metric that every edge ablated leaves unchanged: ACDC would prune everything."""
+        zeros = {
+            self.mask_nodes[r]: Array(torch.zeros_like(m), name=self.mask_nodes[r].name)
+            for r, m in self.masks.items()
+        }
+        ablated = replace(self.root, zeros)
+        (value,) = self.evaluate([ablated])
+        if value == self.full:
+            raise ExperimentError(
+                f"acdc: metric {self.spec.name!r} is {value:.6g} with every edge ablated as with none: it "
+                "does not depend on the edges (or corrupted_inputs change nothing it reads)"
+            )
+
+    def run(self) -> None:
+        for receiver in reversed(self.edges.receivers):
+            component = _component(receiver.name)
+            if component is not None and self.readers.get(component, 1) == 0:
+                self.prune(receiver)
+            else:
+                self.visit(receiver)
+
+    def prune(self, receiver) -> None:
+        """Every input edge of ``receiver`` removed untested: its component has no path to the logits."""
+        mask = torch.zeros_like(self.masks[receiver.name])
+        node, self.root = self.variant(receiver.name, mask)
+        self.masks[receiver.name], self.mask_nodes[receiver.name] = mask, node
+        for index in reversed(range(receiver.n_senders)):
+            sender = self.edges.senders[index]
+            self.steps.append(
+                ACDCStep(
+                    f"{sender}->{receiver.name}", sender, receiver.name, False, None, False, self.current
+                )
+            )
+
+    def visit(self, receiver) -> None:
+        """Test ``receiver``'s input edges, latest sender first, ``batch`` at a time (speculatively)."""
+        order = list(reversed(range(receiver.n_senders)))
+        done, size = 0, min(self.batch, 2)
+        while done < len(order):
+            chunk = order[done : done + size]
+            variants, mask = [], self.masks[receiver.name]
+            for index in chunk:
+                mask = mask.clone()
+                mask[index] = 0
+                variants.append((mask, *self.variant(receiver.name, mask)))
+            values = self.evaluate([root for _, _, root in variants])
+            for (mask, node, root), index, value in zip(variants, chunk, values):
+                done += 1
+                delta = value - self.current
+                removed = (abs(delta) if self.absolute else delta) < self.threshold
+                if removed:
+                    self.current, self.root = value, root
+                    self.masks[receiver.name], self.mask_nodes[receiver.name] = mask, node
+                else:
+                    self.readers[self.edges.senders[index]] += 1
+                sender = self.edges.senders[index]
+                self.steps.append(
+                    ACDCStep(
+                        f"{sender}->{receiver.name}",
+                        sender,
+                        receiver.name,
+                        True,
+                        delta,
+                        not removed,
+                        self.current,
+                    )
+                )
+                if not removed:
+                    break
+            size = min(self.batch, 2 * size) if removed else max(1, size // 2)
