@@ -240,8 +240,14 @@ def test_tracr_weights_errors_name_the_argument():
     with pytest.raises(ModelError) as error:
         cm.tracr_weights(raw, torch.zeros(17, 6), 1)
     assert error.value.field == "unembed"
-    with pytest.raises(ModelError, match="causal"):
-        export.circuit(causal=True)
+    for option, value in [
+        ("causal", True),
+        ("convention", "default"),
+        ("rope", (torch.ones(1), torch.ones(1))),
+    ]:
+        with pytest.raises(ModelError) as error:
+            export.circuit(**{option: value})
+        assert error.value.field == option
 
 
 # ------------------------------------------------------------------ the shipped induction model

@@ -40,7 +40,7 @@
 ``edge_attribution(c, corrupted, metric)``    EAP and EAP-IG scores of every edge
                                               (``EdgeScores``; docs/discovery.md)
 ``edge_roc(scores, true_edges)``              ROC AUC and ranks of an edge scoring against
-                                              a known circuit's edges (``EdgeROC``)
+                                              a known circuit's edges
 ``patch_grid(c, corrupted, metric, grid)``    TransformerLens's patching grids; one function
 ``patching_grids.act_patch_resid_pre`` and    per grid in ``patching_grids``, as
 every ``act_patch_*``                         TransformerLens's ``patching`` (docs/patching.md)
@@ -67,7 +67,7 @@ from circuits.experiments.activations import ActivationCache, run_with_cache
 from circuits.experiments.attribution import AttributionResult, attribution_patching
 from circuits.experiments.edge_attribution import EdgeScores, edge_attribution
 from circuits.experiments.edges import EdgeCircuit, edge_circuit
-from circuits.experiments.edge_roc import EdgeROC, edge_roc, edge_roc_auc
+from circuits.experiments.edge_roc import edge_roc, edge_roc_auc
 from circuits.experiments.gradients import Gradients, gradients
 from circuits.experiments.head_detector import detect_head
 from circuits.experiments.inputs import with_inputs
@@ -125,7 +125,6 @@ __all__ = [
     "EdgeScores",
     "edge_attribution",
     "edge_circuit",
-    "EdgeROC",
     "edge_roc",
     "edge_roc_auc",
     # Patching grids (every act_patch_* is in patching_grids)
