@@ -81,6 +81,7 @@ def programs():
             lib.make_reverse(rasp.tokens),
             {1, 2, 3},
             5,
+            # 4 tokens of 5: at full length a zero-ablated length head reads as the full length
             lambda: full_length({1, 2, 3}, 4, 16, 0),
             "the tokens in reverse order (lib.make_reverse(rasp.tokens))",
         ),
