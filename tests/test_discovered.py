@@ -1,4 +1,4 @@
-"""``ex.discovered_circuit`` and ``ex.faithfulness`` (issue 32 item 4): kept edges as a circuit whose
+"""``ex.discovered_circuit`` and ``ex.discovery.faithfulness`` (issue 32 item 4): kept edges as a circuit whose
 other edges read their ablated values, against the plain-torch forward of tests/acdc_reference.py;
 its save/load round trip; MIB's faithfulness, CPR and CMD against a hand computation; typed errors."""
 
@@ -38,7 +38,7 @@ def _reference_kl(hf, clean, ablated, kept, position=None) -> float:
     full = ref.forward(hf, clean, frozenset(), ablated)
     every = {f"{s}->{r}" for r, senders in full.readable.items() for s in senders}
     removed = frozenset(every - set(kept))
-    return float(ref.kl(full.logits, ref.forward(hf, clean, removed, ablated).logits, position))
+    return float(ref.kl(full.logits, ref.forward(hf, clean, removed, ablated).logits, position).detach())
 
 
 def test_the_discovered_circuit_is_the_kept_edges_with_the_others_ablated(model):
@@ -80,7 +80,7 @@ def test_selections_from_edge_scores(model):
     _, _, _, edges = model
     scores = {e.name: float(i % 7) - 3.0 for i, e in enumerate(edges.edges)}  # ties broken by edge order
     values = torch.tensor(list(scores.values()), dtype=torch.float64)
-    edge_scores = ex.EdgeScores(edges.edges, values, 0.0, "eap", 1)
+    edge_scores = ex.discovery.EdgeScores(edges.edges, values, 0.0, "eap", 1)
     by_abs = sorted(scores, key=lambda n: -abs(scores[n]))
     top = ex.discovered_circuit(edges, edge_scores, top=10)
     assert set(top.kept) == set(by_abs[:10])
@@ -92,7 +92,7 @@ def test_faithfulness_against_a_hand_computation(model):
     hf, clean, ablated, edges = model
     names = [e.name for e in edges.edges]
     scores = {name: float((7 * i) % 75) for i, name in enumerate(names)}  # a permutation of 0..74
-    curve = ex.faithfulness(edges, scores, "kl", fractions=(0.02, 0.1, 0.5, 1.0))
+    curve = ex.discovery.faithfulness(edges, scores, "kl", fractions=(0.02, 0.1, 0.5, 1.0))
     ranked = sorted(names, key=lambda n: -scores[n])
     full = _reference_kl(hf, clean, ablated, names)
     corrupted = _reference_kl(hf, clean, ablated, [])
@@ -122,7 +122,7 @@ def test_the_faithfulness_plot(model):
     matplotlib.use("Agg")
     _, _, _, edges = model
     scores = {e.name: float(i) for i, e in enumerate(edges.edges)}
-    curve = ex.faithfulness(edges, scores, "kl")
+    curve = ex.discovery.faithfulness(edges, scores, "kl")
     figure = curve.plot()
     (line,) = figure.axes[0].lines[:1]
     assert list(line.get_ydata()) == list(curve.faithfulness)
@@ -142,12 +142,12 @@ def test_bad_inputs_are_typed_errors_naming_the_argument(model):
         ex.discovered_circuit(edges, "embeds->t.call")
     scores = {e.name: 1.0 for e in edges.edges}
     with pytest.raises(ExperimentError, match="scores must score every edge.*unknown \\['nope->t.call'\\]"):
-        ex.faithfulness(edges, {**scores, "nope->t.call": 1.0}, "kl")
+        ex.discovery.faithfulness(edges, {**scores, "nope->t.call": 1.0}, "kl")
     with pytest.raises(ExperimentError, match="fractions"):
-        ex.faithfulness(edges, scores, "kl", fractions=(0.5, 0.1))
+        ex.discovery.faithfulness(edges, scores, "kl", fractions=(0.5, 0.1))
     with pytest.raises(ExperimentError, match="threshold"):
         ex.discovered_circuit(
-            edges, ex.EdgeScores(edges.edges, torch.ones(75), 0.0, "eap", 1), threshold=-1.0
+            edges, ex.discovery.EdgeScores(edges.edges, torch.ones(75), 0.0, "eap", 1), threshold=-1.0
         )
     with pytest.raises(ExperimentError, match="metric 'constant' does not read the edges"):
         ex.discovered_circuit(edges, KEPT, metric=ex.Metric(lambda c: cc.Scalar(1.0, name="one"), "constant"))

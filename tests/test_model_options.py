@@ -113,6 +113,9 @@ NAMES = [
 #: The encoders take the options too, but for those a bidirectional model cannot honour
 #: (``bert.NOT_ENCODER_OPTIONS``: tests/test_models_bert.py, tests/test_models_signatures.py).
 ENCODER_NAMES = ["build_bert", "from_hf_bert", "load_sentence_transformer"]
+#: tracr's compiled models take them but ``convention``, ``causal`` and ``rope`` (its own:
+#: tests/test_ground_truth.py)
+TRACR_NAMES = ["build_tracr"]
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +131,7 @@ def test_the_list_is_every_entry_point_taking_the_options():
             return False
 
     taking = [name for name in cm.__all__ if takes_options(getattr(cm, name))]
-    assert sorted(taking) == sorted(NAMES + ENCODER_NAMES)
+    assert sorted(taking) == sorted(NAMES + ENCODER_NAMES + TRACR_NAMES)
 
 
 # ------------------------------------------------------------- causal

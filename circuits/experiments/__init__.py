@@ -36,15 +36,20 @@
                                               head and position at once
 ``edge_circuit(c)``                           every edge explicit: each receiver (head q/k/v
                                               input, MLP input, logits) reads a masked sum
-                                              of its senders (``EdgeCircuit``)
+                                              of its senders
 ``edge_attribution(c, corrupted, metric)``    EAP and EAP-IG scores of every edge
-                                              (``EdgeScores``; docs/discovery.md)
 ``acdc(c, corrupted, "kl", threshold=)``      ACDC's greedy pruning from the logits down, zero,
-                                              mean or resample ablation (``ACDCResult``)
+                                              mean or resample ablation
 ``discovered_circuit(edges, kept)``           kept edges (names, top-n or a threshold of
-                                              ``EdgeScores``, ACDC's) as a circuit whose other
-                                              edges are ablated, with its metric; it saves
-``faithfulness(edges, scores, metric)``       MIB's faithfulness curve, CPR and CMD; ``.plot()``
+                                              scores, ACDC's) as a circuit whose other edges
+                                              are ablated, with its metric; it saves
+``discovery``                                 every name of circuit discovery: the above,
+                                              ``faithfulness`` (MIB's curve, CPR, CMD),
+                                              ``edge_roc`` (against a known circuit) and the
+                                              result types (docs/discovery.md)
+``sae.splice_sae(c, sae)``                    a sparse autoencoder or transcoder spliced in at
+                                              its point, with named feature, reconstruction
+                                              and error nodes (``sae``; docs/features.md)
 ``patch_grid(c, corrupted, metric, grid)``    TransformerLens's patching grids; one function
 ``patching_grids.act_patch_resid_pre`` and    per grid in ``patching_grids``, as
 every ``act_patch_*``                         TransformerLens's ``patching`` (docs/patching.md)
@@ -65,15 +70,14 @@ makes evaluating many rewrites of one circuit cost only what changed.  The
 errors are ``circuits.errors.ExperimentError`` and ``MissingPointError``.
 """
 
-from circuits.experiments import patching_grids
+from circuits.experiments import discovery, patching_grids, sae
 from circuits.experiments.acdc import acdc
 from circuits.experiments.ablation import mean_ablate, zero_ablate
 from circuits.experiments.activations import ActivationCache, run_with_cache
 from circuits.experiments.attribution import AttributionResult, attribution_patching
-from circuits.experiments.edge_attribution import EdgeScores, edge_attribution
 from circuits.experiments.discovered import discovered_circuit
-from circuits.experiments.edges import EdgeCircuit, edge_circuit
-from circuits.experiments.faithfulness import faithfulness
+from circuits.experiments.edge_attribution import edge_attribution
+from circuits.experiments.edges import edge_circuit
 from circuits.experiments.gradients import Gradients, gradients
 from circuits.experiments.head_detector import detect_head
 from circuits.experiments.inputs import with_inputs
@@ -89,7 +93,6 @@ from circuits.experiments.patching import patch, resample_ablate
 from circuits.experiments.patching_grids import PatchGrid, patch_grid
 from circuits.experiments.path_terms import PathTerms, path_terms
 from circuits.experiments.plots import plot_attention, plot_grid
-from circuits.experiments.sae import splice_sae, splice_saes
 from circuits.experiments.sweep import SweepPlan, SweepResult, head_names, sweep, sweep_plan
 from circuits.transformer.points import Point
 
@@ -127,16 +130,14 @@ __all__ = [
     "logit_lens",
     "path_terms",
     "run_with_cache",
-    "splice_sae",
-    "splice_saes",
-    # Edges: circuit discovery
-    "EdgeCircuit",
-    "EdgeScores",
+    # Features: sparse autoencoders and transcoders (every name in sae)
+    "sae",
+    # Circuit discovery (every name in discovery)
     "acdc",
     "discovered_circuit",
+    "discovery",
     "edge_attribution",
     "edge_circuit",
-    "faithfulness",
     # Patching grids (every act_patch_* is in patching_grids)
     "PatchGrid",
     "patch_grid",

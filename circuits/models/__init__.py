@@ -44,6 +44,7 @@ from circuits.models.hf import from_hf, from_hf_state_dict, hf_to_weights
 from circuits.models.gguf_file import SUPPORTED_GGUF, GGUFModel, from_gguf
 from circuits.models.smollm2 import SMOLLM2_FILE, smollm2, smollm2_path
 from circuits.models.torch_import import from_torch
+from circuits.models.tracr import TracrConfig, TracrExport, build_tracr, load_tracr_export, tracr_weights
 from circuits.models.transformer_lens import TRANSFORMER_LENS_KEYS, from_transformer_lens
 from circuits.models.text import to_str_tokens, to_tokens
 from circuits.models.sae import SAE, from_saelens, load_sae
@@ -63,6 +64,8 @@ __all__ = [
     "ModelOptions",
     "NeoXConfig",
     "SAE",
+    "TracrConfig",
+    "TracrExport",
     "attn_only_random_weights",
     "bert_random_weights",
     "build_attn_only",
@@ -70,6 +73,7 @@ __all__ = [
     "build_gpt2",
     "build_llama",
     "build_neox",
+    "build_tracr",
     "from_gguf",
     "from_hf",
     "from_hf_bert",
@@ -84,10 +88,12 @@ __all__ = [
     "load_hf_checkpoint",
     "load_sae",
     "load_sentence_transformer",
+    "load_tracr_export",
     "rope_cos_sin",
     "sentence_transformer_tokenizer",
     "smollm2",
     "smollm2_path",
     "to_str_tokens",
     "to_tokens",
+    "tracr_weights",
 ]
