@@ -29,7 +29,7 @@ from circuits.errors import SAEError
 from circuits.evaluation import compile_plan
 from circuits.experiments.inputs import same_shape_inputs
 from circuits.models.sae import SAE
-from circuits.transformer.points import as_point, resolve_points
+from circuits.transformer.points import as_point, resolve_points, sae_node_name
 
 __all__ = [
     "SAENames",
@@ -58,10 +58,7 @@ class SAENames(NamedTuple):
 def sae_names(point: Any) -> SAENames:
     """The names of the SAE spliced at ``point`` (a ``Point`` or its short spelling)."""
     point = as_point(point)
-    tag = f"{point.kind}{'' if point.layer is None else point.layer}"
-    if point.head is not None:
-        tag += f"h{point.head}"
-    return SAENames(*(f"{tag}.sae.{part}" for part in ("acts", "recon", "error", "pre", "input")))
+    return SAENames(*(sae_node_name(point, part) for part in SAENames._fields))
 
 
 def splice_sae(circuit: Circuit, sae: SAE, point: Any = None, *, error: bool = True) -> Circuit:
