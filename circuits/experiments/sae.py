@@ -28,6 +28,7 @@ from circuits.core.traversal import unique_nodes
 from circuits.errors import SAEError
 from circuits.evaluation import compile_plan
 from circuits.experiments.inputs import same_shape_inputs
+from circuits.experiments.sae_metrics import reconstruction_metrics
 from circuits.models.sae import SAE
 from circuits.transformer.points import as_point, resolve_points, sae_node_name
 
@@ -37,6 +38,7 @@ __all__ = [
     "feature_logit_attrs",
     "feature_patching",
     "feature_values",
+    "reconstruction_metrics",
     "sae_names",
     "splice_sae",
     "splice_saes",
