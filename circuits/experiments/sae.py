@@ -12,9 +12,11 @@ transcoder reads its ``point`` and rewrites its ``point_out`` as its reconstruct
 of the node it replaces).  The spliced node keeps the name of the node it replaces (so the point
 still finds it); the node it replaces is renamed ``'{tag}.sae.input'``.
 
-The features are then nodes like any other: ``c.update(names.acts, ...)`` ablates or steers them,
-``ex.patch`` patches them, and ``feature_values``, ``feature_patching`` and
-``feature_attribution`` read, patch and attribute them (docs/features.md).
+The features are then nodes like any other, and points: ``Point('resid_pre.sae_acts', 1)`` (or
+``Point('sae_acts', 1)``) in ``run_with_cache``, ``gradients``, ``attribution_patching`` and the
+``act_patch_sae_features*`` grids; ``c.update(names.acts, ...)`` ablates or steers them;
+``feature_values``, ``feature_patching`` and ``feature_attribution`` read, patch and attribute one
+site's; ``reconstruction_metrics`` gives SAELens's metrics (docs/features.md).
 """
 
 from __future__ import annotations
