@@ -106,7 +106,9 @@ def test_every_circuit_error_is_defined_in_circuits_errors():
 
 def test_the_patching_grids_are_in_their_module():
     grids = [name for name in patching_grids.__all__ if name.startswith("act_patch_")]
-    assert len(grids) == 17  # one per TransformerLens get_act_patch_* function
+    sae_grids = [f"act_patch_{grid}" for grid in patching_grids.SAE_GRIDS]
+    # one per TransformerLens get_act_patch_* function, and the two over a spliced SAE's features
+    assert len(grids) == 17 + 2 and set(sae_grids) <= set(grids)
     assert not [name for name in _public(ex) if name.startswith("act_patch_")]
     assert "patch_grid" in ex.__all__ and ex.patching_grids is patching_grids
 

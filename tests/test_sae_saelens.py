@@ -48,20 +48,22 @@ def test_encode_and_decode_equal_saelens(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_the_spliced_nodes_equal_saelens(name):
-    """The circuit's nodes compute what SAELens does: the SAE spliced over an Array of the input."""
+    """The spliced circuit computes what SAELens does: the SAE spliced into a model circuit, the node
+    it reads replaced by SAELens's input, and its features and reconstruction read as Points."""
     import circuits as cc
+    import circuits.experiments as ex
 
     sae = load_sae(DATA / name)
-    reference = load_file(str(DATA / name / "reference.safetensors"))
-    x = cc.Array(reference["x"], "x")
-    recon = splice_sae_nodes(x, sae)
-    torch.testing.assert_close(recon.evaluate(), reference["recon"], atol=1e-5, rtol=1e-5)
-
-
-def splice_sae_nodes(x, sae):
-    from circuits.experiments import sae as sae_module
-
-    return sae_module._reconstruction(x, sae, "t.sae")  # noqa: SLF001 - the node builder itself
+    reference = load_file(str(DATA / name / "reference.safetensors"))  # x: [3, 5, 12]
+    spliced = splice_sae(gpt2_circuit(torch.zeros(3, 6, dtype=torch.int64)), sae)
+    out = sae.point_out()
+    read = sae.point() if sae.is_transcoder else Point(f"{out.kind}.sae_input", out.layer)
+    node = spliced.get_unique(read)
+    fed = spliced.replace({node: cc.Array(reference["x"], node.name)})
+    acts, recon = (Point(f"{out.kind}.sae_{part}", out.layer) for part in ("acts", "recon"))
+    cache = ex.run_with_cache(fed, [acts, recon])
+    torch.testing.assert_close(cache[acts], reference["acts"], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(cache[recon], reference["recon"], atol=1e-5, rtol=1e-5)
 
 
 def test_config_and_points():

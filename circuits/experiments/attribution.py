@@ -13,7 +13,9 @@ the clean activation patched into the corrupted run, minus the corrupted run's m
 
 Layouts (sums over the batch and the activation's own axis, as patching a position of every
 row at once changes the metric by that sum): residual and layer kinds ``[layer, pos]``; per-head
-kinds ``[layer, head, pos]`` (``attn_probs``, ``attn_scores``: the destination position, as
+kinds ``[layer, head, pos]``; a spliced SAE's features (``'sae_acts'``, ``'resid_pre.sae_acts'``,
+``'sae_pre'``: ``points.SAE_KINDS``) ``[layer, pos, feature]``, each feature at each position (its
+reconstruction, error and input: ``[layer, pos]``), NaN in the layers with no SAE there (``attn_probs``, ``attn_scores``: the destination position, as
 TransformerLens's pattern grids).  Heads come from a head axis on an unsplit layer or from the
 head branches of a split one; ``z`` is the head output's attribution on either (a head's output is
 ``z`` times its W_O, so both give the same number).
@@ -21,11 +23,13 @@ head branches of a split one; ``z`` is the head output's attribution on either (
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
 from circuits.errors import ExperimentError
+from circuits.transformer import names
 from circuits.evaluation.leaves import check_device
 from circuits.experiments.gradients import tracked_run
 from circuits.experiments.inputs import same_shape_inputs, with_targets_of
@@ -39,7 +43,7 @@ from circuits.experiments.memory_budget import (
 )
 from circuits.experiments.metrics import Metric
 from circuits.experiments.patch_batches import model_output
-from circuits.transformer.points import HEAD_KINDS, Point, resolve_points
+from circuits.transformer.points import HEAD_KINDS, SAE_KINDS, Point, resolve_points, sae_site
 from circuits.rewriting.matching import get
 from circuits.core.nodes import Circuit, check_node
 from circuits.experiments.tables import records_frame
@@ -86,18 +90,16 @@ class AttributionResult(dict):
         rows = []
         for kind, grid in self.items():
             grid = grid.cpu()  # one copy, not one device read per number
+            features = _is_features(kind)
             for index in torch.cartesian_prod(*[torch.arange(n) for n in grid.shape]).reshape(-1, grid.ndim):
                 at = [int(i) for i in index]
-                head = at[1] if grid.ndim == 3 else None
-                rows.append(
-                    {
-                        "kind": kind,
-                        "layer": at[0],
-                        "head": head,
-                        "pos": at[-1],
-                        "attribution": float(grid[tuple(at)]),
-                    }
-                )
+                value = float(grid[tuple(at)])
+                if features and math.isnan(value):
+                    continue  # no SAE in that layer
+                head = at[1] if grid.ndim == 3 and not features else None
+                pos = at[1] if features else at[-1]
+                row = {"kind": kind, "layer": at[0], "head": head, "pos": pos, "attribution": value}
+                rows.append(row | ({"feature": at[2]} if features else {}))
         return rows
 
     def to_pandas(self):
@@ -178,10 +180,11 @@ def _checked_kinds(kinds: Iterable[str]) -> list[str]:
     if isinstance(kinds, str):
         kinds = [kinds]
     kinds = list(kinds)
-    unknown = [kind for kind in kinds if kind not in ATTRIBUTION_KINDS]
+    unknown = [kind for kind in kinds if kind not in ATTRIBUTION_KINDS and sae_site(kind) is None]
     if unknown or not kinds:
         raise ExperimentError(
-            f"attribution_patching: kinds {unknown or kinds!r} are not among {', '.join(ATTRIBUTION_KINDS)}"
+            f"attribution_patching: kinds {unknown or kinds!r} are not among {', '.join(ATTRIBUTION_KINDS)}, "
+            f"or a spliced SAE's {', '.join(SAE_KINDS)} (of one site: 'resid_pre.sae_acts')"
         )
     return kinds
 
@@ -202,6 +205,9 @@ def _layout(circuit: Circuit, kinds: list[str]) -> dict[str, list[tuple[tuple, t
     layers = sorted({layer for _, layer, _ in resolve_points(circuit) if layer is not None})
     layout = {}
     for kind in kinds:
+        if sae_site(kind) is not None:
+            layout[kind] = _sae_layout(circuit, kind, layers)
+            continue
         entries = []
         for layer in layers:
             if kind not in HEAD_KINDS:
@@ -218,22 +224,53 @@ def _layout(circuit: Circuit, kinds: list[str]) -> dict[str, list[tuple[tuple, t
     return layout
 
 
+def _sae_layout(circuit: Circuit, kind: str, layers: list[int]) -> list[tuple[tuple, tuple]]:
+    """The layers with the SAE ``kind`` names (a point that finds several SAEs is refused by name)."""
+    if sae_site(kind)[0] is not None and names.ACTIVATION_KINDS[sae_site(kind)[0]].scope != "layer":
+        raise ExperimentError(f"attribution_patching: {kind!r} has no layer to lay out; use ex.gradients")
+    entries = []
+    for layer in layers:
+        point = Point(kind, layer)
+        found = get(circuit, point)
+        if len(found) > 1:
+            resolve_points(circuit, [point])  # raises, naming the SAEs
+        if found:
+            entries.append(((layer,), (kind, layer, None)))
+    if not entries:
+        raise ExperimentError(
+            f"attribution_patching: no SAE spliced in {circuit.describe()} is found by {kind!r} "
+            "(ex.splice_sae first)"
+        )
+    return entries
+
+
+def _is_features(kind: str) -> bool:
+    site = sae_site(kind)
+    return site is not None and site[1] in ("acts", "pre")
+
+
 def _reduced(key: tuple, product: torch.Tensor) -> torch.Tensor:
-    """Sum over the batch and the feature axis: ``[pos]``, or ``[head, pos]`` on a head axis."""
+    """Sum over the batch and the feature axis: ``[pos]``, or ``[head, pos]`` on a head axis; an
+    SAE's features keep theirs: ``[pos, feature]``."""
     kind, _, head = key
+    if _is_features(kind):
+        return product.reshape(-1, *product.shape[-2:]).sum(0)
     kept = 3 if kind in HEAD_KINDS and kind != "head_out" and head is None else 2
     summed = product.sum(-1)
     return summed.reshape(-1, *summed.shape[summed.ndim - kept + 1 :]).sum(0)
 
 
 def _grid(entries: list[tuple[tuple, tuple]], per_key: dict[tuple, torch.Tensor]) -> torch.Tensor:
-    """The per-point estimates placed at their ``(layer, head)``; zeros where the metric does not depend."""
+    """The per-point estimates placed at their ``(layer, head)``; zeros where the metric does not
+    depend, NaN in the layers an SAE kind has no SAE in."""
     first = next((per_key[key] for _, key in entries if key in per_key), None)
     if first is None:
         raise ExperimentError("attribution_patching: the metric depends on none of these points")
     layers = max(index[0] for index, _ in entries) + 1
     if len(entries[0][0]) == 1:
-        grid = torch.zeros((layers, first.shape[-1]), dtype=first.dtype, device=first.device)
+        grid = torch.zeros((layers, *first.shape), dtype=first.dtype, device=first.device)
+        if sae_site(entries[0][1][0]) is not None:
+            grid[[layer for layer in range(layers) if (layer,) not in {i for i, _ in entries}]] = math.nan
     else:
         axis = max(
             (per_key[key].shape[0] for (_, head), key in entries if head is None and key in per_key),

@@ -20,6 +20,15 @@ ours                              TransformerLens                           layo
 ``act_patch_attn_head_by_pos_every``   ``..._by_pos_every``                 [5, layer, pos, head]
 ================================  ========================================  ====================
 
+Over a spliced SAE's features (``ex.splice_sae``; TransformerLens has no such grid): in each layer
+with an SAE (``Point('sae_acts', layer)``; by default every such layer), the clean value of one
+feature (at every position, or at one) patched into the corrupted run:
+
+- ``act_patch_sae_features``: ``[layer, feature]``, each feature at every position;
+- ``act_patch_sae_features_by_pos``: ``[layer, pos, feature]``.
+
+Two SAEs in one layer are refused by name (``ex.sae.feature_patching`` takes one site).
+
 ``{x}`` is ``out`` (the head's output before W_O, TransformerLens's ``z``), ``q``, ``k``, ``v``
 or ``pattern``.  How the patches are evaluated (many at once, only above the patched node, one
 unembedded position): ``circuits.experiments.patch_batches`` and docs/patching.md.
@@ -46,6 +55,7 @@ from circuits.experiments.workers import one_thread_if_forked
 from circuits.transformer.points import Point
 from circuits.core.nodes import Circuit, check_node
 from circuits.core.traversal import unique_nodes
+from circuits.rewriting.matching import get
 from circuits.experiments.tables import records_frame
 
 PATCHES_PER_RUN = 32  #: patches evaluated as one batch
@@ -74,6 +84,12 @@ GRIDS: dict[str, Grid] = {
     **{f"attn_head_{x}_all_pos": Grid(kind, ("layer", "head")) for x, kind in _HEAD_KINDS.items()},
 }
 
+#: The grids over a spliced SAE's features (``patch_grid`` takes them as it takes ``GRIDS``).
+SAE_GRIDS: dict[str, Grid] = {
+    "sae_features": Grid("sae_acts", ("layer", "feature")),
+    "sae_features_by_pos": Grid("sae_acts", ("layer", "pos", "feature")),
+}
+
 #: The grids each ``*_every`` function stacks, in TransformerLens's order.
 EVERY = {
     "block_every": ("resid_pre", "attn_out", "mlp_out"),
@@ -83,7 +99,8 @@ EVERY = {
 
 # Where each axis sits in our node's value, from the end: resid [B, S, D], q/k/v/z [B, H, S, d],
 # attn_probs [B, H, dest, src].
-_AXIS_FROM_END = {"pos": -2, "dest_pos": -2, "head": -3}
+# An SAE's features [B, S, d_sae].
+_AXIS_FROM_END = {"pos": -2, "dest_pos": -2, "head": -3, "feature": -1}
 
 
 @attrs.frozen
@@ -113,7 +130,7 @@ def patch_grid(
     memory_bytes: int | None = None,
     device: torch.device | str | None = None,
 ) -> PatchGrid:
-    """The grid ``grid`` (a name of ``GRIDS`` or ``EVERY``); see the module docstring.
+    """The grid ``grid`` (a name of ``GRIDS``, ``SAE_GRIDS`` or ``EVERY``); see the module docstring.
 
     ``circuit``: the model circuit on the clean inputs, heads not split.  ``corrupted_inputs``:
     e.g. ``{"toks_int_var": corrupted_tokens}``, the shape of what they replace.  ``metric``: a
@@ -161,7 +178,10 @@ def patch_grid(
     corrupted = _corrupted(circuit, corrupted_inputs, grid)
     if isinstance(metric, Metric) and metric.targets == "clean":  # the patched run scores the clean targets
         corrupted = with_targets_of(corrupted, circuit, f"act_patch_{grid}")
-    chosen = _checked_layers(layers, _layer_count(circuit), grid)
+    if grid in SAE_GRIDS:
+        chosen = _sae_layers(circuit, layers, grid)
+    else:
+        chosen = _checked_layers(layers, _layer_count(circuit), grid)
     budget = _budget(grid, corrupted, metric, spec, chosen, memory_bytes, options)
     if budget is not None:
         options = attrs.evolve(options, cache_bytes=budget.cache_bytes)
@@ -234,7 +254,8 @@ def _assembled(grid: str, spec: Grid, layers: list[int], results: list) -> Patch
             values[(row, *cell)] = value
             where = dict(zip(spec.axes[1:], cell))
             pos = where.get("pos", where.get("dest_pos"))
-            records.append({"layer": layer, "pos": pos, "head": where.get("head"), "value": value})
+            record = {"layer": layer, "pos": pos, "head": where.get("head"), "value": value}
+            records.append(record | ({"feature": where["feature"]} if "feature" in where else {}))
     return PatchGrid(values, records, grid)
 
 
@@ -268,11 +289,29 @@ def _checked_layers(layers: Any, n_layers: int, grid: str) -> list[int]:
     return chosen
 
 
+def _sae_layers(circuit: Circuit, layers: Any, grid: str) -> list[int]:
+    """The layers of an SAE grid: those given (each must have an SAE), or every one with an SAE."""
+    with_sae = [layer for layer in range(_layer_count(circuit)) if get(circuit, Point("sae_acts", layer))]
+    if layers is None:
+        if not with_sae:
+            raise ExperimentError(
+                f"act_patch_{grid}: no SAE is spliced in {circuit.describe()} (ex.splice_sae first)"
+            )
+        return with_sae
+    chosen = _checked_layers(layers, _layer_count(circuit), grid)
+    lacking = [layer for layer in chosen if layer not in with_sae]
+    if lacking:
+        raise ExperimentError(
+            f"act_patch_{grid}: layers {lacking} have no SAE spliced; the layers with one are {with_sae}"
+        )
+    return chosen
+
+
 def _checked_grid(grid: Any) -> Grid:
-    if not isinstance(grid, str) or grid not in GRIDS:
-        known = ", ".join([*GRIDS, *EVERY])
+    if not isinstance(grid, str) or (grid not in GRIDS and grid not in SAE_GRIDS):
+        known = ", ".join([*GRIDS, *SAE_GRIDS, *EVERY])
         raise ExperimentError(f"patch_grid: unknown grid {grid!r}; the grids are {known}")
-    return GRIDS[grid]
+    return GRIDS[grid] if grid in GRIDS else SAE_GRIDS[grid]
 
 
 def _check_options(metric, options: RunOptions, executor) -> None:
@@ -338,8 +377,9 @@ def _grid_function(grid: str) -> Callable[..., PatchGrid]:
 
     tl = f"transformer_lens.patching.get_act_patch_{grid}"
     grid_function.__name__ = grid_function.__qualname__ = f"act_patch_{grid}"
+    like = f"as ``{tl}``" if grid not in SAE_GRIDS else "over a spliced SAE's features"
     grid_function.__doc__ = (
-        f"``patch_grid(circuit, corrupted_inputs, metric, {grid!r}, ...)`` (the same options): as ``{tl}``."
+        f"``patch_grid(circuit, corrupted_inputs, metric, {grid!r}, ...)`` (the same options): {like}."
     )
     return grid_function
 
@@ -358,8 +398,12 @@ act_patch_attn_head_q_all_pos = _grid_function("attn_head_q_all_pos")
 act_patch_attn_head_k_all_pos = _grid_function("attn_head_k_all_pos")
 act_patch_attn_head_v_all_pos = _grid_function("attn_head_v_all_pos")
 act_patch_attn_head_pattern_all_pos = _grid_function("attn_head_pattern_all_pos")
+act_patch_sae_features = _grid_function("sae_features")
+act_patch_sae_features_by_pos = _grid_function("sae_features_by_pos")
 act_patch_block_every = _grid_function("block_every")
 act_patch_attn_head_all_pos_every = _grid_function("attn_head_all_pos_every")
 act_patch_attn_head_by_pos_every = _grid_function("attn_head_by_pos_every")
 
-__all__ = ["EVERY", "GRIDS", "PatchGrid", "patch_grid"] + [f"act_patch_{g}" for g in [*GRIDS, *EVERY]]
+__all__ = ["EVERY", "GRIDS", "SAE_GRIDS", "PatchGrid", "patch_grid"] + [
+    f"act_patch_{g}" for g in [*GRIDS, *SAE_GRIDS, *EVERY]
+]

@@ -12,9 +12,11 @@ transcoder reads its ``point`` and rewrites its ``point_out`` as its reconstruct
 of the node it replaces).  The spliced node keeps the name of the node it replaces (so the point
 still finds it); the node it replaces is renamed ``'{tag}.sae.input'``.
 
-The features are then nodes like any other: ``c.update(names.acts, ...)`` ablates or steers them,
-``ex.patch`` patches them, and ``feature_values``, ``feature_patching`` and
-``feature_attribution`` read, patch and attribute them (docs/features.md).
+The features are then nodes like any other, and points: ``Point('resid_pre.sae_acts', 1)`` (or
+``Point('sae_acts', 1)``) in ``run_with_cache``, ``gradients``, ``attribution_patching`` and the
+``act_patch_sae_features*`` grids; ``c.update(names.acts, ...)`` ablates or steers them;
+``feature_values``, ``feature_patching`` and ``feature_attribution`` read, patch and attribute one
+site's; ``reconstruction_metrics`` gives SAELens's metrics (docs/features.md).
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from circuits.core.traversal import unique_nodes
 from circuits.errors import SAEError
 from circuits.evaluation import compile_plan
 from circuits.experiments.inputs import same_shape_inputs
+from circuits.experiments.sae_metrics import reconstruction_metrics
 from circuits.models.sae import SAE
-from circuits.transformer.points import as_point, resolve_points
+from circuits.transformer.points import as_point, resolve_points, sae_node_name
 
 __all__ = [
     "SAENames",
@@ -37,6 +40,7 @@ __all__ = [
     "feature_logit_attrs",
     "feature_patching",
     "feature_values",
+    "reconstruction_metrics",
     "sae_names",
     "splice_sae",
     "splice_saes",
@@ -58,10 +62,7 @@ class SAENames(NamedTuple):
 def sae_names(point: Any) -> SAENames:
     """The names of the SAE spliced at ``point`` (a ``Point`` or its short spelling)."""
     point = as_point(point)
-    tag = f"{point.kind}{'' if point.layer is None else point.layer}"
-    if point.head is not None:
-        tag += f"h{point.head}"
-    return SAENames(*(f"{tag}.sae.{part}" for part in ("acts", "recon", "error", "pre", "input")))
+    return SAENames(*(sae_node_name(point, part) for part in SAENames._fields))
 
 
 def splice_sae(circuit: Circuit, sae: SAE, point: Any = None, *, error: bool = True) -> Circuit:

@@ -39,12 +39,21 @@ not, masked or not.
   node (``resid_pre`` of layer 0 is the topmost embeddings node, found from the root), and
   tests/test_points.py checks it against patching the node itself.
 
+- A spliced SAE's nodes (``circuits.experiments.sae.splice_sae``) are points too:
+  ``Point('resid_pre.sae_acts', 1)`` is the feature activations of the SAE spliced at
+  ``Point('resid_pre', 1)`` (SAELens's ``blocks.1.hook_resid_pre.hook_sae_acts_post``), and
+  ``'.sae_pre'``, ``'.sae_recon'``, ``'.sae_error'``, ``'.sae_input'`` its pre-activations,
+  reconstruction, error and the node it replaced (``SAE_PARTS``); the site is any point kind, with
+  its layer and head.  ``Point('sae_acts', 1)`` is the one SAE spliced in layer 1, wherever it sits
+  (several there: refused, naming them).  They find the nodes by name (``sae_node_name``).
+
 ``TRANSFORMER_LENS_HOOKS`` gives TransformerLens's hook name for each kind; how our nodes differ
 in shape or meaning from those hooks: docs/models.md.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, Callable, Iterator, NamedTuple, Optional, Union
 
@@ -60,15 +69,26 @@ __all__ = [
     "HEAD_KINDS",
     "POINT_KINDS",
     "POST_NORM",
+    "SAE_KINDS",
+    "SAE_PARTS",
     "TRANSFORMER_LENS_HOOKS",
     "Point",
     "as_point",
     "resolve_points",
+    "sae_node_name",
+    "sae_site",
     "show_key",
 ]
 
 #: Every kind a ``Point`` takes, in the order of a forward pass (``names.ACTIVATION_KINDS``).
 POINT_KINDS = tuple(names.ACTIVATION_KINDS)
+
+#: The parts of a spliced SAE a point names: ``acts`` (the features, ``[..., d_sae]``), ``pre`` (before
+#: the activation function), ``recon``, ``error`` and ``input`` (the node the SAE replaced).
+SAE_PARTS = ("acts", "pre", "recon", "error", "input")
+#: The SAE kinds of no site: ``Point('sae_acts', L)`` is the one SAE spliced in layer ``L``.  With a
+#: site, ``'{kind}.sae_acts'`` (``'resid_pre.sae_acts'``): the SAE spliced at that point.
+SAE_KINDS = tuple(f"sae_{part}" for part in SAE_PARTS)
 
 #: The kinds that take a head: the attention internals and ``head_out`` (which needs one).
 HEAD_KINDS = ("q", "k", "v", "attn_scores", "attn_probs", "z", "head_out")
@@ -198,6 +218,10 @@ class _Spec(NamedTuple):
 
 def _spec(kind: str, layer: int | None, head: int | None) -> _Spec:
     entry = _checked(kind, layer, head)
+    if entry is None:  # a spliced SAE's node, found by its name
+        site, part = sae_site(kind)
+        sites = [site] if site is not None else _LAYER_SITES
+        return _named(frozenset(sae_node_name((s, layer, head), part) for s in sites))
     if entry.scope == "model":
         return _model_spec(kind)
     if kind == "head_out":
@@ -238,10 +262,15 @@ def _stop_at(form) -> Callable[[IterativeMatcher], IterativeMatcher]:
     return lambda start: start.then(form, stop_at_match=True)
 
 
-def _checked(kind, layer, head) -> names.ActivationKind:
+def _checked(kind, layer, head) -> names.ActivationKind | None:
+    """The kind's ``ActivationKind`` (None for an SAE kind), the layer and head checked."""
+    sae = sae_site(kind)
+    if sae is not None:
+        return _checked_sae(kind, sae[0], layer, head)
     if not isinstance(kind, str) or kind not in names.ACTIVATION_KINDS:
         raise ExperimentError(
-            f"Point: unknown activation kind {kind!r}; the kinds are {', '.join(POINT_KINDS)}"
+            f"Point: unknown activation kind {kind!r}; the kinds are {', '.join(POINT_KINDS)}, and a "
+            f"spliced SAE's {', '.join(SAE_KINDS)} (of one site: 'resid_pre.sae_acts', ...)"
         )
     entry = names.ACTIVATION_KINDS[kind]
     where = f"Point({kind!r}, layer={layer!r}, head={head!r})"
@@ -260,6 +289,64 @@ def _checked(kind, layer, head) -> names.ActivationKind:
     elif entry.scope == "head":
         raise ExperimentError(f"{where}: {kind!r} is one head's output; give head=")
     return entry
+
+
+def _checked_sae(kind: str, site: str | None, layer, head) -> None:
+    if site is not None:
+        try:
+            _checked(site, layer, head)  # the site's own layer and head
+        except ExperimentError as error:
+            raise ExperimentError(f"Point({kind!r}, ...) is the SAE at its site: {error}") from None
+    elif not _is_index(layer) or head is not None:
+        raise ExperimentError(
+            f"Point({kind!r}, layer={layer!r}, head={head!r}): the SAE spliced in a layer takes the "
+            "layer (an int >= 0) and no head; name its site for more: "
+            f"Point('resid_pre.{kind}', {layer!r}) or Point('z.{kind}', layer, head)"
+        )
+    return None
+
+
+def sae_site(kind: Any) -> tuple[str | None, str] | None:
+    """``(site, part)`` of an SAE kind (``'resid_pre.sae_acts'`` -> ``('resid_pre', 'acts')``,
+    ``'sae_acts'`` -> ``(None, 'acts')``); None for any other kind."""
+    if not isinstance(kind, str):
+        return None
+    site, _, own = kind.rpartition(".")
+    if own not in SAE_KINDS or (site and site not in names.ACTIVATION_KINDS):
+        return None
+    return (site or None), own.removeprefix("sae_")
+
+
+def sae_node_name(site: Any, part: str) -> str:
+    """The name ``splice_sae`` gives the ``part`` (``SAE_PARTS``) of the SAE it splices at the point
+    ``site``: ``'{kind}{layer}[h{head}].sae.{part}'`` (``'resid_pre1.sae.acts'``)."""
+    kind, layer, head = as_point(site)
+    tag = f"{kind}{'' if layer is None else layer}{'' if head is None else f'h{head}'}"
+    return f"{tag}.sae.{part}"
+
+
+# The sites ``Point('sae_acts', L)`` looks at: every kind of a layer.
+_LAYER_SITES = [kind for kind, entry in names.ACTIVATION_KINDS.items() if entry.scope == "layer"]
+_SAE_NAME = re.compile(r"(?P<tag>[a-z0-9_]+)\.sae\.(?P<part>" + "|".join(SAE_PARTS) + ")")
+_SITE_TAG = re.compile(r"(?P<layer>0|[1-9][0-9]*)?(?:h(?P<head>0|[1-9][0-9]*))?")
+
+
+def _sae_point(name: str) -> Point | None:
+    """The SAE point of a node named by ``sae_node_name`` (``'resid_pre1.sae.acts'``), or None."""
+    found = _SAE_NAME.fullmatch(name)
+    if found is None:
+        return None
+    tag = found["tag"]
+    for site in sorted(names.ACTIVATION_KINDS, key=len, reverse=True):
+        rest = _SITE_TAG.fullmatch(tag[len(site) :]) if tag.startswith(site) else None
+        if rest is None:
+            continue
+        layer, head = (None if rest[g] is None else int(rest[g]) for g in ("layer", "head"))
+        try:
+            return Point(f"{site}.sae_{found['part']}", layer, head)
+        except ExperimentError:
+            continue
+    return None
 
 
 def _is_index(value) -> bool:
@@ -418,14 +505,19 @@ def _resolve(circuit: Circuit, keys: list) -> dict:
         except ExperimentError as error:
             raise ExperimentError(f"point {show_key(key)}: {error}") from None
         if len(nodes) != 1:
-            what = (
-                "finds no node"
-                if not nodes
-                else f"finds {len(nodes)} nodes (one per head branch: give a head)"
-            )
+            what = "finds no node" if not nodes else f"finds {len(nodes)} nodes ({_several(key, nodes)})"
             raise ExperimentError(f"point {show_key(key)} {what} in {circuit.describe()}")
         resolved[key] = next(iter(nodes))
     return resolved
+
+
+def _several(key: tuple, nodes: set) -> str:
+    """Why a point finds several nodes: head branches, or SAEs at several sites of one layer."""
+    if sae_site(key[0]) is None:
+        return "one per head branch: give a head"
+    spliced = sorted(node.name for node in nodes)
+    sites = ", ".join(repr(_sae_point(name)) for name in spliced)
+    return f"SAEs are spliced at several points of layer {key[1]}: name one, {sites}"
 
 
 def _default_points(circuit: Circuit) -> dict:
@@ -440,6 +532,10 @@ def _default_points(circuit: Circuit) -> dict:
             nodes = _find(circuit, index, _spec(kind, layer, None))
             if len(nodes) == 1:
                 resolved[Point(kind, layer)] = next(iter(nodes))
+    for name, nodes in index.items():  # the spliced SAEs' nodes, by their sites
+        point = _sae_point(name) if ".sae." in name else None
+        if point is not None and len(nodes) == 1:
+            resolved[point] = nodes[0]
     return resolved
 
 
