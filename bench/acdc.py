@@ -44,13 +44,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_gpt2_size_arguments(parser, rounds=2)
     parser.set_defaults(layers=4)
-    parser.add_argument("--threshold", type=float, default=0.02, help="ACDC's tau, in nats of KL")
+    parser.add_argument(
+        "--threshold", type=float, default=None, help="ACDC's tau, in nats of KL (2e-3; --quick 5e-4)"
+    )
+    parser.add_argument(
+        "--cache-gib", type=float, default=2.0, help="the Evaluator's budget (ACDC's default 2 GiB)"
+    )
     parser.add_argument("--test-batch", type=int, default=8, help="edges tested per evaluation, at most")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="a small model: under a minute")
     args = parser.parse_args()
     if args.quick:
         args.d_model, args.heads, args.vocab, args.batch, args.seq = 256, 8, 4096, 4, 64
+    if args.threshold is None:
+        args.threshold = 5e-4 if args.quick else 2e-3
     torch.set_num_threads(args.threads)
     circuit = native_gpt2_circuit(args)
     clean, corrupted, _, _ = patching_inputs(args)
@@ -67,7 +74,7 @@ def main() -> None:
     edge_forward, _ = best_time(lambda: cc.evaluate(spec_root), args.rounds)
     print(f"the edge circuit's KL, uncached: {edge_forward:.3f} s ({load()})")
 
-    evaluator = cc.Evaluator(16 * 2**30)
+    evaluator = cc.Evaluator(int(args.cache_gib * 2**30))
     result = ex.acdc(
         edges,
         None,
