@@ -21,7 +21,7 @@ site's; ``reconstruction_metrics`` gives SAELens's metrics (docs/features.md).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, NamedTuple
 
 import torch
 
@@ -31,8 +31,10 @@ from circuits.errors import SAEError
 from circuits.evaluation import compile_plan
 from circuits.experiments.inputs import same_shape_inputs
 from circuits.experiments.sae_metrics import reconstruction_metrics
-from circuits.models.sae import SAE
 from circuits.transformer.points import as_point, resolve_points, sae_node_name
+
+if TYPE_CHECKING:  # models are imported where an SAE is checked: `import circuits` stays light
+    from circuits.models.sae import SAE
 
 __all__ = [
     "SAENames",
@@ -69,6 +71,8 @@ def splice_sae(circuit: Circuit, sae: SAE, point: Any = None, *, error: bool = T
     """``circuit`` with ``sae`` at ``point`` (default ``sae.point()``; a transcoder's output at
     ``sae.point_out()``): the node there becomes ``recon + error`` (``error=False``: ``recon``)."""
     check_node(circuit, "splice_sae: the circuit", SAEError)
+    from circuits.models.sae import SAE
+
     if not isinstance(sae, SAE):
         raise SAEError(f"splice_sae: sae is a {type(sae).__name__}, not a circuits.models.sae.SAE (load_sae)")
     read = sae.point() if point is None else as_point(point)

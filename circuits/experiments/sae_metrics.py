@@ -35,7 +35,7 @@ SAELens's own (tests/test_sae_metrics.py).
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 
@@ -44,9 +44,11 @@ from circuits.errors import SAEError
 from circuits.evaluation.cache import DEFAULT_CACHE_BYTES, Evaluator
 from circuits.experiments.ablation import zero_ablate
 from circuits.experiments.metrics import find
-from circuits.models.sae import SAE
 from circuits.transformer import names
 from circuits.transformer.points import as_point, sae_node_name
+
+if TYPE_CHECKING:  # models are imported where an SAE is checked: `import circuits` stays light
+    from circuits.models.sae import SAE
 
 __all__ = ["reconstruction_metrics"]
 
@@ -66,6 +68,8 @@ def reconstruction_metrics(
     from circuits.experiments.sae import splice_sae
 
     check_node(circuit, "reconstruction_metrics: the circuit", SAEError)
+    from circuits.models.sae import SAE
+
     if not isinstance(sae, SAE):
         raise SAEError(
             f"reconstruction_metrics: sae is a {type(sae).__name__}, not a circuits SAE (load_sae)"
