@@ -41,26 +41,35 @@ S2, END = 9, 13
 
 
 @pytest.fixture(scope="module")
-def smol():
+def one_parse():
+    """gguf's parse of the file, made once for this module: ``models.smollm2()`` and transformers'
+    loader both read the file with ``gguf.GGUFReader`` (transformers twice: config, then weights),
+    and transformers builds gguf's tensor-name map once per submodule (397 times).  Both are pure
+    functions of their arguments, so they are memoized (what each side computes is unchanged;
+    the weight mapping and the forward stay each side's own)."""
+    import gguf
+
+    original = gguf.GGUFReader
+    parsed = functools.lru_cache(maxsize=1)(lambda path: original(path))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf, "GGUFReader", lambda path: parsed(str(path)))
+        patch.setattr(gguf, "get_tensor_name_map", functools.lru_cache(maxsize=4)(gguf.get_tensor_name_map))
+        yield
+
+
+@pytest.fixture(scope="module")
+def smol(one_parse):
     return models.smollm2()
 
 
 @pytest.fixture(scope="module")
 def hf(smol):
-    """transformers' own model read from the same file by its GGUF loader.
-
-    The loader parses the file twice (config, then weights) and builds gguf's tensor-name map
-    once per submodule (397 times): both are pure functions of their arguments, so they are
-    memoized while it loads (half its time; what it computes is unchanged)."""
-    import gguf
+    """transformers' own model read from the same file by its GGUF loader (``one_parse``)."""
     import transformers
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(gguf, "GGUFReader", functools.lru_cache(maxsize=1)(gguf.GGUFReader))
-        patch.setattr(gguf, "get_tensor_name_map", functools.lru_cache(maxsize=4)(gguf.get_tensor_name_map))
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            str(smol.path.parent), gguf_file=smol.path.name, attn_implementation="eager"
-        )
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(smol.path.parent), gguf_file=smol.path.name, attn_implementation="eager"
+    )
     return model.eval()
 
 
