@@ -31,7 +31,7 @@ from circuits.experiments.metrics import Metric, find
 from circuits.rewriting.passes.push_down import push_index
 from circuits.transformer import names
 
-__all__ = ["DiscoveryMetric", "check_threshold"]
+__all__ = ["DiscoveryMetric", "check_threshold", "one_number"]
 
 
 class DiscoveryMetric:
@@ -122,15 +122,7 @@ class DiscoveryMetric:
         """The number ``root``'s value stands for."""
         if self.kind != "function":
             return float(tensor)
-        number = self.metric(tensor)
-        if not isinstance(number, torch.Tensor) or number.numel() != 1:
-            got = (
-                f"a tensor of shape {list(number.shape)}"
-                if isinstance(number, torch.Tensor)
-                else type(number).__name__
-            )
-            raise ExperimentError(f"{self.what}: metric must return one number as a torch tensor, got {got}")
-        return float(number)
+        return float(one_number(self.metric(tensor), self.what))
 
     def saved_root(self, circuit: Circuit) -> Circuit | None:
         """The metric as a circuit over ``circuit`` (None for a function of the logits)."""
@@ -147,3 +139,15 @@ def check_threshold(threshold: Any, what: str) -> float:
     ):
         raise ExperimentError(f"{what}: threshold must be a finite number >= 0, got {threshold!r}")
     return float(threshold)
+
+
+def one_number(value: Any, what: str) -> torch.Tensor:
+    """``value``, checked to be what a metric function returns: one number as a torch tensor."""
+    if not isinstance(value, torch.Tensor) or value.numel() != 1:
+        got = (
+            f"a tensor of shape {list(value.shape)}"
+            if isinstance(value, torch.Tensor)
+            else type(value).__name__
+        )
+        raise ExperimentError(f"{what}: metric must return one number as a torch tensor, got {got}")
+    return value

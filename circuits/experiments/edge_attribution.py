@@ -40,6 +40,7 @@ from circuits.core.nodes import Circuit
 from circuits.core.traversal import unique_nodes
 from circuits.errors import ExperimentError
 from circuits.evaluation import compile_plan, evaluate_many
+from circuits.experiments.discovery_metric import one_number
 from circuits.experiments.edges import Edge, EdgeCircuit, edge_circuit
 from circuits.experiments.inputs import same_shape_inputs, with_targets_of
 from circuits.experiments.metrics import Metric, find
@@ -242,13 +243,7 @@ def _tracked(default: Callable) -> Callable:
 
 
 def _checked_number(value: Any, metric: Any) -> torch.Tensor:
-    if not isinstance(value, torch.Tensor) or value.numel() != 1:
-        got = (
-            f"a tensor of shape {list(value.shape)}"
-            if isinstance(value, torch.Tensor)
-            else type(value).__name__
-        )
-        raise ExperimentError(f"edge_attribution: metric must return one number as a torch tensor, got {got}")
+    one_number(value, "edge_attribution")
     if not value.requires_grad:
         raise ExperimentError(
             f"edge_attribution: metric {getattr(metric, 'name', metric)!r} does not depend on the edges (its "

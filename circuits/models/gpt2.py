@@ -139,6 +139,12 @@ def _attention(
     norm = common.layer_norm(
         resid, *common.norm_weights(w, names.attn_prefix(layer)), eps, name=names.attn_norm(layer)
     )
+    out = attention_heads(w, norm, layer, mask, neg_inf)
+    return Add(out, w[names.attn_weight(layer, "o_bias")], resid, name=names.resid_mid(layer))
+
+
+def attention_heads(w: Mapping[str, Circuit], norm: Circuit, layer: int, mask, neg_inf: float) -> Circuit:
+    """``'b{L}.a'``: layer ``L``'s heads summed, reading ``norm`` (biased q, k and v, GPT-2's nodes)."""
 
     def projected(spec: str, which: str, unbiased: str, biased: str) -> Add:
         product = einsum(spec, norm, w[names.attn_weight(layer, which)], name=unbiased)
@@ -148,8 +154,7 @@ def _attention(
     k = projected("kd,hcd->hkc", "k", names.K_NOBIAS, names.K)
     v = projected("kd,hVd->hkV", "v", names.V_NOBIAS, names.V)
     div = common.div_head_size(w[names.attn_weight(layer, "k")])
-    out = common.attend(q, k, v, div, w[names.attn_weight(layer, "o")], layer, mask, neg_inf)
-    return Add(out, w[names.attn_weight(layer, "o_bias")], resid, name=names.resid_mid(layer))
+    return common.attend(q, k, v, div, w[names.attn_weight(layer, "o")], layer, mask, neg_inf)
 
 
 def mlp(w: Mapping[str, Circuit], mlp_in: Circuit, layer: int, eps: float, act: str) -> Add:

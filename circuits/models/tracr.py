@@ -37,6 +37,7 @@ from circuits.core.nodes import Add, Array, Circuit, Scalar
 from circuits.errors import ModelError
 from circuits.models import common
 from circuits.models.common import einsum, fn
+from circuits.models.gpt2 import attention_heads
 from circuits.models.options import DEFAULT, ModelOptions, takes_model_options
 from circuits.models.text import token_ids
 from circuits.transformer import names
@@ -118,7 +119,7 @@ def build_tracr(
     for layer in range(config.n_layers):
         norm = identity(resid, names.attn_prefix(layer), names.attn_norm(layer))
         resid_mid = Add(
-            _attention(w, norm, layer, mask, options.neg_inf),
+            attention_heads(w, norm, layer, mask, options.neg_inf),
             w[names.attn_weight(layer, "o_bias")],
             resid,
             name=names.resid_mid(layer),
@@ -137,20 +138,6 @@ def _identity_norm(x: Circuit, prefix: str, name: str, dtype: torch.dtype) -> Ci
     y = einsum("ih,i->ih", x, rsqrt, name=part("y"))
     scale = Array(torch.ones(x.shape[-1], dtype=dtype), name=names.norm_weight(prefix, "scale", names.RMS))
     return einsum("ih,h->ih", y, scale, name=name)
-
-
-def _attention(w: Mapping[str, Circuit], norm: Circuit, layer: int, mask, neg_inf: float) -> Circuit:
-    """``'b{L}.a'``: layer ``L``'s heads summed (GPT-2's nodes, reading the identity norm)."""
-
-    def projected(spec: str, which: str, unbiased: str, biased: str) -> Add:
-        product = einsum(spec, norm, w[names.attn_weight(layer, which)], name=unbiased)
-        return Add(product, w[names.attn_weight(layer, f"{which}_bias")], name=biased)
-
-    q = projected("qd,hcd->hqc", "q", names.Q_NOBIAS, names.Q)
-    k = projected("kd,hcd->hkc", "k", names.K_NOBIAS, names.K)
-    v = projected("kd,hVd->hkV", "v", names.V_NOBIAS, names.V)
-    div = common.div_head_size(w[names.attn_weight(layer, "k")])
-    return common.attend(q, k, v, div, w[names.attn_weight(layer, "o")], layer, mask, neg_inf)
 
 
 def _mlp(w: Mapping[str, Circuit], norm: Circuit, layer: int) -> Add:
