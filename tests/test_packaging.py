@@ -115,11 +115,12 @@ def test_the_wheel_holds_every_module_the_demo_model_and_py_typed(tmp_path):
     assert modules and modules <= names, sorted(modules - names)
     for data in (
         "circuits/py.typed",
-        *(p.relative_to(ROOT).as_posix() for p in ROOT.glob("circuits/data/*")),
+        *(p.relative_to(ROOT).as_posix() for p in ROOT.glob("circuits/data/**/*") if p.is_file()),
     ):
         same = contents.get(data) == (ROOT / data).read_bytes()
         assert same, f"{data}: not in the wheel, or not the same bytes"
     assert {"circuits/data/induction_2l.safetensors", "circuits/data/induction_2l.json"} <= names
+    assert "circuits/data/induction_2l_sae/sae_weights.safetensors" in names  # the demo SAE
     info = wheel.name.split("-py3")[0] + ".dist-info"
     assert "circuits = circuits.cli:main" in contents[f"{info}/entry_points.txt"].decode()
     wheel_metadata = contents[f"{info}/METADATA"].decode()

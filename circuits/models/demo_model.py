@@ -29,6 +29,8 @@ from circuits.core.nodes import Circuit
 BOS = 0
 WEIGHTS_FILE = "induction_2l.safetensors"
 INFO_FILE = "induction_2l.json"
+#: The folder of the shipped SAE (SAELens's format), trained by ``scripts/train_sae.py``.
+DEMO_SAE_FOLDER = "induction_2l_sae"
 
 
 def _data_file(name: str):
@@ -62,6 +64,20 @@ def load_demo_weights() -> dict[str, torch.Tensor]:
             "retrain it with: python scripts/train_induction.py"
         ) from None
     return dict(safetensors.torch.load(data))
+
+
+def load_demo_sae():
+    """The shipped TopK SAE on the demo model's ``blocks.0.hook_attn_out`` (what layer 0's heads
+    write), as ``load_sae`` reads it; its ``training.json`` has the settings and metrics."""
+    from circuits.models.sae import load_sae
+
+    folder = _data_file(DEMO_SAE_FOLDER)
+    if not folder.joinpath("cfg.json").is_file():
+        raise ModelError(
+            f"the demo SAE's folder {DEMO_SAE_FOLDER} is missing from circuits/data; "
+            "retrain it with: python scripts/train_sae.py"
+        )
+    return load_sae(str(folder))
 
 
 @takes_model_options(NOT_ROTARY)

