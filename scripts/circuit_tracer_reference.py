@@ -41,6 +41,7 @@ PROMPT = [0, 3, 4, 3, 2, 5, 3, 8]
 WORDS = "<bos> the cat sat on mat dog ran a big red ball and then it .".split()
 SLUG = "random-gemma2"
 SCAN = "random-gemma2-transcoders"
+OTHER_THRESHOLDS = (0.5, 0.9)  # a second prune_graph, (node_threshold, edge_threshold)
 
 # circuit-tracer's test_small_gemma_model config, with the changes the docstring lists.
 CONFIG = {
@@ -230,6 +231,7 @@ def attribute_and_save(model, tok_folder: Path, out: Path) -> None:
     graph = attribute(tokens, model)
     graph.cfg.tokenizer_name = str(tok_folder)  # create_graph_files loads the tokenizer by this name
     node_mask, edge_mask, cumulative = prune_graph(graph)  # the defaults: 0.8, 0.98
+    other_nodes, other_edges, _ = prune_graph(graph, *OTHER_THRESHOLDS)
     replacement, completeness = compute_graph_scores(graph)
     with tempfile.TemporaryDirectory() as files:
         create_graph_files(graph, SLUG, files, scan=SCAN)
@@ -246,6 +248,8 @@ def attribute_and_save(model, tok_folder: Path, out: Path) -> None:
         "node_mask": node_mask.contiguous(),
         "edge_mask": edge_mask.contiguous(),
         "cumulative_scores": cumulative.contiguous(),
+        "other_node_mask": other_nodes.contiguous(),
+        "other_edges": other_edges.nonzero().to(torch.int32).contiguous(),  # [k, 2] (target, source)
     }
     save_file({k: v.detach().cpu() for k, v in reference.items()}, str(out / "reference.safetensors"))
     meta = {
@@ -257,6 +261,7 @@ def attribute_and_save(model, tok_folder: Path, out: Path) -> None:
         "scan": SCAN,
         "node_threshold": 0.8,
         "edge_threshold": 0.98,
+        "other_thresholds": list(OTHER_THRESHOLDS),
         "replacement_score": replacement,
         "completeness_score": completeness,
     }
