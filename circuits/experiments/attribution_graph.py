@@ -1,0 +1,282 @@
+"""Attribution graphs: circuit-tracer's direct effects between features, errors, tokens and logits.
+
+``attribution_graph(circuit, transcoders)`` builds the local replacement model
+(``frozen_replacement``: attention patterns and norm scales frozen, a transcoder per layer, errors
+constant) and measures, by backward passes through it, the adjacency ``A[target, source]``: the
+direct effect of each source on each target, every path through the frozen attention and norms but
+through no other node.
+
+- Nodes, in circuit-tracer's ``Graph`` order: the active features (``(layer, pos, feature)``,
+  sorted; position 0 has none), the error nodes (``layer * n_pos + pos``), the token embeddings (one
+  per position) and the logits (the most probable tokens at the last position, up to
+  ``max_n_logits``, until their probability reaches ``desired_logit_prob``).
+- A feature's value as a source is its activation times its decoder row; as a target, its
+  pre-activation (the encoder row on what the transcoder reads).  A logit's value as a target is
+  the logit minus the mean logit, before any soft-cap (the unembedding rows, demeaned).
+- Rows are the targets (features, logits); the error and token rows are zero (nothing points to
+  them).
+
+The frozen circuit is linear in the sources, so a column of ``A`` is what setting that source to
+zero takes away from every target in the frozen circuit (the tests check that, against
+circuit-tracer's own adjacency too).  Pruning and export: ``circuits.experiments.graph_prune`` and
+``graph_json``.  docs/features.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import torch
+
+from circuits.core.nodes import Circuit, check_node
+from circuits.errors import ExperimentError
+from circuits.evaluation import compile_plan
+from circuits.experiments.attribution_freeze import FrozenReplacement, frozen_replacement
+from circuits.experiments.inputs import with_inputs
+from circuits.transformer import names
+
+__all__ = ["AttributionGraph", "attribution_graph"]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class AttributionGraph:
+    """One prompt's attribution graph, as circuit-tracer's ``Graph`` holds it: ``input_tokens``
+    ``[pos]``, ``logit_tokens`` and ``logit_probabilities`` ``[n_logits]``, ``active_features``
+    ``[n_features, 3]`` (layer, pos, feature index), ``activation_values`` ``[n_features]``,
+    ``adjacency_matrix`` ``[nodes, nodes]`` (``A[target, source]``), ``n_layers``; ``replacement``,
+    the frozen circuit it was measured on."""
+
+    input_tokens: torch.Tensor
+    logit_tokens: torch.Tensor
+    logit_probabilities: torch.Tensor
+    active_features: torch.Tensor
+    activation_values: torch.Tensor
+    adjacency_matrix: torch.Tensor
+    n_layers: int
+    replacement: FrozenReplacement = dataclasses.field(repr=False)
+
+    @property
+    def n_pos(self) -> int:
+        return int(self.input_tokens.shape[0])
+
+    @property
+    def n_features(self) -> int:
+        return int(self.active_features.shape[0])
+
+    @property
+    def selected_features(self) -> torch.Tensor:
+        """Indices into ``active_features`` of the feature nodes: all of them (circuit-tracer's field)."""
+        return torch.arange(self.n_features)
+
+    def error_index(self, layer: int, pos: int) -> int:
+        """The node index of layer ``layer``'s error at ``pos``."""
+        return self.n_features + layer * self.n_pos + pos
+
+    def token_index(self, pos: int) -> int:
+        """The node index of the token embedding at ``pos``."""
+        return self.n_features + self.n_layers * self.n_pos + pos
+
+    @property
+    def logit_offset(self) -> int:
+        """The node index of the first logit node."""
+        return self.n_features + (self.n_layers + 1) * self.n_pos
+
+    def node_label(self, index: int) -> str:
+        """``'feature L1 pos3 #17'``, ``'error L0 pos2'``, ``'token pos0'``, ``'logit 42'``."""
+        if not 0 <= index < self.adjacency_matrix.shape[0]:
+            raise ExperimentError(
+                f"node_label: index {index} is outside [0, {self.adjacency_matrix.shape[0]})"
+            )
+        if index < self.n_features:
+            layer, pos, feature = self.active_features[index].tolist()
+            return f"feature L{layer} pos{pos} #{feature}"
+        if index < self.logit_offset - self.n_pos:
+            layer, pos = divmod(index - self.n_features, self.n_pos)
+            return f"error L{layer} pos{pos}"
+        if index < self.logit_offset:
+            return f"token pos{index - self.logit_offset + self.n_pos}"
+        return f"logit {int(self.logit_tokens[index - self.logit_offset])}"
+
+
+def attribution_graph(
+    circuit: Circuit,
+    transcoders: Sequence[Any],
+    *,
+    tokens: Any = None,
+    max_n_logits: int = 10,
+    desired_logit_prob: float = 0.95,
+    batch_size: int = 256,
+    skip_first_position: bool = True,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+) -> AttributionGraph:
+    """The attribution graph of ``circuit`` (a model circuit of one prompt; ``tokens``, ``[1, n]``
+    or ``[n]``, run it on others of its shape) with ``transcoders`` (one per layer, as
+    ``frozen_replacement`` takes them); module docstring.  ``batch_size`` targets share one
+    backward pass; ``device``, ``dtype``: of the runs (float64 for exact checks)."""
+    check_node(circuit, "attribution_graph: circuit", ExperimentError)
+    _check_options(max_n_logits, desired_logit_prob, batch_size)
+    circuit = _on_tokens(circuit, tokens)
+    frozen = frozen_replacement(
+        circuit, transcoders, skip_first_position=skip_first_position, device=device, dtype=dtype
+    )
+    acts = torch.stack([node.value for node in frozen.acts])[:, 0]  # [layer, pos, feature]
+    active = acts.nonzero()
+    values = acts[active[:, 0], active[:, 1], active[:, 2]]
+    logit_ids, probabilities = _salient_logits(frozen.logits_value[0, -1], max_n_logits, desired_logit_prob)
+    run = _TrackedRun(frozen, active, values, device, dtype)
+    unembed = frozen.unembed.evaluate(device=device, dtype=dtype).detach()
+    logit_vectors = unembed[logit_ids] - unembed.mean(0)
+    targets = [(0, frozen.n_pos - 1, vector) for vector in logit_vectors]
+    for layer, pos, feature in active.tolist():
+        targets.append((layer + 1, pos, frozen.transcoders[layer].W_enc[:, feature]))
+    rows = torch.cat([run.rows(targets[i : i + batch_size]) for i in range(0, len(targets), batch_size)])
+    n_logits, n_features = len(logit_ids), len(active)
+    total = run.n_columns + n_logits
+    adjacency = torch.zeros(total, total, dtype=rows.dtype)
+    adjacency[:n_features, : run.n_columns] = rows[n_logits:]
+    adjacency[run.n_columns :, : run.n_columns] = rows[:n_logits]
+    return AttributionGraph(
+        input_tokens=frozen.input_tokens,
+        logit_tokens=logit_ids,
+        logit_probabilities=probabilities,
+        active_features=active,
+        activation_values=values,
+        adjacency_matrix=adjacency,
+        n_layers=frozen.n_layers,
+        replacement=frozen,
+    )
+
+
+def _check_options(max_n_logits: Any, desired_logit_prob: Any, batch_size: Any) -> None:
+    for value, what in ((max_n_logits, "max_n_logits"), (batch_size, "batch_size")):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ExperimentError(f"attribution_graph: {what} must be a positive int, got {value!r}")
+    if isinstance(desired_logit_prob, bool) or not isinstance(desired_logit_prob, (int, float)):
+        raise ExperimentError(
+            f"attribution_graph: desired_logit_prob must be a number, got {desired_logit_prob!r}"
+        )
+    if not 0 < desired_logit_prob <= 1:
+        raise ExperimentError(
+            f"attribution_graph: desired_logit_prob must be in (0, 1], got {desired_logit_prob!r}"
+        )
+
+
+def _on_tokens(circuit: Circuit, tokens: Any) -> Circuit:
+    """``circuit`` on ``tokens`` (``[1, n]``, or ``[n]``, like its token Array ``[1, n]``)."""
+    if tokens is None:
+        return circuit
+    found = circuit.get(names.TOKENS)
+    token_array = next(iter(found)) if len(found) == 1 else None
+    if token_array is None or token_array.rank != 2 or token_array.shape[0] != 1:
+        raise ExperimentError(
+            f"attribution_graph: tokens were given, but the circuit has no token Array {names.TOKENS!r} "
+            "of shape [1, n] to put them in"
+        )
+    try:
+        value = torch.as_tensor(tokens)
+    except (TypeError, ValueError, RuntimeError):
+        value = torch.empty(0)
+    value = value[None] if value.dim() == 1 else value
+    if (
+        value.is_floating_point()
+        or value.dtype == torch.bool
+        or tuple(value.shape) != tuple(token_array.shape)
+    ):
+        raise ExperimentError(
+            f"attribution_graph: tokens of shape {list(value.shape)} ({value.dtype}); the circuit takes "
+            f"integer tokens of shape {list(token_array.shape)} (one prompt)"
+        )
+    return with_inputs(circuit, {names.TOKENS: value.to(torch.int64)}, what="attribution_graph: tokens")[0]
+
+
+def _salient_logits(logits: torch.Tensor, max_n_logits: int, desired_prob: float):
+    """circuit-tracer's ``_from_salient``: the most probable tokens, up to ``max_n_logits``, until
+    their cumulative probability reaches ``desired_prob`` (that token included)."""
+    probs = torch.softmax(logits.double(), dim=-1).to(logits.dtype)
+    top_p, top_idx = torch.topk(probs, min(max_n_logits, probs.shape[-1]))
+    cutoff = int(torch.searchsorted(torch.cumsum(top_p, 0), desired_prob)) + 1
+    return top_idx[:cutoff], top_p[:cutoff]
+
+
+class _TrackedRun:
+    """One evaluation of the frozen circuit with the sources (token embeddings, each layer's write)
+    in autograd, and the rows of targets from backward passes over it: each target a cotangent
+    (its direction at one position of one output), a batch of them through one vmapped backward."""
+
+    def __init__(self, frozen: FrozenReplacement, active: torch.Tensor, values: torch.Tensor, device, dtype):
+        self.frozen, self.active = frozen, active
+        sources = [frozen.token_embeds, *frozen.writes]
+        slots = {node.hash: i for i, node in enumerate(sources)}
+        self.sources: list[Any] = [None] * len(sources)
+
+        def kernel(node: Circuit, default: Callable) -> Callable:
+            return _leaf(default) if node.hash in slots else default
+
+        def keep(node: Circuit, value: torch.Tensor) -> None:
+            if node.hash in slots:
+                self.sources[slots[node.hash]] = value
+
+        outputs = [frozen.readout_input, *frozen.feature_inputs]
+        with torch.enable_grad():
+            self.outputs = compile_plan(outputs, None, device, dtype, kernel=kernel).run(on_value=keep)
+        self.tokens = self.sources[0].detach()[0]
+        self.errors = [node.value.to(self.tokens)[0] for node in frozen.errors]
+        decoders = [site.W_dec.to(self.tokens) for site in frozen.transcoders]
+        layers, positions, features = active.unbind(-1) if len(active) else (active[:, 0],) * 3
+        self.by_layer = []
+        for layer, decoder in enumerate(decoders):
+            mask = layers == layer
+            vectors = decoder[features[mask]] * values[mask, None].to(decoder)
+            self.by_layer.append((mask.nonzero()[:, 0], positions[mask], vectors))
+        self.n_columns = len(active) + (frozen.n_layers + 1) * frozen.n_pos
+
+    def rows(self, targets: list[tuple[int, int, torch.Tensor]]) -> torch.Tensor:
+        """``[len(targets), n_columns]``: each target ``(output, pos, direction)``'s direct effects."""
+        batch = len(targets)
+        wanted = sorted({output for output, _, _ in targets})
+        cotangents = []
+        for output in wanted:
+            cotangent = self.outputs[output].new_zeros((batch, *self.outputs[output].shape))
+            for b, (which, pos, direction) in enumerate(targets):
+                if which == output:
+                    cotangent[b, 0, pos] = direction.to(cotangent)
+            cotangents.append(cotangent)
+        grads = torch.autograd.grad(
+            [self.outputs[output] for output in wanted],
+            self.sources,
+            cotangents,
+            retain_graph=True,
+            allow_unused=True,
+            is_grads_batched=True,
+        )
+        grads = [
+            torch.zeros(batch, *s.shape, dtype=s.dtype) if g is None else g
+            for g, s in zip(grads, self.sources)
+        ]
+        return self._columns([g[:, 0] for g in grads])
+
+    def _columns(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        """The gradients at the sources, each times its source's value: features, errors, tokens."""
+        batch, n_layers = grads[0].shape[0], self.frozen.n_layers
+        row = grads[0].new_zeros((batch, self.n_columns))
+        n_features = len(self.active)
+        for layer in range(n_layers):
+            columns, positions, vectors = self.by_layer[layer]
+            grad = grads[layer + 1]
+            row[:, columns] = torch.einsum("bnd,nd->bn", grad[:, positions], vectors)
+            start = n_features + layer * self.frozen.n_pos
+            row[:, start : start + self.frozen.n_pos] = torch.einsum("bpd,pd->bp", grad, self.errors[layer])
+        start = n_features + n_layers * self.frozen.n_pos
+        row[:, start:] = torch.einsum("bpd,pd->bp", grads[0], self.tokens)
+        return row
+
+
+def _leaf(default: Callable) -> Callable:
+    """A kernel whose value is a fresh autograd leaf: gradients stop there and are read there."""
+
+    def leaf(*arguments: torch.Tensor) -> torch.Tensor:
+        return default(*arguments).detach().requires_grad_()
+
+    return leaf
