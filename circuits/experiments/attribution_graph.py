@@ -106,7 +106,7 @@ def attribution_graph(
     tokens: Any = None,
     max_n_logits: int = 10,
     desired_logit_prob: float = 0.95,
-    batch_size: int = 256,
+    batch_size: int = 128,
     skip_first_position: bool = True,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
@@ -194,7 +194,7 @@ def _on_tokens(circuit: Circuit, tokens: Any) -> Circuit:
 def _salient_logits(logits: torch.Tensor, max_n_logits: int, desired_prob: float):
     """circuit-tracer's ``_from_salient``: the most probable tokens, up to ``max_n_logits``, until
     their cumulative probability reaches ``desired_prob`` (that token included)."""
-    probs = torch.softmax(logits.double(), dim=-1).to(logits.dtype)
+    probs = torch.softmax(logits, dim=-1)
     top_p, top_idx = torch.topk(probs, min(max_n_logits, probs.shape[-1]))
     cutoff = int(torch.searchsorted(torch.cumsum(top_p, 0), desired_prob)) + 1
     return top_idx[:cutoff], top_p[:cutoff]
@@ -239,9 +239,9 @@ class _TrackedRun:
         cotangents = []
         for output in wanted:
             cotangent = self.outputs[output].new_zeros((batch, *self.outputs[output].shape))
-            for b, (which, pos, direction) in enumerate(targets):
-                if which == output:
-                    cotangent[b, 0, pos] = direction.to(cotangent)
+            mine = [(b, pos, vector) for b, (which, pos, vector) in enumerate(targets) if which == output]
+            rows, positions = (torch.tensor(column) for column in list(zip(*mine))[:2])
+            cotangent[rows, 0, positions] = torch.stack([vector for _, _, vector in mine]).to(cotangent)
             cotangents.append(cotangent)
         grads = torch.autograd.grad(
             [self.outputs[output] for output in wanted],
@@ -251,25 +251,23 @@ class _TrackedRun:
             allow_unused=True,
             is_grads_batched=True,
         )
-        grads = [
-            torch.zeros(batch, *s.shape, dtype=s.dtype) if g is None else g
-            for g, s in zip(grads, self.sources)
-        ]
-        return self._columns([g[:, 0] for g in grads])
+        return self._columns(batch, [None if grad is None else grad[:, 0] for grad in grads])
 
-    def _columns(self, grads: list[torch.Tensor]) -> torch.Tensor:
-        """The gradients at the sources, each times its source's value: features, errors, tokens."""
-        batch, n_layers = grads[0].shape[0], self.frozen.n_layers
-        row = grads[0].new_zeros((batch, self.n_columns))
+    def _columns(self, batch: int, grads: list[torch.Tensor | None]) -> torch.Tensor:
+        """The gradients at the sources, each times its source's value: features, errors, tokens
+        (None: a source no target of the batch reads, such as a layer above them all)."""
+        n_layers, n_pos = self.frozen.n_layers, self.frozen.n_pos
+        row = self.tokens.new_zeros((batch, self.n_columns))
         n_features = len(self.active)
-        for layer in range(n_layers):
+        for layer, grad in enumerate(grads[1:]):
+            if grad is None:
+                continue
             columns, positions, vectors = self.by_layer[layer]
-            grad = grads[layer + 1]
             row[:, columns] = torch.einsum("bnd,nd->bn", grad[:, positions], vectors)
-            start = n_features + layer * self.frozen.n_pos
-            row[:, start : start + self.frozen.n_pos] = torch.einsum("bpd,pd->bp", grad, self.errors[layer])
-        start = n_features + n_layers * self.frozen.n_pos
-        row[:, start:] = torch.einsum("bpd,pd->bp", grads[0], self.tokens)
+            start = n_features + layer * n_pos
+            row[:, start : start + n_pos] = torch.einsum("bpd,pd->bp", grad, self.errors[layer])
+        if grads[0] is not None:
+            row[:, n_features + n_layers * n_pos :] = torch.einsum("bpd,pd->bp", grads[0], self.tokens)
         return row
 
 
