@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-import circuits.models as cm
 from circuits.core.nodes import Array
 from circuits.errors import ExperimentError
 from circuits.evaluation import evaluate_many
@@ -17,7 +16,7 @@ from circuits.experiments.attribution_freeze import frozen_replacement
 from circuits.experiments.attribution_graph import attribution_graph
 from circuits.models.sae import SAE
 from circuits.transformer import names
-from factories import gemma2, gpt2_circuit, llama_circuit, token_ids
+from factories import gpt2_circuit, llama_circuit, llama_config, token_ids
 
 F = 40  # features per transcoder
 
@@ -55,11 +54,21 @@ def llama_model():
     return llama_circuit(token_ids(13, (1, 7), seed=6)), transcoders(2, 12)
 
 
-@pytest.fixture(scope="module")
 def gemma2_circuit():
-    """Gemma 2 from Hugging Face: sandwich norms, attention and logit soft-caps, windowed layers."""
-    model = gemma2(num_hidden_layers=2)
-    return cm.from_hf(model, token_ids(97, (1, 8), seed=7))
+    """Gemma 2's changes on a tiny Llama: sandwich norms, attention and logit soft-caps, (1 + w)
+    norm weights, scaled embeddings, a windowed layer."""
+    config = llama_config(
+        d_model=16,
+        rms_unit_offset=True,
+        embed_scale=True,
+        sandwich_norms=True,
+        attn_softcap=2.0,
+        final_softcap=3.0,
+        sliding_window=3,
+        sliding_layers=(0,),
+        act="gelu_new",
+    )
+    return llama_circuit(token_ids(13, (1, 8), seed=7), config)
 
 
 def targets(frozen, graph, mapping=None) -> torch.Tensor:
@@ -149,18 +158,30 @@ def test_adjacency_columns_are_interventions(build):
     check_columns(graph, some_columns(graph))
 
 
-@pytest.mark.slow
-def test_gemma2_adjacency_columns_are_interventions(gemma2_circuit):
+def test_gemma2_adjacency_columns_are_interventions():
     """Soft-capped attention and logits, sandwich norms: the post-norm over the MLP frozen too when
     the transcoder writes the MLP's own output (circuit-tracer's ``mlp.hook_out``), not the post-norm's."""
-    tcs = [(transcoder(layer, 36), ("ln2", layer), names.mlp_out(layer)) for layer in range(2)]
-    graph = attribution_graph(gemma2_circuit, tcs, dtype=torch.float64)
+    circuit = gemma2_circuit()
+    tcs = [(transcoder(layer, 16), ("ln2", layer), names.mlp_out(layer)) for layer in range(2)]
+    graph = attribution_graph(circuit, tcs, dtype=torch.float64)
     frozen = graph.replacement
     frozen_names = {node.name for node in frozen.circuit.get(lambda n: isinstance(n, Array))}
     assert "b1.m.post_norm.frozen_scale" in frozen_names
-    original = gemma2_circuit.get_unique(names.LOGITS).evaluate(dtype=torch.float64)
+    original = circuit.get_unique(names.LOGITS).evaluate(dtype=torch.float64)
     torch.testing.assert_close(frozen.logits.evaluate(dtype=torch.float64), original, atol=1e-12, rtol=1e-12)
     check_columns(graph, some_columns(graph, 8))
+
+
+def test_transcoders_at_points_or_node_names():
+    """``(sae, read, write)`` with a point and a node name: the graph of the transcoders' own hooks."""
+    circuit, tcs = gpt2_model()
+    own = attribution_graph(circuit, tcs)
+    named = attribution_graph(
+        circuit, [(tc, ("ln2", layer), names.mlp_out(layer)) for layer, tc in enumerate(tcs)]
+    )
+    torch.testing.assert_close(named.adjacency_matrix, own.adjacency_matrix, atol=0, rtol=0)
+    with pytest.raises(ExperimentError, match="0 nodes are named 'b0.nothing'"):
+        attribution_graph(circuit, [(tcs[0], ("ln2", 0), "b0.nothing"), tcs[1]])
 
 
 def test_batch_size_does_not_change_the_graph():
