@@ -1,12 +1,19 @@
 """Attribution graphs (circuit-tracer's method): the frozen replacement model against the model, and
 each adjacency column against the intervention it stands for, done here by rewriting the frozen
 circuit (a source's value set to zero) and evaluating the targets: feature pre-activations and
-demeaned logits, computed in this file with torch from the frozen circuit's own values."""
+demeaned logits, computed in this file with torch from the frozen circuit's own values; and the
+whole graph against circuit-tracer's own (tests/data/circuit_tracer)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
+from safetensors.torch import load_file
+
+import circuits.models as cm
 
 from circuits.core.nodes import Array
 from circuits.errors import ExperimentError
@@ -14,7 +21,7 @@ from circuits.evaluation import evaluate_many
 from circuits.experiments import sae as sae_analyses
 from circuits.experiments.attribution_freeze import frozen_replacement
 from circuits.experiments.attribution_graph import attribution_graph
-from circuits.models.sae import SAE
+from circuits.models.sae import SAE, load_sae
 from circuits.transformer import names
 from factories import gpt2_circuit, llama_circuit, llama_config, token_ids
 
@@ -232,3 +239,31 @@ def test_tokens_argument_runs_the_circuit_on_them():
     assert graph.input_tokens.tolist() == other[0, :-1].tolist()
     expected = attribution_graph(gpt2_circuit(other), tcs)
     torch.testing.assert_close(graph.adjacency_matrix, expected.adjacency_matrix)
+
+
+CIRCUIT_TRACER = Path(__file__).parent / "data" / "circuit_tracer"
+
+
+def test_adjacency_is_circuit_tracers():
+    """circuit-tracer 0.5.0's own graph of its small random Gemma-2 test model (2 layers, JumpReLU
+    transcoders reading ``mlp.hook_in``, writing ``mlp.hook_out``, before the post-MLP norm):
+    ``scripts/circuit_tracer_reference.py``, tests/data/circuit_tracer/README.md.  Largest
+    difference 2.4e-6 (entries up to 5.0)."""
+    reference = load_file(CIRCUIT_TRACER / "reference.safetensors")
+    config = json.loads((CIRCUIT_TRACER / "tl_config.json").read_text())
+    state = load_file(CIRCUIT_TRACER / "model.safetensors")
+    circuit = cm.from_transformer_lens(state, reference["tokens"][None], cfg=config, convention="prompt")
+    tcs = [
+        (load_sae(CIRCUIT_TRACER / "transcoders" / f"layer_{layer}"), ("ln2", layer), names.mlp_out(layer))
+        for layer in range(2)
+    ]
+    for dtype in (torch.float32, torch.float64):
+        graph = attribution_graph(circuit, tcs, dtype=dtype)
+        assert graph.input_tokens.tolist() == reference["tokens"].tolist()
+        assert graph.active_features.tolist() == reference["active_features"].tolist()
+        assert graph.selected_features.tolist() == reference["selected_features"].tolist()
+        assert graph.logit_tokens.tolist() == reference["logit_token_ids"].tolist()
+        close = dict(atol=1e-5, rtol=1e-5, check_dtype=False)
+        torch.testing.assert_close(graph.activation_values, reference["activation_values"], **close)
+        torch.testing.assert_close(graph.logit_probabilities, reference["logit_probabilities"], **close)
+        torch.testing.assert_close(graph.adjacency_matrix, reference["adjacency_matrix"], **close)
