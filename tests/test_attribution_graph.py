@@ -187,6 +187,11 @@ def test_transcoders_at_points_or_node_names():
         circuit, [(tc, ("ln2", layer), names.mlp_out(layer)) for layer, tc in enumerate(tcs)]
     )
     torch.testing.assert_close(named.adjacency_matrix, own.adjacency_matrix, atol=0, rtol=0)
+    hooked = transcoder(0, 12, out="mlp.hook_out")  # circuit-tracer's hook: no point stands for it
+    with pytest.raises(
+        ExperimentError, match=r"transcoders\[0\]: hook_name_out 'blocks.0.mlp.hook_out'.*'b0.m'"
+    ):
+        attribution_graph(circuit, [hooked, tcs[1]])
     with pytest.raises(ExperimentError, match="0 nodes are named 'b0.nothing'"):
         attribution_graph(circuit, [(tcs[0], ("ln2", 0), "b0.nothing"), tcs[1]])
 

@@ -44,7 +44,7 @@ from circuits.core.nodes import (
     check_node,
 )
 from circuits.core.traversal import postorder
-from circuits.errors import ExperimentError
+from circuits.errors import ExperimentError, SAEError
 from circuits.evaluation import compile_plan
 from circuits.experiments.residual import model_facts
 from circuits.experiments.sae import SAENames, sae_names
@@ -192,8 +192,7 @@ def _sites(circuit: Circuit, transcoders: Any, n_layers: int, dtype: torch.dtype
                 f"transcoders[{layer}]: a {getattr(sae, 'architecture', type(sae).__name__)!r}; the replacement "
                 "model takes transcoders (SAE architecture 'transcoder' or 'jumprelu_transcoder')"
             )
-        read = sae.point() if read is None else read
-        write = sae.point_out() if write is None else write
+        read, write = _own_points(sae, layer) if read is None and write is None else (read, write)
         found = _find(circuit, [read, write], layer)
         for node, size, what in ((found[0], sae.d_in, "d_in"), (found[1], sae.d_out, "d_out")):
             if node.shape[-1:] != (size,):
@@ -205,6 +204,18 @@ def _sites(circuit: Circuit, transcoders: Any, n_layers: int, dtype: torch.dtype
         site_name = write if isinstance(write, str) and not _is_kind(write) else as_point(write)
         sites.append(_Site(attrs.evolve(sae, **cast), found[0], found[1], _site_names(site_name)))
     return sites
+
+
+def _own_points(sae: Any, layer: int) -> tuple[Point, Point]:
+    """The points of the transcoder's hooks; a hook no point stands for is refused with the way out."""
+    try:
+        return sae.point(), sae.point_out()
+    except SAEError as error:
+        raise ExperimentError(
+            f"transcoders[{layer}]: {error}; or give (sae, read, write) with the points or node names it "
+            f"reads and writes, e.g. (sae, ('ln2', {layer}), 'b{layer}.m') for circuit-tracer's "
+            "mlp.hook_in and mlp.hook_out"
+        ) from None
 
 
 def _is_kind(text: str) -> bool:
