@@ -184,7 +184,7 @@ def _sites(circuit: Circuit, transcoders: Any, n_layers: int, dtype: torch.dtype
             f"transcoders: the model has {n_layers} layers and {len(transcoders)} transcoders were given; "
             "the replacement model needs one transcoder per layer, layer L's at index L"
         )
-    sites = []
+    entries = []
     for layer, entry in enumerate(transcoders):
         sae, read, write = entry if isinstance(entry, tuple) and len(entry) == 3 else (entry, None, None)
         if not isinstance(sae, SAE) or not sae.is_transcoder:
@@ -193,16 +193,19 @@ def _sites(circuit: Circuit, transcoders: Any, n_layers: int, dtype: torch.dtype
                 "model takes transcoders (SAE architecture 'transcoder' or 'jumprelu_transcoder')"
             )
         read, write = _own_points(sae, layer) if read is None and write is None else (read, write)
-        found = _find(circuit, [read, write], layer)
-        for node, size, what in ((found[0], sae.d_in, "d_in"), (found[1], sae.d_out, "d_out")):
-            if node.shape[-1:] != (size,):
+        entries.append((sae, _spot(read, layer), _spot(write, layer)))
+    found = _find(circuit, [spot for _, read, write in entries for spot in (read, write)])
+    sites = []
+    for layer, (sae, read, write) in enumerate(entries):
+        for spot, size, what in ((read, sae.d_in, "d_in"), (write, sae.d_out, "d_out")):
+            if found[spot].shape[-1:] != (size,):
                 raise ExperimentError(
-                    f"transcoders[{layer}]: {what}={size}, but the node {node.describe()} is {list(node.shape)}"
+                    f"transcoders[{layer}]: {what}={size}, but the node {found[spot].describe()} is "
+                    f"{list(found[spot].shape)}"
                 )
         cast = {key: getattr(sae, key) for key in ("W_enc", "b_enc", "W_dec", "b_dec", "threshold")}
         cast = {k: v if v is None or dtype is None else v.to(dtype) for k, v in cast.items()}
-        site_name = write if isinstance(write, str) and not _is_kind(write) else as_point(write)
-        sites.append(_Site(attrs.evolve(sae, **cast), found[0], found[1], _site_names(site_name)))
+        sites.append(_Site(attrs.evolve(sae, **cast), found[read], found[write], _site_names(write)))
     return sites
 
 
@@ -226,23 +229,33 @@ def _is_kind(text: str) -> bool:
         return False
 
 
-def _find(circuit: Circuit, where: list, layer: int) -> list[Circuit]:
-    """The nodes of ``where`` (points, or node names); each must be in layer ``layer``'s reach."""
-    found = []
-    for spot in where:
-        if isinstance(spot, str) and not _is_kind(spot):
-            nodes = circuit.get(spot)
+def _spot(spot: Any, layer: int) -> Point | str:
+    """A transcoder's point (of layer ``layer``, or refused) or node name (a string no point kind is)."""
+    if isinstance(spot, str) and not _is_kind(spot):
+        return spot
+    point = as_point(spot)
+    if point.layer != layer:
+        raise ExperimentError(
+            f"transcoders[{layer}]: it reads or writes {point!r}, not a point of layer {layer}; "
+            "give layer L's transcoder at index L"
+        )
+    return point
+
+
+def _find(circuit: Circuit, spots: list[Point | str]) -> dict[Point | str, Circuit]:
+    """The node of each point and node name, in two walks of ``circuit`` at most."""
+    points = [spot for spot in spots if isinstance(spot, Point)]
+    found: dict[Point | str, Circuit] = dict(resolve_points(circuit, points)) if points else {}
+    wanted = {spot for spot in spots if isinstance(spot, str)}
+    if wanted:
+        named: dict[str, set[Circuit]] = {name: set() for name in wanted}
+        for node in postorder([circuit]):
+            if node.name in named:
+                named[node.name].add(node)
+        for name, nodes in named.items():
             if len(nodes) != 1:
-                raise ExperimentError(f"transcoders[{layer}]: {len(nodes)} nodes are named {spot!r}, not one")
-            found.append(next(iter(nodes)))
-            continue
-        point = as_point(spot)
-        if point.layer != layer:
-            raise ExperimentError(
-                f"transcoders[{layer}]: it reads or writes {point!r}, not a point of layer {layer}; "
-                "give layer L's transcoder at index L"
-            )
-        found.append(resolve_points(circuit, [point])[point])
+                raise ExperimentError(f"transcoders: {len(nodes)} nodes are named {name!r}, not one")
+            found[name] = next(iter(nodes))
     return found
 
 
