@@ -224,12 +224,9 @@ class _TrackedRun:
         self.tokens = self.sources[0].detach()[0]
         self.errors = [node.value.to(self.tokens)[0] for node in frozen.errors]
         decoders = [site.W_dec.to(self.tokens) for site in frozen.transcoders]
-        layers, positions, features = active.unbind(-1) if len(active) else (active[:, 0],) * 3
-        self.by_layer = []
-        for layer, decoder in enumerate(decoders):
-            mask = layers == layer
-            vectors = decoder[features[mask]] * values[mask, None].to(decoder)
-            self.by_layer.append((mask.nonzero()[:, 0], positions[mask], vectors))
+        self.by_layer = [
+            _Decoders(active, values, layer, decoder, frozen.n_pos) for layer, decoder in enumerate(decoders)
+        ]
         self.n_columns = len(active) + (frozen.n_layers + 1) * frozen.n_pos
 
     def rows(self, targets: list[tuple[int, int, torch.Tensor]]) -> torch.Tensor:
@@ -262,13 +259,40 @@ class _TrackedRun:
         for layer, grad in enumerate(grads[1:]):
             if grad is None:
                 continue
-            columns, positions, vectors = self.by_layer[layer]
-            row[:, columns] = torch.einsum("bnd,nd->bn", grad[:, positions], vectors)
+            decoders = self.by_layer[layer]
+            if decoders.stop > decoders.start:
+                row[:, decoders.start : decoders.stop] = decoders.effects(grad)
             start = n_features + layer * n_pos
             row[:, start : start + n_pos] = torch.einsum("bpd,pd->bp", grad, self.errors[layer])
         if grads[0] is not None:
             row[:, n_features + n_layers * n_pos :] = torch.einsum("bpd,pd->bp", grads[0], self.tokens)
         return row
+
+
+class _Decoders:
+    """One layer's active features as sources: their decoder rows times their activations, held
+    by position (``vectors [pos, d_model, most at one position]``, zero-padded) so that their
+    effects on a batch are one batched product of the gradients at the layer's output."""
+
+    def __init__(
+        self, active: torch.Tensor, values: torch.Tensor, layer: int, decoder: torch.Tensor, n_pos: int
+    ):
+        mine = (active[:, 0] == layer).nonzero()[:, 0]  # contiguous: the features are sorted by layer
+        self.start, self.stop = (int(mine[0]), int(mine[-1]) + 1) if len(mine) else (0, 0)
+        positions, features = active[mine, 1], active[mine, 2]
+        counts = torch.bincount(positions, minlength=n_pos)
+        first = torch.cumsum(counts, 0) - counts
+        self.positions, self.slots = positions, torch.arange(len(mine)) - first[positions]
+        widest = int(counts.max()) if len(mine) else 0
+        padded = decoder.new_zeros((n_pos, widest, decoder.shape[-1]))
+        padded[self.positions, self.slots] = decoder[features] * values[mine, None].to(decoder)
+        self.vectors = padded.transpose(1, 2).contiguous()
+
+    def effects(self, grad: torch.Tensor) -> torch.Tensor:
+        """``[batch, features]``: the gradient ``grad [batch, pos, d_model]`` at each feature's
+        position times its vector."""
+        per_position = torch.bmm(grad.transpose(0, 1), self.vectors)  # [pos, batch, widest]
+        return per_position[self.positions, :, self.slots].T
 
 
 def _leaf(default: Callable) -> Callable:
