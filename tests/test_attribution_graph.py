@@ -29,17 +29,22 @@ F = 40  # features per transcoder
 
 
 def transcoder(
-    layer: int, d: int, seed: int = 0, read: str = "ln2.hook_normalized", out: str = "hook_mlp_out"
+    layer: int,
+    d: int,
+    seed: int = 0,
+    read: str = "ln2.hook_normalized",
+    out: str = "hook_mlp_out",
+    width: int = F,
 ):
     """A random JumpReLU transcoder of layer ``layer`` (thresholds in [0, 0.3): some features off)."""
     g = torch.Generator().manual_seed(seed + 100 * layer)
     return SAE(
         "jumprelu_transcoder",
-        W_enc=torch.randn(d, F, generator=g) / d**0.5,
-        b_enc=torch.randn(F, generator=g) * 0.1,
-        W_dec=torch.randn(F, d, generator=g) / F**0.5,
+        W_enc=torch.randn(d, width, generator=g) / d**0.5,
+        b_enc=torch.randn(width, generator=g) * 0.1,
+        W_dec=torch.randn(width, d, generator=g) / width**0.5,
         b_dec=torch.randn(d, generator=g) * 0.1,
-        threshold=torch.rand(F, generator=g) * 0.3,
+        threshold=torch.rand(width, generator=g) * 0.3,
         apply_b_dec_to_input=False,
         hook_name=f"blocks.{layer}.{read}",
         hook_name_out=f"blocks.{layer}.{out}",
@@ -194,6 +199,14 @@ def test_transcoders_at_points_or_node_names():
         attribution_graph(circuit, [hooked, tcs[1]])
     with pytest.raises(ExperimentError, match="0 nodes are named 'b0.nothing'"):
         attribution_graph(circuit, [(tcs[0], ("ln2", 0), "b0.nothing"), tcs[1]])
+
+
+def test_transcoders_of_different_widths():
+    circuit, _ = gpt2_model()
+    tcs = [transcoder(0, 12, width=24), transcoder(1, 12, width=56)]
+    graph = attribution_graph(circuit, tcs, dtype=torch.float64)
+    assert graph.active_features[:, 2].max() > 24  # layer 1's features
+    check_columns(graph, some_columns(graph, 6))
 
 
 def test_batch_size_does_not_change_the_graph():

@@ -60,7 +60,7 @@ _SHAPE_ONLY = ("last_dim_size",)
 _LINEAR = ("upcast_float32", "type_as")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class FrozenReplacement:
     """The local replacement model: ``circuit`` (the model circuit rewritten, the same root), its
     ``logits`` (``'t.call'``), ``readout_input`` (the final norm's output, which the logits read

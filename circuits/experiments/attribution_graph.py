@@ -121,9 +121,7 @@ def attribution_graph(
     frozen = frozen_replacement(
         circuit, transcoders, skip_first_position=skip_first_position, device=device, dtype=dtype
     )
-    acts = torch.stack([node.value for node in frozen.acts])[:, 0]  # [layer, pos, feature]
-    active = acts.nonzero()
-    values = acts[active[:, 0], active[:, 1], active[:, 2]]
+    active, values = _active_features(frozen)
     logit_ids, probabilities = _salient_logits(frozen.logits_value[0, -1], max_n_logits, desired_logit_prob)
     run = _TrackedRun(frozen, active, values, device, dtype)
     unembed = frozen.unembed.evaluate(device=device, dtype=dtype).detach()
@@ -131,12 +129,13 @@ def attribution_graph(
     targets = [(0, frozen.n_pos - 1, vector) for vector in logit_vectors]
     for layer, pos, feature in active.tolist():
         targets.append((layer + 1, pos, frozen.transcoders[layer].W_enc[:, feature]))
-    rows = torch.cat([run.rows(targets[i : i + batch_size]) for i in range(0, len(targets), batch_size)])
-    n_logits, n_features = len(logit_ids), len(active)
-    total = run.n_columns + n_logits
-    adjacency = torch.zeros(total, total, dtype=rows.dtype)
-    adjacency[:n_features, : run.n_columns] = rows[n_logits:]
-    adjacency[run.n_columns :, : run.n_columns] = rows[:n_logits]
+    adjacency = run.tokens.new_zeros((run.n_columns + len(logit_ids),) * 2)
+    # rows in the graph's order: the features' first, the logits' last (targets lists the logits first)
+    order = torch.cat([torch.arange(len(logit_ids)) + run.n_columns, torch.arange(len(active))])
+    for start in range(0, len(targets), batch_size):
+        adjacency[order[start : start + batch_size], : run.n_columns] = run.rows(
+            targets[start : start + batch_size]
+        )
     return AttributionGraph(
         input_tokens=frozen.input_tokens,
         logit_tokens=logit_ids,
@@ -147,6 +146,18 @@ def attribution_graph(
         n_layers=frozen.n_layers,
         replacement=frozen,
     )
+
+
+def _active_features(frozen: FrozenReplacement) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[n, 3]`` (layer, pos, feature) of every nonzero activation, sorted, and the activations
+    (each layer's transcoder may have its own width)."""
+    active, values = [], []
+    for layer, node in enumerate(frozen.acts):
+        acts = node.value[0]
+        found = acts.nonzero()
+        active.append(torch.cat([torch.full_like(found[:, :1], layer), found], dim=1))
+        values.append(acts[found[:, 0], found[:, 1]])
+    return torch.cat(active), torch.cat(values)
 
 
 def _check_options(max_n_logits: Any, desired_logit_prob: Any, batch_size: Any) -> None:
