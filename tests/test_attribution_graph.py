@@ -211,7 +211,7 @@ def test_transcoders_of_different_widths():
 
 def test_batch_size_does_not_change_the_graph():
     circuit, tcs = gpt2_model()
-    one = attribution_graph(circuit, tcs, dtype=torch.float64, batch_size=7)
+    one = attribution_graph(circuit, tcs, dtype=torch.float64, batch_size=7, device="cpu")
     other = attribution_graph(circuit, tcs, dtype=torch.float64, batch_size=1000)
     torch.testing.assert_close(one.adjacency_matrix, other.adjacency_matrix, atol=1e-12, rtol=0)
 

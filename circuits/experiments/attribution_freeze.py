@@ -127,7 +127,7 @@ def frozen_replacement(
         )
     token_embeds = resolve_points(circuit, [Point("embed")])[Point("embed")]
     input_tokens = circuit.get_unique(names.INPUT_TOKENS)
-    sites = _sites(circuit, transcoders, facts.n_layers, dtype)
+    sites = _sites(circuit, transcoders, facts.n_layers, device, dtype)
     frozen_nodes = _nodes_to_freeze(circuit, sites)
     clean = _clean_values(
         [logits, input_tokens, token_embeds]
@@ -171,8 +171,9 @@ def frozen_replacement(
     )
 
 
-def _sites(circuit: Circuit, transcoders: Any, n_layers: int, dtype: torch.dtype | None) -> list[_Site]:
-    """Each layer's ``_Site``; transcoders that are not one transcoder per layer are refused."""
+def _sites(circuit: Circuit, transcoders: Any, n_layers: int, device, dtype) -> list[_Site]:
+    """Each layer's ``_Site`` (its weights on ``device``, in ``dtype``, where given); transcoders that
+    are not one transcoder per layer are refused."""
     from circuits.models.sae import SAE
 
     if isinstance(transcoders, (SAE, str, bytes)) or not isinstance(transcoders, Sequence):
@@ -204,7 +205,10 @@ def _sites(circuit: Circuit, transcoders: Any, n_layers: int, dtype: torch.dtype
                     f"{list(found[spot].shape)}"
                 )
         cast = {key: getattr(sae, key) for key in ("W_enc", "b_enc", "W_dec", "b_dec", "threshold")}
-        cast = {k: v if v is None or dtype is None else v.to(dtype) for k, v in cast.items()}
+        cast = {
+            k: v if v is None else v.to(device=device or v.device, dtype=dtype or v.dtype)
+            for k, v in cast.items()
+        }
         sites.append(_Site(attrs.evolve(sae, **cast), found[read], found[write], _site_names(write)))
     return sites
 

@@ -131,7 +131,9 @@ def attribution_graph(
         targets.append((layer + 1, pos, frozen.transcoders[layer].W_enc[:, feature]))
     adjacency = run.tokens.new_zeros((run.n_columns + len(logit_ids),) * 2)
     # rows in the graph's order: the features' first, the logits' last (targets lists the logits first)
-    order = torch.cat([torch.arange(len(logit_ids)) + run.n_columns, torch.arange(len(active))])
+    order = torch.cat([torch.arange(len(logit_ids)) + run.n_columns, torch.arange(len(active))]).to(
+        adjacency.device
+    )
     for start in range(0, len(targets), batch_size):
         adjacency[order[start : start + batch_size], : run.n_columns] = run.rows(
             targets[start : start + batch_size]
@@ -293,7 +295,10 @@ class _Decoders:
         positions, features = active[mine, 1], active[mine, 2]
         counts = torch.bincount(positions, minlength=n_pos)
         first = torch.cumsum(counts, 0) - counts
-        self.positions, self.slots = positions, torch.arange(len(mine)) - first[positions]
+        self.positions, self.slots = (
+            positions,
+            torch.arange(len(mine), device=active.device) - first[positions],
+        )
         widest = int(counts.max()) if len(mine) else 0
         padded = decoder.new_zeros((n_pos, widest, decoder.shape[-1]))
         padded[self.positions, self.slots] = decoder[features] * values[mine, None].to(decoder)
