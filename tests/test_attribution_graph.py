@@ -270,6 +270,7 @@ def test_adjacency_is_circuit_tracers():
     reference = load_file(CIRCUIT_TRACER / "reference.safetensors")
     config = json.loads((CIRCUIT_TRACER / "tl_config.json").read_text())
     state = load_file(CIRCUIT_TRACER / "model.safetensors")
+    meta = json.loads((CIRCUIT_TRACER / "graph_meta.json").read_text())
     circuit = cm.from_transformer_lens(state, reference["tokens"][None], cfg=config, convention="prompt")
     tcs = [
         (load_sae(CIRCUIT_TRACER / "transcoders" / f"layer_{layer}"), ("ln2", layer), names.mlp_out(layer))
@@ -281,6 +282,7 @@ def test_adjacency_is_circuit_tracers():
         assert graph.active_features.tolist() == reference["active_features"].tolist()
         assert graph.selected_features.tolist() == reference["selected_features"].tolist()
         assert graph.logit_tokens.tolist() == reference["logit_token_ids"].tolist()
+        assert [list(node) for node in graph.nodes] == meta["nodes"]
         close = dict(atol=1e-5, rtol=1e-5, check_dtype=False)
         torch.testing.assert_close(graph.activation_values, reference["activation_values"], **close)
         torch.testing.assert_close(graph.logit_probabilities, reference["logit_probabilities"], **close)

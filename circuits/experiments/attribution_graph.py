@@ -82,6 +82,18 @@ class AttributionGraph:
         """The node index of the first logit node."""
         return self.n_features + (self.n_layers + 1) * self.n_pos
 
+    @property
+    def nodes(self) -> list[tuple[str, int | None, int, int | None]]:
+        """Every node in adjacency order as ``(kind, layer, pos, feature)``: ``('feature', L, pos,
+        index)``, ``('error', L, pos, None)``, ``('embedding', None, pos, token)``, ``('logit', None,
+        last pos, token)`` (the records circuit-tracer's graph JSON is written from)."""
+        rows: list[tuple[str, int | None, int, int | None]] = []
+        rows += [("feature", layer, pos, feature) for layer, pos, feature in self.active_features.tolist()]
+        rows += [("error", layer, pos, None) for layer in range(self.n_layers) for pos in range(self.n_pos)]
+        rows += [("embedding", None, pos, token) for pos, token in enumerate(self.input_tokens.tolist())]
+        rows += [("logit", None, self.n_pos - 1, token) for token in self.logit_tokens.tolist()]
+        return rows
+
     def node_label(self, index: int) -> str:
         """``'feature L1 pos3 #17'``, ``'error L0 pos2'``, ``'token pos0'``, ``'logit 42'``."""
         if not 0 <= index < self.adjacency_matrix.shape[0]:
