@@ -19,7 +19,8 @@ from circuits.core.nodes import Array
 from circuits.errors import ExperimentError
 from circuits.evaluation import evaluate_many
 from circuits.experiments import sae as sae_analyses
-from circuits.experiments.attribution_freeze import frozen_replacement
+from circuits import experiments as ex
+from circuits.experiments.attribution_freeze import freeze_attention_and_norms, frozen_replacement
 from circuits.experiments.attribution_graph import attribution_graph
 from circuits.models.sae import SAE, load_sae
 from circuits.transformer import names
@@ -287,3 +288,19 @@ def test_adjacency_is_circuit_tracers():
         torch.testing.assert_close(graph.activation_values, reference["activation_values"], **close)
         torch.testing.assert_close(graph.logit_probabilities, reference["logit_probabilities"], **close)
         torch.testing.assert_close(graph.adjacency_matrix, reference["adjacency_matrix"], **close)
+
+
+def test_freeze_attention_and_norms_keeps_the_clean_patterns_and_scales():
+    """On other tokens, the frozen circuit is the model with every pattern and norm scale patched in
+    from the clean run (``ex.patch``, the library's activation patching: an independent rewrite)."""
+    circuit = gpt2_circuit(TOKENS)
+    frozen = freeze_attention_and_norms(circuit)
+    assert {"b0.a.frozen_probs", "a1.norm.frozen_scale", "final.call.frozen_scale"} <= {
+        node.name for node in frozen.get(lambda n: isinstance(n, Array))
+    }
+    other = {names.TOKENS: token_ids(17, (1, 7), seed=11)}
+    on_other = ex.with_inputs(frozen, other)[0].evaluate()
+    moved = ex.with_inputs(circuit, other)[0]
+    patched = ex.patch(moved, {names.PROBS, "ln.rsqrt"}, {names.TOKENS: TOKENS})
+    torch.testing.assert_close(on_other, patched.evaluate(), atol=1e-6, rtol=1e-6)
+    assert not torch.allclose(on_other, moved.evaluate(), atol=1e-3)  # the freezing changes something

@@ -51,7 +51,7 @@ from circuits.experiments.sae import SAENames, sae_names
 from circuits.transformer import names
 from circuits.transformer.points import Point, as_point, resolve_points
 
-__all__ = ["FrozenReplacement", "frozen_replacement"]
+__all__ = ["FrozenReplacement", "check_linear", "freeze_attention_and_norms", "frozen_replacement"]
 
 _FROZEN_SCALES = frozenset(names.norm_node(norm, "rsqrt") for norm in (names.LN, names.RMS))
 _SHARED_PREFIXES = ("a.", "m.", "ln.", "rms.")  # names every layer's attention, MLP and norm share
@@ -128,7 +128,9 @@ def frozen_replacement(
     token_embeds = resolve_points(circuit, [Point("embed")])[Point("embed")]
     input_tokens = circuit.get_unique(names.INPUT_TOKENS)
     sites = _sites(circuit, transcoders, facts.n_layers, device, dtype)
-    frozen_nodes = _nodes_to_freeze(circuit, sites)
+    frozen_nodes = _nodes_to_freeze(
+        [circuit] + [site.read for site in sites], {site.write.hash for site in sites}
+    )
     clean = _clean_values(
         [logits, input_tokens, token_embeds]
         + [s.read for s in sites]
@@ -270,12 +272,26 @@ def _site_names(site: Any) -> SAENames:
     return SAENames(*(f"{site}.sae.{part}" for part in SAENames._fields))
 
 
-def _nodes_to_freeze(circuit: Circuit, sites: list[_Site]) -> list[Circuit]:
-    """The attention patterns and norm scales the replacement model reads: found from the root and
-    from what the transcoders read, not below what they replace (the MLPs) nor below another one."""
-    writes = {site.write.hash for site in sites}
-    stack = [circuit] + [site.read for site in sites]
-    seen, found = set(), []
+def freeze_attention_and_norms(
+    circuit: Circuit, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+) -> Circuit:
+    """``circuit`` with every attention pattern and norm scale an Array of its value on the
+    circuit's own inputs (named as ``frozen_replacement`` names them): run on other inputs, it attends
+    and normalizes as on these (circuit-tracer's freezing for interventions, without transcoders)."""
+    check_node(circuit, "freeze_attention_and_norms: circuit", ExperimentError)
+    nodes = _nodes_to_freeze([circuit], set())
+    if not nodes:
+        return circuit
+    clean = _clean_values(nodes, device, dtype)
+    return circuit.replace(
+        {node: Array(clean[node.hash], name=name) for node, name in _frozen_names(circuit, nodes)}
+    )
+
+
+def _nodes_to_freeze(roots: list[Circuit], replaced: set[bytes]) -> list[Circuit]:
+    """The attention patterns and norm scales ``roots`` read: not below a node of ``replaced`` (the
+    MLPs the transcoders replace) nor below another one."""
+    stack, seen, found = list(roots), set(), []
     while stack:
         node = stack.pop()
         if node.hash in seen:
@@ -283,7 +299,7 @@ def _nodes_to_freeze(circuit: Circuit, sites: list[_Site]) -> list[Circuit]:
         seen.add(node.hash)
         if node.name == names.PROBS or node.name in _FROZEN_SCALES:
             found.append(node)
-        elif node.hash not in writes:
+        elif node.hash not in replaced:
             stack.extend(node.children)
     return found
 
