@@ -50,6 +50,10 @@
 ``sae.splice_sae(c, sae)``                    a sparse autoencoder or transcoder spliced in at
                                               its point, with named feature, reconstruction
                                               and error nodes (``sae``; docs/features.md)
+``tracing.attribution_graph(c, transcoders)``  circuit-tracer's attribution graph: direct
+                                              effects between features, errors, tokens and
+                                              logits in the frozen replacement model
+                                              (``tracing``; docs/features.md)
 ``patch_grid(c, corrupted, metric, grid)``    TransformerLens's patching grids; one function
 ``patching_grids.act_patch_resid_pre`` and    per grid in ``patching_grids``, as
 every ``act_patch_*``                         TransformerLens's ``patching`` (docs/patching.md)
@@ -70,7 +74,7 @@ makes evaluating many rewrites of one circuit cost only what changed.  The
 errors are ``circuits.errors.ExperimentError`` and ``MissingPointError``.
 """
 
-from circuits.experiments import discovery, patching_grids, sae
+from circuits.experiments import discovery, patching_grids, sae, tracing  # noqa: F401 (tracing: a namespace)
 from circuits.experiments.acdc import acdc
 from circuits.experiments.ablation import mean_ablate, zero_ablate
 from circuits.experiments.activations import ActivationCache, run_with_cache
