@@ -47,19 +47,20 @@ def inputs():
     )
 
 
-def _same(ours, theirs, path="graph"):
-    """Equal JSON values, floats to 1e-6 (the float formatting may differ); the first difference's path."""
+def _same(ours, theirs, path="graph", tolerance=1e-6):
+    """Equal JSON values, floats to ``tolerance`` (the float formatting may differ); the first
+    difference's path."""
     if isinstance(theirs, float) or isinstance(ours, float):
         assert isinstance(ours, (int, float)) and isinstance(theirs, (int, float)), path
-        assert math.isclose(ours, theirs, rel_tol=1e-6, abs_tol=1e-6), (path, ours, theirs)
+        assert math.isclose(ours, theirs, rel_tol=tolerance, abs_tol=tolerance), (path, ours, theirs)
     elif isinstance(theirs, dict):
         assert isinstance(ours, dict) and list(ours) == list(theirs), (path, ours, theirs)
         for key in theirs:
-            _same(ours[key], theirs[key], f"{path}.{key}")
+            _same(ours[key], theirs[key], f"{path}.{key}", tolerance)
     elif isinstance(theirs, list):
         assert isinstance(ours, list) and len(ours) == len(theirs), (path, len(ours), len(theirs))
         for i, (a, b) in enumerate(zip(ours, theirs)):
-            _same(a, b, f"{path}[{i}]")
+            _same(a, b, f"{path}[{i}]", tolerance)
     else:
         assert type(ours) is type(theirs) and ours == theirs, (path, ours, theirs)
 
@@ -73,7 +74,7 @@ def test_equals_the_json_circuit_tracer_wrote(inputs, tmp_path):
     _same(json.loads(path.read_text()), theirs)  # and the file loads with json
     listing = json.loads((tmp_path / "graph-metadata.json").read_text())
     assert listing == {"graphs": [ours["metadata"]]}
-    assert ex.sae.graph_json is graph_json
+    assert ex.tracing.graph_json is graph_json
 
 
 def test_our_pruning_then_our_json_equals_circuit_tracers(inputs):
@@ -199,3 +200,32 @@ def test_bad_input_is_refused_naming_the_argument(change, argument):
     with pytest.raises(ExperimentError) as info:
         graph_json(**arguments)
     assert argument in str(info.value)
+
+
+def test_our_graph_pruned_and_written_equals_circuit_tracers_json():
+    """End to end: our attribution graph of circuit-tracer's test model (tests/data/circuit_tracer),
+    pruned and written by ``to_json``, against the graph.json circuit-tracer wrote (the adjacency
+    agrees within 2.4e-6, so the floats within 1e-5)."""
+    import circuits.models as cm
+    from circuits.models.sae import load_sae
+    from circuits.transformer import names
+
+    ref = load_file(str(DATA / "reference.safetensors"))
+    meta = json.loads((DATA / "graph_meta.json").read_text())
+    config = json.loads((DATA / "tl_config.json").read_text())
+    state = load_file(str(DATA / "model.safetensors"))
+    circuit = cm.from_transformer_lens(state, ref["tokens"][None], cfg=config, convention="prompt")
+    transcoders = [
+        (load_sae(DATA / "transcoders" / f"layer_{layer}"), ("ln2", layer), names.mlp_out(layer))
+        for layer in range(config["n_layers"])
+    ]
+    graph = ex.tracing.attribution_graph(circuit, transcoders)
+    ours = graph.to_json(
+        slug=meta["slug"],
+        scan=meta["scan"],
+        prompt_tokens=meta["token_strings"],
+        logit_tokens=meta["logit_token_strings"],
+        prompt=meta["input_string"],
+        node_threshold=meta["node_threshold"],
+    )
+    _same(ours, json.loads((DATA / "graph.json").read_text()), tolerance=1e-5)

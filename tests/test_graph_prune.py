@@ -40,7 +40,7 @@ def test_equals_circuit_tracer_with_its_default_thresholds(reference):
     assert (pruned.cumulative_scores - ref["cumulative_scores"]).abs().max().item() < 1e-6
     assert int(pruned.node_mask.sum()) == 40 and int(pruned.edge_mask.sum()) == 385  # README's figures
     assert torch.equal(adjacency, ref["adjacency_matrix"])  # the input is left alone
-    assert ex.sae.prune_graph is prune_graph
+    assert ex.tracing.prune_graph is prune_graph
 
 
 def test_equals_circuit_tracer_with_other_thresholds_and_in_float64(reference):

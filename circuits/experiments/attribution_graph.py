@@ -33,6 +33,8 @@ from circuits.core.nodes import Circuit, check_node
 from circuits.errors import ExperimentError
 from circuits.evaluation import compile_plan
 from circuits.experiments.attribution_freeze import FrozenReplacement, frozen_replacement
+from circuits.experiments.graph_json import graph_json
+from circuits.experiments.graph_prune import PrunedGraph, prune_graph
 from circuits.experiments.inputs import with_inputs
 from circuits.transformer import names
 
@@ -93,6 +95,49 @@ class AttributionGraph:
         rows += [("embedding", None, pos, token) for pos, token in enumerate(self.input_tokens.tolist())]
         rows += [("logit", None, self.n_pos - 1, token) for token in self.logit_tokens.tolist()]
         return rows
+
+    def prune(self, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> PrunedGraph:
+        """The nodes and edges circuit-tracer's ``prune_graph`` keeps (``graph_prune.prune_graph``)."""
+        return prune_graph(
+            self.adjacency_matrix,
+            self.logit_probabilities,
+            n_features=self.n_features,
+            n_tokens=self.n_pos,
+            node_threshold=node_threshold,
+            edge_threshold=edge_threshold,
+        )
+
+    def to_json(
+        self,
+        *,
+        slug: str,
+        scan: str,
+        prompt_tokens: Sequence[str] | None = None,
+        logit_tokens: Sequence[str] | None = None,
+        node_threshold: float = 0.8,
+        edge_threshold: float = 0.98,
+        **options: Any,
+    ) -> dict[str, Any]:
+        """The graph pruned at the thresholds, as circuit-tracer's graph JSON (``graph_json.graph_json``,
+        which takes ``options``: ``prompt``, ``transcoder_list``); ``prompt_tokens`` and
+        ``logit_tokens`` are the tokens as text (default: their ids)."""
+        pruned = self.prune(node_threshold, edge_threshold)
+        return graph_json(
+            self.nodes,
+            self.adjacency_matrix,
+            node_mask=pruned.node_mask,
+            edge_mask=pruned.edge_mask,
+            cumulative_scores=pruned.cumulative_scores,
+            activations=self.activation_values[self.selected_features].tolist(),
+            prompt_tokens=prompt_tokens or [str(t) for t in self.input_tokens.tolist()],
+            logit_tokens=logit_tokens or [str(t) for t in self.logit_tokens.tolist()],
+            logit_probabilities=self.logit_probabilities,
+            n_layers=self.n_layers,
+            slug=slug,
+            scan=scan,
+            node_threshold=node_threshold,
+            **options,
+        )
 
     def node_label(self, index: int) -> str:
         """``'feature L1 pos3 #17'``, ``'error L0 pos2'``, ``'token pos0'``, ``'logit 42'``."""

@@ -17,9 +17,7 @@ The features are then nodes like any other, and points: ``Point('resid_pre.sae_a
 ``act_patch_sae_features*`` grids; ``c.update(names.acts, ...)`` ablates or steers them;
 ``feature_values``, ``feature_patching`` and ``feature_attribution`` read, patch and attribute one
 site's; ``reconstruction_metrics`` gives SAELens's metrics (docs/features.md).  Attribution graphs
-over transcoder features: ``prune_graph`` (circuit-tracer's pruning by node and edge influence),
-``node_influence``, ``graph_scores`` (``graph_prune``); ``graph_json`` and ``write_graph_files``, the
-pruned graph as the JSON circuit-tracer's viewer reads (``graph_json``).
+over transcoder features are in ``ex.tracing``.
 """
 
 from __future__ import annotations
@@ -32,8 +30,6 @@ from circuits.core.nodes import Add, Array, Circuit, Einsum, GeneralFunction, ch
 from circuits.core.traversal import unique_nodes
 from circuits.errors import SAEError
 from circuits.evaluation import compile_plan
-from circuits.experiments.graph_json import GraphNode, graph_json, write_graph_files
-from circuits.experiments.graph_prune import PrunedGraph, graph_scores, node_influence, prune_graph
 from circuits.experiments.inputs import same_shape_inputs
 from circuits.experiments.sae_metrics import reconstruction_metrics
 from circuits.transformer.points import as_point, resolve_points, sae_node_name
@@ -42,23 +38,16 @@ if TYPE_CHECKING:  # models are imported where an SAE is checked: `import circui
     from circuits.models.sae import SAE
 
 __all__ = [
-    "GraphNode",
-    "PrunedGraph",
     "SAENames",
     "feature_attribution",
     "feature_logit_attrs",
     "feature_patching",
     "feature_values",
-    "graph_json",
-    "graph_scores",
-    "node_influence",
-    "prune_graph",
     "reconstruction_metrics",
     "sae_names",
     "splice_sae",
     "splice_saes",
     "unspliced",
-    "write_graph_files",
 ]
 
 
