@@ -43,7 +43,6 @@ from circuits.core.traversal import unique_nodes
 from circuits.errors import ExperimentError
 from circuits.experiments.residual import model_facts
 from circuits.experiments.stream import read_norm
-from circuits.rewriting.matching import Matcher
 from circuits.rewriting.rewrite import replace
 from circuits.transformer import names
 from circuits.transformer.attention import split_heads, unsplit_layers
@@ -392,19 +391,19 @@ def _rewire_head(branch: Circuit, norm: Circuit, inputs: dict[str, Circuit]) -> 
     where each read the shared ``norm``."""
     shared = Symbol(norm.shape, name="edges.shared_norm")
     cut = replace(branch, {norm: shared})
-    per_role = {role: Symbol(norm.shape, name=f"edges.norm_{role}") for role in _ROLES}
-    for role, role_names in _ROLES.items():
-        cut = cut.update(
-            Matcher(role_names),
-            lambda node, role=role: replace(node, {shared: per_role[role]}, assert_all_found=False),
-        )
-    if any(node == shared for node in unique_nodes([cut])):
+    role_of = {name: role for role, role_names in _ROLES.items() for name in role_names}
+    below = {
+        node: replace(node, {shared: inputs[role_of[node.name]]}, assert_all_found=False)
+        for node in unique_nodes([cut])
+        if node.name in role_of
+    }
+    rewired = replace(cut, below) if below else cut
+    if any(node == shared for node in unique_nodes([rewired])):
         raise ExperimentError(
             f"edge_circuit: {branch.describe()} reads its norm {norm.describe()} outside its query, key "
             f"and value nodes {sorted(set().union(*_ROLES.values()))}"
         )
-    found = {node for node in unique_nodes([cut]) if isinstance(node, Symbol)}
-    return replace(cut, {per_role[role]: inputs[role] for role in _ROLES if per_role[role] in found})
+    return rewired
 
 
 def _float_dtype(circuit: Circuit) -> torch.dtype:
