@@ -36,7 +36,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from circuits.core.nodes import Circuit
+from circuits.core.nodes import Circuit, Index
 from circuits.core.traversal import unique_nodes
 from circuits.errors import ExperimentError
 from circuits.evaluation import compile_plan, evaluate_many
@@ -45,6 +45,7 @@ from circuits.experiments.edges import Edge, EdgeCircuit, edge_circuit
 from circuits.experiments.inputs import same_shape_inputs, with_targets_of
 from circuits.experiments.metrics import Metric, find
 from circuits.experiments.tables import records_frame
+from circuits.rewriting.rewrite import replace
 from circuits.transformer import names
 
 __all__ = ["EDGE_METHODS", "EdgeScores", "edge_attribution"]
@@ -163,18 +164,27 @@ def edge_attribution(
 
 
 class _Tracked:
-    """One tracked run: the metric, the stacked senders' values and each receiver input's value."""
+    """One tracked run: the metric, the stacked senders' values, each receiver input's value and
+    (the unmasked form) each shared norm's ``(stream, output)`` values with its receivers' indices."""
 
-    def __init__(self, metric: torch.Tensor, senders: list, inputs: list):
-        self.metric, self.senders, self.inputs = metric, senders, inputs
+    def __init__(self, metric: torch.Tensor, senders: list, inputs: list, norms: list):
+        self.metric, self.senders, self.inputs, self.norms = metric, senders, inputs, norms
 
     def grads(self) -> list[torch.Tensor | None]:
         """``∂metric/∂input`` per receiver (zeros where the metric does not depend on it; None for a
-        receiver the run did not compute: one below a sender whose value was given)."""
+        receiver the run did not compute: one below a sender whose value was given); in the
+        unmasked form, carried through each shared norm to the stream it reads."""
         computed = [x for x in self.inputs if x is not None]
-        found = iter(torch.autograd.grad(self.metric, computed, allow_unused=True))
+        found = iter(
+            torch.autograd.grad(self.metric, computed, allow_unused=True, retain_graph=bool(self.norms))
+        )
         grads = [None if x is None else next(found) for x in self.inputs]
-        return [g if x is None or g is not None else torch.zeros_like(x) for x, g in zip(self.inputs, grads)]
+        grads = [g if x is None or g is not None else torch.zeros_like(x) for x, g in zip(self.inputs, grads)]
+        for stream, output, readers in self.norms:
+            for i in readers:  # one product per receiver: faster on a CPU than vmap's batched one
+                if grads[i] is not None:
+                    (grads[i],) = torch.autograd.grad(output, stream, grads[i], retain_graph=True)
+        return grads
 
 
 class _Runs:
@@ -183,7 +193,7 @@ class _Runs:
     def __init__(self, edges: EdgeCircuit, metric: Any):
         self.edges, self.metric = edges, metric
         if isinstance(metric, Metric):
-            self.root = metric.circuit(edges.circuit)
+            self.root = _narrowed(metric.circuit(edges.circuit), edges)
         elif callable(metric):
             self.root = find(
                 edges.circuit, names.LOGITS, "edge_attribution: a metric function takes the logits"
@@ -201,6 +211,12 @@ class _Runs:
                 "needs push_down=False here)"
             )
         self.receiver_hashes = {r.input.hash: i for i, r in enumerate(edges.receivers)}
+        #: the unmasked form's shared norms (by hash): the stream each reads and its receivers
+        self.norms: dict[bytes, tuple[bytes, list[int]]] = {}
+        for i, receiver in enumerate(edges.receivers):
+            if receiver.norm is not None:
+                self.norms.setdefault(receiver.norm.hash, (receiver.stream.hash, []))[1].append(i)
+        self.stream_hashes = {stream for stream, _ in self.norms.values()}
         self.sender_hashes = {node.hash: i for i, node in enumerate(edges.sender_nodes)}
 
     def senders(self, circuit: Circuit) -> torch.Tensor:
@@ -215,23 +231,54 @@ class _Runs:
         return torch.stack(evaluate_many([found[name][0] for name in self.edges.senders]))
 
     def tracked(self, known: Mapping[Circuit, torch.Tensor] | None = None) -> _Tracked:
-        """The clean run with every receiver input's value in the autograd graph."""
+        """The clean run with every receiver input's value (the unmasked form: every shared norm's
+        stream) in the autograd graph."""
         inputs: list[Any] = [None] * len(self.edges.receivers)
         senders: list[Any] = [None] * len(self.edges.senders)
+        norms: dict[bytes, Any] = {}
+        tracked = self.stream_hashes if self.norms else self.receiver_hashes
 
         def kernel(node: Circuit, default: Callable) -> Callable:
-            return _tracked(default) if node.hash in self.receiver_hashes else default
+            return _tracked(default) if node.hash in tracked else default
 
         def on_value(node: Circuit, value: torch.Tensor) -> None:
             if node.hash in self.receiver_hashes:
                 inputs[self.receiver_hashes[node.hash]] = value
-            elif node.hash in self.sender_hashes:
+            if node.hash in self.sender_hashes:
                 senders[self.sender_hashes[node.hash]] = value
+            if node.hash in self.stream_hashes or node.hash in self.norms:
+                norms[node.hash] = value
 
+        given = {node: value.detach().requires_grad_() for node, value in (known or {}).items()}
         with torch.enable_grad():
-            value = compile_plan([self.root], known=known, kernel=kernel).run(on_value=on_value)[0]
+            value = compile_plan([self.root], known=given, kernel=kernel).run(on_value=on_value)[0]
             number = value if isinstance(self.metric, Metric) else self.metric(value)
-        return _Tracked(_checked_number(number, self.metric), senders, inputs)
+        for node, value in given.items():  # a given stream is no value of the run's
+            if node.hash in self.stream_hashes:
+                norms[node.hash] = value
+        shared = [
+            (norms[stream], norms[norm], readers)
+            for norm, (stream, readers) in self.norms.items()
+            if norm in norms and stream in norms
+        ]
+        return _Tracked(_checked_number(number, self.metric), senders, inputs, shared)
+
+
+def _narrowed(root: Circuit, edges: EdgeCircuit) -> Circuit:
+    """``root`` with the metric's own Index nodes (a position of the logits, as ``logit_diff``'s)
+    pushed down to the receivers' inputs, which stay whole: the unembedding and the final norm then
+    run, forward and backward, for the measured positions only; the receivers' values and
+    gradients are unchanged (the gradient is zero at every other position)."""
+    from circuits.passes import push_index
+
+    model = {node.hash for node in unique_nodes([edges.circuit])}
+    stops = [r.input for r in edges.receivers] + list(edges.sender_nodes)
+    pushed = {
+        node: push_index(node, stop_at=stops)
+        for node in unique_nodes([root])
+        if isinstance(node, Index) and node.hash not in model
+    }
+    return replace(root, pushed) if pushed else root
 
 
 def _tracked(default: Callable) -> Callable:
@@ -311,8 +358,9 @@ def _scores(edges: EdgeCircuit, diff: torch.Tensor, grads: list | dict, per_posi
         blocks = [(list(range(n)), readers, dict(enumerate(grads))) for n, readers in by_count.items()]
     for senders, readers, by_receiver in blocks:
         if readers:
-            block = _dot(diff[senders], torch.stack([by_receiver[i] for i in readers]), per_position)
-            table[senders[0] : senders[-1] + 1][:, readers] = block  # the senders are contiguous
+            first, end = senders[0], senders[-1] + 1  # the senders are contiguous: a view, no copy
+            block = _dot(diff[first:end], torch.stack([by_receiver[i] for i in readers]), per_position)
+            table[first:end][:, readers] = block
     return torch.cat([table[: r.n_senders, i] for i, r in enumerate(receivers)])
 
 

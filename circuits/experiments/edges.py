@@ -43,7 +43,6 @@ from circuits.core.traversal import unique_nodes
 from circuits.errors import ExperimentError
 from circuits.experiments.residual import model_facts
 from circuits.experiments.stream import read_norm
-from circuits.rewriting.matching import Matcher
 from circuits.rewriting.rewrite import replace
 from circuits.transformer import names
 from circuits.transformer.attention import split_heads, unsplit_layers
@@ -83,6 +82,11 @@ class Receiver:
     n_senders: int
     input: Circuit
     mask: Array | None  #: None in the unmasked form (``edge_circuit(masked=False)``)
+    #: the unmasked form's: the receivers of one stream share one norm (the model's, over the
+    #: rebuilt stream) and ``input`` is the receiver's own view of its output; the gradient at the
+    #: stream is the norm's vector-Jacobian product of the gradient at ``input``.  None: masked
+    norm: Circuit | None = None
+    stream: Circuit | None = None  #: the unmasked form's: the rebuilt stream ``norm`` reads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,10 +189,12 @@ def edge_circuit(
     over their batch): ``EdgeCircuit.with_ablation``.  A model whose heads cannot be separate senders (Gemma 2's post-norm over
     their sum) or whose stream is not the sum of its writes is an ``ExperimentError``.
 
-    ``masked=False`` builds the same receivers without masks: each receiver's input
-    ``'edges->r'`` is a copy of the residual stream rebuilt from the senders (one Add per
-    sublayer, not one sum per receiver), the circuit ``edge_attribution`` differentiates (the
-    gradient at each receiver's input, at the cost of a forward rather than of every edge).  Its
+    ``masked=False`` builds the same receivers without masks, the circuit ``edge_attribution``
+    differentiates: the residual stream rebuilt from the senders (one Add per sublayer, not one sum
+    per receiver), each norm computed once over it, as the model does, and each receiver reading
+    its own view ``'edges.normed->r'`` of that norm's output (``Receiver.input``; the shared norm is
+    ``Receiver.norm``).  The gradient at a receiver's input is the norm's vector-Jacobian product of
+    the gradient at its view: the cost of a forward rather than of a norm per receiver.  Its
     receivers' ``mask`` is None and ``with_masks`` refuses it."""
     check_node(circuit, "edge_circuit: circuit", ExperimentError)
     if unsplit_layers(circuit):
@@ -229,6 +235,9 @@ class _Builder:
         self.receivers: list[Receiver] = []
         self.new_senders: list[tuple[str, Circuit]] = []  #: this sublayer's, readable above it
         self.stacks: dict[int, Circuit] = {}
+        self.shared_norms: dict[
+            tuple[bytes, bytes], Circuit
+        ] = {}  #: the unmasked form's, per norm and stream
         #: per stream node of the model (by hash): the senders, biases and rebuilt stream it holds
         self.streams: dict[bytes, tuple[int, tuple[Circuit, ...], Circuit]] = {embeds.hash: (1, (), embeds)}
         self.stream = embeds  #: the residual stream rebuilt from the senders (the unmasked form's)
@@ -313,9 +322,13 @@ class _Builder:
             )
         axes = "bpd"[3 - stream.rank :]
         if not self.masked:
-            total = Einsum((rebuilt, axes), out_axes=axes, name=f"edges->{name}")
-            self.receivers.append(Receiver(name, kind, layer, head, n, total, None))
-            return _rewire(norm, stream, total)
+            key = (norm.hash, rebuilt.hash)
+            if key not in self.shared_norms:
+                self.shared_norms[key] = _rewire(norm, stream, rebuilt)
+            shared = self.shared_norms[key]
+            normed = Einsum((shared, axes), out_axes=axes, name=f"edges.normed->{name}")
+            self.receivers.append(Receiver(name, kind, layer, head, n, normed, None, shared, rebuilt))
+            return normed
         mask_shape = (n, stream.shape[-2]) if self.per_position else (n,)
         mask = Array(torch.ones(mask_shape, dtype=self.dtype), name=f"edges.mask->{name}")
         mask_axes = "s" + axes[-2] if self.per_position else "s"
@@ -378,19 +391,19 @@ def _rewire_head(branch: Circuit, norm: Circuit, inputs: dict[str, Circuit]) -> 
     where each read the shared ``norm``."""
     shared = Symbol(norm.shape, name="edges.shared_norm")
     cut = replace(branch, {norm: shared})
-    per_role = {role: Symbol(norm.shape, name=f"edges.norm_{role}") for role in _ROLES}
-    for role, role_names in _ROLES.items():
-        cut = cut.update(
-            Matcher(role_names),
-            lambda node, role=role: replace(node, {shared: per_role[role]}, assert_all_found=False),
-        )
-    if any(node == shared for node in unique_nodes([cut])):
+    role_of = {name: role for role, role_names in _ROLES.items() for name in role_names}
+    below = {
+        node: replace(node, {shared: inputs[role_of[node.name]]}, assert_all_found=False)
+        for node in unique_nodes([cut])
+        if node.name in role_of
+    }
+    rewired = replace(cut, below) if below else cut
+    if any(node == shared for node in unique_nodes([rewired])):
         raise ExperimentError(
             f"edge_circuit: {branch.describe()} reads its norm {norm.describe()} outside its query, key "
             f"and value nodes {sorted(set().union(*_ROLES.values()))}"
         )
-    found = {node for node in unique_nodes([cut]) if isinstance(node, Symbol)}
-    return replace(cut, {per_role[role]: inputs[role] for role in _ROLES if per_role[role] in found})
+    return rewired
 
 
 def _float_dtype(circuit: Circuit) -> torch.dtype:
