@@ -101,11 +101,13 @@ class EdgeScores:
         return records_frame(self.records, "EdgeScores")
 
     def comment(self, node: Circuit, top: int = 4) -> str | None:
-        """For ``c.print(comment=scores.comment)``: on each receiver's input ``'edges->r'``, its
+        """For ``c.print(comment=scores.comment)``: on each receiver's input ``'edges->r'`` (the
+        unmasked form's ``'edges.normed->r'``), its
         ``top`` senders by absolute score (``'b0.a.head1 +0.0312'``)."""
-        if node.name is None or not node.name.startswith("edges->"):
+        prefix = next((p for p in ("edges->", "edges.normed->") if (node.name or "").startswith(p)), None)
+        if prefix is None:
             return None
-        receiver = node.name.removeprefix("edges->")
+        receiver = node.name.removeprefix(prefix)
         mine = [
             (e.sender, float(self.scores[i].sum()))
             for i, e in enumerate(self.edges)
