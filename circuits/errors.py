@@ -241,6 +241,16 @@ class ExperimentError(CircuitError, ValueError):
     nothing, a metric node that is not there)."""
 
 
+class NoCircuitError(ExperimentError):
+    """A circuit-discovery threshold that removed every edge (``acdc``): no circuit is left.
+    ``threshold`` is the one given, ``largest_delta`` the largest change a tested edge made (as
+    compared with the threshold: absolute where ``absolute=True``)."""
+
+    def __init__(self, message: str, *, threshold: float, largest_delta: float):
+        super().__init__(message)
+        self.threshold, self.largest_delta = threshold, largest_delta
+
+
 class MissingPointError(CircuitError, KeyError):
     """A point ``(kind, layer, head)`` that an ``ActivationCache`` or ``Gradients`` does not hold
     (or a key that is no point); a ``KeyError`` too, as a mapping's missing key is.  The message

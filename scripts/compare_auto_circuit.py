@@ -42,14 +42,11 @@ CONFIG = dict(
 )
 
 
-def stage_auto_circuit(out: Path) -> None:
-    """In the auto-circuit venv: the model, the prompts and auto-circuit's EAP scores."""
+def tiny_model():
+    """In the auto-circuit venv: the seeded model (TransformerLens) and the prompts: ``model,
+    clean, corrupt, answers, wrong``."""
     import torch
     import transformer_lens as tl
-    from auto_circuit.data import PromptDataLoader, PromptDataset
-    from auto_circuit.prune_algos.mask_gradient import mask_gradient_prune_scores
-    from auto_circuit.types import AblationType
-    from auto_circuit.utils.graph_utils import patchable_model
 
     torch.manual_seed(0)
     cfg = tl.HookedTransformerConfig(**CONFIG, device="cpu")
@@ -62,12 +59,24 @@ def stage_auto_circuit(out: Path) -> None:
     model.cfg.use_split_qkv_input = True
     model.cfg.use_hook_mlp_in = True
     model.eval()
-    state = {k: v.clone() for k, v in model.state_dict().items()}
     g = torch.Generator().manual_seed(1)
     clean = torch.randint(0, 19, (8, 10), generator=g)
     corrupt = torch.randint(0, 19, (8, 10), generator=g)
     answers = torch.randint(0, 19, (8, 1), generator=g)
     wrong = torch.randint(0, 19, (8, 1), generator=g)
+    return model, clean, corrupt, answers, wrong
+
+
+def stage_auto_circuit(out: Path) -> None:
+    """In the auto-circuit venv: the model, the prompts and auto-circuit's EAP scores."""
+    import torch
+    from auto_circuit.data import PromptDataLoader, PromptDataset
+    from auto_circuit.prune_algos.mask_gradient import mask_gradient_prune_scores
+    from auto_circuit.types import AblationType
+    from auto_circuit.utils.graph_utils import patchable_model
+
+    model, clean, corrupt, answers, wrong = tiny_model()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
     dataset = PromptDataset(clean, corrupt, list(answers), list(wrong))
     loader = PromptDataLoader(dataset, seq_len=None, diverge_idx=0, batch_size=8, shuffle=False)
     patchable = patchable_model(model, factorized=True, slice_output="last_seq", separate_qkv=True)

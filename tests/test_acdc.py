@@ -223,5 +223,7 @@ def test_bad_inputs_are_typed_errors_naming_the_argument(model):
 
 def test_a_threshold_that_removes_every_edge_is_no_result(model):
     _, _, corrupted, c = model
-    with pytest.raises(ExperimentError, match="removed every edge"):
+    with pytest.raises(cc.errors.NoCircuitError, match="removed every edge") as error:
         ex.acdc(c, {"toks_int_var": corrupted}, "kl", threshold=1e6)
+    assert isinstance(error.value, ExperimentError) and error.value.threshold == 1e6
+    assert 0 < error.value.largest_delta < 1e6

@@ -1,7 +1,8 @@
 """Circuit discovery against circuits known by construction (issue 32 item 5): tracr's compiled RASP
 programs (tests/data/tracr, written by scripts/tracr_export.py), checked against tracr's own outputs
-and true edges, the ROC AUC of EAP and EAP-IG against those edges, ``edge_roc`` against a hand
-computation, and where the known edges of the shipped induction model rank."""
+and true edges, the ROC AUC of EAP and EAP-IG against those edges and ACDC's over a threshold
+sweep, ``edge_roc`` against a hand computation, and where the known edges of the shipped induction
+model rank."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 
 import circuits.experiments as ex
 import circuits.models as cm
-from circuits.errors import ExperimentError, ModelError
+from circuits.errors import ExperimentError, ModelError, NoCircuitError
 from circuits.models.demo_model import repeat_mask, repeated_tokens
 from circuits.transformer import names
 
@@ -181,6 +182,102 @@ def test_eap_ig_roc_auc_against_the_true_edges(program, corruption, method):
     assert roc.auc == pytest.approx(AUC[program, corruption][method], abs=1e-4)
 
 
+# ------------------------------------------------------------------ ROC AUC of ACDC
+
+#: ACDC's thresholds: 10^-15 to 10, two a decade (float64 KL resolves changes above ~1e-16)
+THRESHOLDS = [10.0 ** (k / 2) for k in range(-30, 3)]
+
+#: the true edges ACDC keeps at no threshold.  Zero ablation: reverse's length head's query and key
+#: (its selector is all TRUE: they carry nothing, test_the_true_edges_are_exactly_...), and
+#: sort_unique's ``embeds->b1.a.head0.k`` (its key's BOS term moves the logits by ~1e-8, a KL of
+#: ~1e-17, under float64's resolution).  Resample: what every row shares (BOS, the ``one``
+#: direction, the positions, reverse's length: all its rows have 4 tokens) changes nothing.
+ACDC_MISSES = {
+    ("reverse", "zero"): {"embeds->b0.a.head0.q", "embeds->b0.a.head0.k"},
+    ("frac_prevs", "zero"): set(),
+    ("hist", "zero"): set(),
+    ("sort_unique", "zero"): {"embeds->b1.a.head0.k"},
+    ("reverse", "resample"): {  # all but the reversing head's value and output
+        "embeds->b0.a.head0.q",
+        "embeds->b0.a.head0.k",
+        "embeds->b0.a.head0.v",
+        "embeds->b0.m",
+        "b0.a.head0->b0.m",
+        "embeds->b1.m",
+        "b0.m->b1.m",
+        "b1.m->b2.m",
+        "embeds->b3.a.head0.q",
+        "b2.m->b3.a.head0.q",
+        "embeds->b3.a.head0.k",
+    },
+    ("frac_prevs", "resample"): {"embeds->b1.a.head0.q", "embeds->b1.a.head0.k"},
+    ("hist", "resample"): {"embeds->b0.a.head0.v", "embeds->b0.m"},
+    ("sort_unique", "resample"): {
+        "embeds->b0.a.head0.v",
+        "embeds->b0.m",
+        "embeds->b1.a.head0.q",
+        "embeds->b1.a.head0.k",
+    },
+}
+
+
+def _distance(c):
+    """ACDC's tracr metrics, at every position but BOS's against the full model's readout: KL of
+    the output distribution (categorical), the mean squared error of the value (numerical)."""
+    full = c.evaluate().detach()[:, 1:]
+    if full.shape[-1] == 1:
+        return lambda logits: ((logits[:, 1:] - full) ** 2).mean()
+    full = full.log_softmax(-1)
+    return lambda logits: (full.exp() * (full - logits[:, 1:].log_softmax(-1))).sum(-1).mean()
+
+
+@pytest.fixture
+def one_thread():
+    """tracr's products are tiny ([80, 41] by [41, 12]): a second thread only waits on the first,
+    and ACDC's hundreds of them ran 6-10x slower with two threads on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _acdc_roc(program: str, ablation: str):
+    export = _export(program)
+    c = export.circuit()
+    corrupted = None if ablation == "zero" else {"toks_int_var": export.inputs.roll(1, 0)}
+    roc = ex.discovery.acdc_roc(
+        c, corrupted, _distance(c), true_edges=export.true_edges, thresholds=THRESHOLDS, ablation=ablation
+    )
+    return export, roc
+
+
+def _check_acdc_roc(program: str, ablation: str):
+    """No threshold keeps a false edge, the lowest keeps every true edge but the known misses; so
+    the curve is (0, 0), (0, best TPR), (1, 1) and the AUC (1 + best TPR) / 2, by hand."""
+    export, roc = _acdc_roc(program, ablation)
+    true = set(export.true_edges)
+    assert all(set(kept) <= true for kept in roc.kept) and set(roc.fpr) == {0.0}
+    assert set(roc.kept[0]) == true - ACDC_MISSES[program, ablation]
+    assert set(roc.missed) == ACDC_MISSES[program, ablation]
+    best = 1 - len(ACDC_MISSES[program, ablation]) / len(true)
+    assert max(roc.tpr) == roc.tpr[0] == pytest.approx(best, abs=1e-12)
+    assert roc.auc == pytest.approx((1 + best) / 2, abs=1e-12)
+    assert roc.runs < len(THRESHOLDS) and roc.kept[-1] == ()  # 10 removes every edge
+    return roc
+
+
+def test_acdc_roc_auc_with_zero_ablation(one_thread):
+    """ACDC's paper reports AUC 1.0 for ACDC with zero ablation on reverse and frac_prevs: frac_prevs
+    (and hist) keep exactly the true edges; reverse's two length-head edges carry nothing."""
+    aucs = {program: _check_acdc_roc(program, "zero").auc for program in PROGRAMS}
+    assert aucs == pytest.approx({"reverse": 12 / 13, "frac_prevs": 1.0, "hist": 1.0, "sort_unique": 0.95})
+
+
+def test_acdc_roc_auc_with_resample_ablation(one_thread):
+    aucs = {program: _check_acdc_roc(program, "resample").auc for program in PROGRAMS}
+    assert aucs == pytest.approx({"reverse": 15 / 26, "frac_prevs": 0.8, "hist": 5 / 6, "sort_unique": 0.8})
+
+
 # ------------------------------------------------------------------ edge_roc itself
 
 
@@ -251,6 +348,55 @@ def test_tracr_weights_errors_name_the_argument():
         with pytest.raises(ModelError) as error:
             export.circuit(**{option: value})
         assert error.value.field == option
+
+
+# ------------------------------------------------------------------ acdc_roc itself
+
+
+def test_acdc_roc_runs_agree_with_acdc_at_each_threshold(one_thread):
+    """A threshold that reuses an earlier run keeps what ``acdc`` at that threshold keeps; one past
+    every edge's delta is ``NoCircuitError``, the point (0, 0)."""
+    export, roc = _acdc_roc("hist", "resample")
+    assert len({kept for kept in roc.kept}) == roc.runs == 3  # two circuits and the empty one
+    c = export.circuit()
+    corrupted = {"toks_int_var": export.inputs.roll(1, 0)}
+    for threshold, kept in list(zip(roc.thresholds, roc.kept))[::4]:
+        try:
+            direct = ex.acdc(c, corrupted, _distance(c), threshold=threshold).kept
+        except NoCircuitError as error:
+            assert error.threshold == threshold and error.largest_delta < threshold
+            direct = ()
+        assert kept == direct, threshold
+
+
+def test_acdc_roc_curve_is_the_pareto_frontier_of_its_points():
+    from circuits.experiments.acdc_roc import _frontier
+
+    # (0.5, 0.7) is beaten by (0.2, 1.0), (0, 0.5) by (0, 0.8): (0,0) (0,.8) (.2,1) (1,1)
+    curve = _frontier([0.0, 0.0, 0.5, 0.2], [0.5, 0.8, 0.7, 1.0])
+    assert curve == ((0.0, 0.2, 1.0), (0.8, 1.0, 1.0))
+    assert ex.discovery.area_under(*curve) == pytest.approx(0.2 * 0.9 + 0.8)
+    assert _frontier([0.0, 1.0], [0.0, 1.0]) == ((0.0, 1.0), (0.0, 1.0))  # every edge, no edge
+    assert _frontier([0.25, 0.5], [0.5, 0.25]) == ((0.0, 0.25, 1.0), (0.0, 0.5, 1.0))
+
+
+def test_acdc_roc_errors_name_what_is_wrong():
+    export = _export("hist")
+    c, true = export.circuit(), export.true_edges
+    kwargs = dict(true_edges=true, thresholds=[0.1], ablation="zero")
+    with pytest.raises(ExperimentError, match="thresholds is empty"):
+        ex.discovery.acdc_roc(c, None, "kl", **{**kwargs, "thresholds": []})
+    with pytest.raises(ExperimentError, match="threshold must be"):
+        ex.discovery.acdc_roc(c, None, "kl", **{**kwargs, "thresholds": [0.1, -1]})
+    with pytest.raises(ExperimentError, match=r"\['x->y'\] are not edges"):
+        ex.discovery.acdc_roc(c, None, "kl", **{**kwargs, "true_edges": ["x->y"]})
+    every = [edge.name for edge in ex.edge_circuit(c).edges]
+    with pytest.raises(ExperimentError, match="8 true and 0 false"):
+        ex.discovery.acdc_roc(c, None, "kl", **{**kwargs, "true_edges": every})
+    with pytest.raises(ExperimentError, match="ablation must be one of"):
+        ex.discovery.acdc_roc(c, None, "kl", **{**kwargs, "ablation": "mean-ish"})
+    with pytest.raises(ExperimentError, match="ablation='resample' needs corrupted_inputs"):
+        ex.discovery.acdc_roc(c, None, "kl", **{**kwargs, "ablation": "resample"})
 
 
 # ------------------------------------------------------------------ the shipped induction model

@@ -37,7 +37,7 @@ from typing import Any, Mapping
 import torch
 
 from circuits.core.nodes import Array, Circuit
-from circuits.errors import ExperimentError
+from circuits.errors import ExperimentError, NoCircuitError
 from circuits.evaluation.cache import DEFAULT_CACHE_BYTES, Evaluator
 from circuits.experiments.discovery_metric import DiscoveryMetric, check_threshold
 from circuits.experiments.edge_ablation import ABLATIONS
@@ -122,6 +122,7 @@ def acdc(
     docstring.  ``corrupted_inputs`` (``{"toks_int_var": tokens}``) give the ablated values:
     ``"resample"`` their senders' outputs (the shape of the clean inputs), ``"mean"`` their mean over
     the batch; ``"zero"`` needs none (None).  ``batch``: the most edges tested in one evaluation.
+    A threshold that removes every edge is a ``NoCircuitError`` (an ``ExperimentError``).
 
     >>> result = ex.acdc(c, {"toks_int_var": corrupted}, "kl", threshold=0.01, position=-1)
     >>> result.kept, result.to_pandas(), result.circuit().save("ioi.circ")
@@ -154,10 +155,12 @@ def acdc(
     )
     result = ACDCResult(edges, spec, search.masks, search.steps, settings)
     if not result.kept:
-        deltas = [s.delta for s in result.steps if s.delta is not None]
-        raise ExperimentError(
-            f"{what}: threshold {threshold:g} removed every edge (the largest delta was "
-            f"{max(deltas):.6g}): no circuit; lower the threshold"
+        deltas = [abs(s.delta) if absolute else s.delta for s in result.steps if s.delta is not None]
+        raise NoCircuitError(
+            f"{what}: threshold {threshold:g} removed every edge (the largest {'|delta|' if absolute else 'delta'} "
+            f"was {max(deltas):.6g}): no circuit; lower the threshold",
+            threshold=threshold,
+            largest_delta=max(deltas),
         )
     return result
 
