@@ -44,6 +44,7 @@ from circuits.experiments.discovery_metric import one_number
 from circuits.experiments.edges import Edge, EdgeCircuit, edge_circuit
 from circuits.experiments.inputs import same_shape_inputs, with_targets_of
 from circuits.experiments.metrics import Metric, find
+from circuits.experiments.norm_vjp import NormVJP
 from circuits.experiments.tables import records_frame
 from circuits.rewriting.rewrite import replace
 from circuits.transformer import names
@@ -177,15 +178,20 @@ class _Tracked:
         receiver the run did not compute: one below a sender whose value was given); in the
         unmasked form, carried through each shared norm to the stream it reads."""
         computed = [x for x in self.inputs if x is not None]
-        found = iter(
-            torch.autograd.grad(self.metric, computed, allow_unused=True, retain_graph=bool(self.norms))
-        )
+        retain = any(closed is None for *_, closed in self.norms)  # autograd's products follow
+        found = iter(torch.autograd.grad(self.metric, computed, allow_unused=True, retain_graph=retain))
         grads = [None if x is None else next(found) for x in self.inputs]
         grads = [g if x is None or g is not None else torch.zeros_like(x) for x, g in zip(self.inputs, grads)]
-        for stream, output, readers in self.norms:
+        for stream, output, readers, closed in self.norms:
+            readers = [i for i in readers if grads[i] is not None]
+            if closed is not None and readers:
+                vjp, rsqrt = closed
+                through = vjp(torch.stack([grads[i] for i in readers]), stream, rsqrt)
+                for k, i in enumerate(readers):
+                    grads[i] = through[k]
+                continue
             for i in readers:  # one product per receiver: faster on a CPU than vmap's batched one
-                if grads[i] is not None:
-                    (grads[i],) = torch.autograd.grad(output, stream, grads[i], retain_graph=True)
+                (grads[i],) = torch.autograd.grad(output, stream, grads[i], retain_graph=True)
         return grads
 
 
@@ -214,11 +220,15 @@ class _Runs:
             )
         self.receiver_hashes = {r.input.hash: i for i, r in enumerate(edges.receivers)}
         #: the unmasked form's shared norms (by hash): the stream each reads and its receivers
-        self.norms: dict[bytes, tuple[bytes, list[int]]] = {}
+        self.norms: dict[bytes, tuple[bytes, list[int], NormVJP | None]] = {}
         for i, receiver in enumerate(edges.receivers):
+            if receiver.norm is not None and receiver.norm.hash not in self.norms:
+                vjp = NormVJP.of(receiver.norm, receiver.stream)
+                self.norms[receiver.norm.hash] = (receiver.stream.hash, [], vjp)
             if receiver.norm is not None:
-                self.norms.setdefault(receiver.norm.hash, (receiver.stream.hash, []))[1].append(i)
-        self.stream_hashes = {stream for stream, _ in self.norms.values()}
+                self.norms[receiver.norm.hash][1].append(i)
+        self.stream_hashes = {stream for stream, _, _ in self.norms.values()}
+        self.rsqrt_hashes = {vjp.rsqrt.hash for _, _, vjp in self.norms.values() if vjp is not None}
         self.sender_hashes = {node.hash: i for i, node in enumerate(edges.sender_nodes)}
 
     def senders(self, circuit: Circuit) -> torch.Tensor:
@@ -248,7 +258,7 @@ class _Runs:
                 inputs[self.receiver_hashes[node.hash]] = value
             if node.hash in self.sender_hashes:
                 senders[self.sender_hashes[node.hash]] = value
-            if node.hash in self.stream_hashes or node.hash in self.norms:
+            if node.hash in self.stream_hashes or node.hash in self.norms or node.hash in self.rsqrt_hashes:
                 norms[node.hash] = value
 
         given = {node: value.detach().requires_grad_() for node, value in (known or {}).items()}
@@ -258,11 +268,12 @@ class _Runs:
         for node, value in given.items():  # a given stream is no value of the run's
             if node.hash in self.stream_hashes:
                 norms[node.hash] = value
-        shared = [
-            (norms[stream], norms[norm], readers)
-            for norm, (stream, readers) in self.norms.items()
-            if norm in norms and stream in norms
-        ]
+        shared = []
+        for norm, (stream, readers, vjp) in self.norms.items():
+            if norm in norms and stream in norms:
+                rsqrt = None if vjp is None else norms.get(vjp.rsqrt.hash)
+                closed = (vjp, rsqrt) if vjp is not None and vjp.accepts(norms[stream], rsqrt) else None
+                shared.append((norms[stream], norms[norm], readers, closed))
         return _Tracked(_checked_number(number, self.metric), senders, inputs, shared)
 
 
@@ -361,9 +372,21 @@ def _scores(edges: EdgeCircuit, diff: torch.Tensor, grads: list | dict, per_posi
     for senders, readers, by_receiver in blocks:
         if readers:
             first, end = senders[0], senders[-1] + 1  # the senders are contiguous: a view, no copy
-            block = _dot(diff[first:end], torch.stack([by_receiver[i] for i in readers]), per_position)
+            block = _dot(diff[first:end], _stacked([by_receiver[i] for i in readers]), per_position)
             table[first:end][:, readers] = block
     return torch.cat([table[: r.n_senders, i] for i, r in enumerate(receivers)])
+
+
+def _stacked(grads: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.stack(grads)``, without the copy where they are already consecutive rows of one
+    tensor (the gradients a shared norm's product gave)."""
+    base = grads[0]._base
+    if base is not None and base.shape[1:] == grads[0].shape and base.stride()[1:] == grads[0].stride():
+        step, start = base.stride(0), grads[0].storage_offset()
+        rows = range(start, start + step * len(grads), step)
+        if all(g._base is base and g.storage_offset() == row for g, row in zip(grads, rows)):
+            return base.narrow(0, (start - base.storage_offset()) // step, len(grads))
+    return torch.stack(grads)
 
 
 def _dot(senders: torch.Tensor, grads: torch.Tensor, per_position: bool) -> torch.Tensor:
