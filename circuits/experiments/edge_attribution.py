@@ -152,8 +152,10 @@ def edge_attribution(
     with torch.no_grad():
         corrupted_out = run.senders(corrupted)
     clean = run.tracked()
-    clean_out = torch.stack([value.detach() for value in clean.senders])
-    diff = corrupted_out - clean_out
+    clean_out = [value.detach() for value in clean.senders]
+    diff = torch.empty((len(clean_out), *clean_out[0].shape), dtype=clean_out[0].dtype)
+    for row, (after, before) in enumerate(zip(corrupted_out, clean_out)):  # no stacked copies
+        torch.sub(after, before, out=diff[row])
     if method == "eap":
         grads = clean.grads()
     elif method == "eap-ig-inputs":
@@ -231,8 +233,8 @@ class _Runs:
         self.rsqrt_hashes = {vjp.rsqrt.hash for _, _, vjp in self.norms.values() if vjp is not None}
         self.sender_hashes = {node.hash: i for i, node in enumerate(edges.sender_nodes)}
 
-    def senders(self, circuit: Circuit) -> torch.Tensor:
-        """Every sender's value in ``circuit``'s run (found by name), stacked ``[senders, ...]``."""
+    def senders(self, circuit: Circuit) -> list[torch.Tensor]:
+        """Every sender's value in ``circuit``'s run (found by name), in sender order."""
         wanted = set(self.edges.senders)
         found: dict[str, list[Circuit]] = {}
         for node in unique_nodes([circuit]):
@@ -240,7 +242,7 @@ class _Runs:
                 found.setdefault(node.name, []).append(node)
         if any(len(found.get(name, ())) != 1 for name in wanted):
             raise ExperimentError(f"edge_attribution: {circuit.describe()} has no one node per sender name")
-        return torch.stack(evaluate_many([found[name][0] for name in self.edges.senders]))
+        return evaluate_many([found[name][0] for name in self.edges.senders])
 
     def tracked(self, known: Mapping[Circuit, torch.Tensor] | None = None) -> _Tracked:
         """The clean run with every receiver input's value (the unmasked form: every shared norm's
@@ -312,7 +314,7 @@ def _checked_number(value: Any, metric: Any) -> torch.Tensor:
     return value.reshape(())
 
 
-def _ig_inputs(run: _Runs, clean: torch.Tensor, corrupted: torch.Tensor, steps: int) -> list[torch.Tensor]:
+def _ig_inputs(run: _Runs, clean: list, corrupted: list, steps: int) -> list[torch.Tensor]:
     """The mean over ``k = 0 .. steps-1`` of the receivers' gradients with the embeddings at
     ``corrupted + k/steps (clean - corrupted)``."""
     embeds = run.edges.sender_nodes[0]
@@ -338,7 +340,7 @@ def _units(edges: EdgeCircuit) -> list[list[int]]:
     return units
 
 
-def _ig_activations(run: _Runs, clean: torch.Tensor, corrupted: torch.Tensor, steps: int) -> dict:
+def _ig_activations(run: _Runs, clean: list, corrupted: list, steps: int) -> dict:
     """Per unit of senders, the mean over ``k = 1 .. steps`` of the gradients of the receivers reading
     it, with the unit's senders at ``k/steps clean + (1 - k/steps) corrupted``: ``{unit: {receiver
     index: gradient}}``."""
