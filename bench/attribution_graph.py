@@ -14,7 +14,7 @@ position.  Ours: ``ex.tracing.attribution_graph`` (every active feature and logi
   ``bench/circuit_tracer_side.py`` builds them there (TransformerLens 3's random initialization,
   seeded) and saves them; this side reads them (``from_transformer_lens``, ``load_sae``).  Each
   round runs circuit-tracer (a fresh process; only ``attribute`` is timed) then ours; medians of
-  ``--rounds``.  The peaks: torch.profiler's memory events over one more run of each.  The
+  ``--rounds``, each side timed warm (one untimed call first).  The peaks: torch.profiler's memory events over one more run of each.  The
   adjacencies are compared when they have at most 4096 nodes.
 - Without it: the model is ``build_llama``'s with ``llama_random_weights``, and the reference is 10
   clean forwards of the same circuit (``cc.evaluate`` of the logits), alternating round by round;
@@ -139,7 +139,7 @@ def arguments() -> argparse.Namespace:
     args = parser.parse_args()
     args.sizes = dict(QUICK if args.quick else SMOLLM2)
     if args.quick:
-        args.features, args.rounds = 512, 2
+        args.features = 512
     return args
 
 
@@ -170,6 +170,7 @@ def main() -> None:
         return ex.tracing.attribution_graph(circuit, tcs, batch_size=args.batch_size)
 
     what = "circuit-tracer" if args.circuit_tracer else "10 clean forwards"
+    ours()  # warm, as circuit-tracer's side is timed: the first call's one-time costs (lazy imports) untimed
     reference_times, our_times = [], []
     for _ in range(args.rounds):
         reference_times.append(reference())
