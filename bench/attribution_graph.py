@@ -38,28 +38,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchtools import gc_timed
+from benchtools import gc_timed, peak_bytes
 
 MiB = 2**20
 SMOLLM2 = dict(layers=30, heads=9, kv_heads=3, d_head=64, d_model=576, d_mlp=1536, vocab=49152, seq=64)
 QUICK = dict(layers=4, heads=4, kv_heads=2, d_head=32, d_model=128, d_mlp=256, vocab=2048, seq=16)
 SIDE = Path(__file__).with_name("circuit_tracer_side.py")
-
-
-def peak_bytes(run) -> int:
-    """The most bytes torch allocated at once during ``run()`` (torch.profiler's memory events)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        run()
-    events = sorted(
-        (e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
-    )
-    live = peak = 0
-    for _, nbytes in events:
-        live += nbytes
-        peak = max(peak, live)
-    return peak
 
 
 def side(args, folder: Path, *flags: str) -> dict:

@@ -131,3 +131,19 @@ def tl_gpt2_model(args: argparse.Namespace):
         for parameter in model.parameters():
             parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.02)
     return model
+
+
+def peak_bytes(run) -> int:
+    """The most bytes torch allocated at once during ``run()`` (torch.profiler's memory events)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run()
+    events = sorted(
+        (e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
+    )
+    live = peak = 0
+    for _, nbytes in events:
+        live += nbytes
+        peak = max(peak, live)
+    return peak

@@ -27,6 +27,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from benchtools import peak_bytes
+
 BUFFER_SUFFIXES = ("attn.mask", "attn.IGNORE", "attn.rotary_sin", "attn.rotary_cos")
 
 
@@ -151,22 +153,6 @@ def save(model, prompt: torch.Tensor, out: Path) -> None:
             "hook_name_out": f"blocks.{layer}.mlp.hook_out",
         }
         (folder / "cfg.json").write_text(json.dumps(sae_config, indent=1))
-
-
-def peak_bytes(run) -> int:
-    """The most bytes torch allocated at once during ``run()`` (torch.profiler's memory events)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        run()
-    events = sorted(
-        (e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
-    )
-    live = peak = 0
-    for _, nbytes in events:
-        live += nbytes
-        peak = max(peak, live)
-    return peak
 
 
 def main() -> None:
