@@ -14,6 +14,9 @@ import circuits as cc
 from circuits.core.traversal import postorder
 
 DEPTH = 50_000
+#: the printed chain indents each line two spaces deeper, so its text grows with the square of the
+#: depth: 25,000 (25 times Python's recursion limit) keeps the print and parse test at a quarter
+PRINT_DEPTH = 25_000
 
 
 def chain(depth: int, with_leaf_operand: bool) -> cc.Circuit:
@@ -47,13 +50,13 @@ def test_deep_chain_builds_hashes_compares_and_walks():
 
 @pytest.mark.slow
 def test_deep_chain_prints_and_parses():
-    deep = chain(DEPTH, with_leaf_operand=False)
+    deep = chain(PRINT_DEPTH, with_leaf_operand=False)
     text = deep.repr()
     lines = text.count("\n") + 1
-    assert lines == DEPTH + 1
+    assert lines == PRINT_DEPTH + 1
     assert text.startswith("0 Add\n  1 Add\n")
     last_line = text[text.rindex("\n") + 1 :]
-    assert last_line.startswith("  " * DEPTH + "'leaf' [2] Array ")
+    assert last_line.startswith("  " * PRINT_DEPTH + "'leaf' [2] Array ")
     again = cc.parse(text)
     assert again == deep
     del text
