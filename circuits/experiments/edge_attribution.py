@@ -169,8 +169,9 @@ def edge_attribution(
 
 
 class _Tracked:
-    """One tracked run: the metric, the stacked senders' values, each receiver input's value and
-    (the unmasked form) each shared norm's ``(stream, output)`` values with its receivers' indices."""
+    """One tracked run: the metric, the senders' values, each receiver input's value and (the
+    unmasked form) per shared norm its stream's and output's values, its receivers' indices and
+    its closed-form product with the run's scale (None: autograd's product)."""
 
     def __init__(self, metric: torch.Tensor, senders: list, inputs: list, norms: list):
         self.metric, self.senders, self.inputs, self.norms = metric, senders, inputs, norms
