@@ -163,7 +163,7 @@ def check_text_against_format(roots, text, shapes=False, serials=False):
 
 
 @pytest.mark.slow
-@settings(max_examples=400)
+@settings(max_examples=200)
 @given(random_circuits())
 def test_parse_of_repr_is_equal_and_reprints_identically(circuit):
     text = circuit.repr()
@@ -176,7 +176,7 @@ def test_parse_of_repr_is_equal_and_reprints_identically(circuit):
 
 
 @pytest.mark.slow
-@settings(max_examples=300)
+@settings(max_examples=150)
 @given(random_circuits(), st.booleans(), st.booleans())
 def test_round_trip_with_shapes_and_serials(circuit, shapes, serials):
     text = circuit.repr(shapes=shapes, serials=serials)
@@ -190,7 +190,7 @@ def test_round_trip_with_shapes_and_serials(circuit, shapes, serials):
 
 
 @pytest.mark.slow
-@settings(max_examples=300)
+@settings(max_examples=150)
 @given(root_lists(), st.booleans(), st.booleans())
 def test_several_roots_round_trip(roots, shapes, serials):
     text = cc.repr_many(roots, shapes=shapes, serials=serials)
