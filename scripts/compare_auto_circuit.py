@@ -154,11 +154,14 @@ def stage_ours(data: dict) -> None:
     print("top 10 auto-circuit:", rank(theirs)[:10])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run_stages(script: str, description: str, data: Path, stage_auto_circuit, stage_ours) -> None:
+    """``script``'s command line: ``--stage auto-circuit`` runs that stage (in auto-circuit's venv,
+    made here with the pins that import if missing), ``--stage ours`` ours on its saved ``--data``,
+    and no stage both in turn."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--venv", type=Path, default=Path("/tmp/ac-venv"))
     parser.add_argument("--stage", choices=["auto-circuit", "ours"], default=None)
-    parser.add_argument("--data", type=Path, default=Path("/tmp/auto_circuit_eap.pt"))
+    parser.add_argument("--data", type=Path, default=data)
     args = parser.parse_args()
     if args.stage == "auto-circuit":
         stage_auto_circuit(args.data)
@@ -179,12 +182,18 @@ def main() -> None:
             subprocess.run([str(python), "-m", "pip", "install", *pins], check=True)
         env = dict(os.environ, PYTHONPATH="")
         subprocess.run(
-            [str(python), __file__, "--stage", "auto-circuit", "--data", str(args.data)], check=True, env=env
+            [str(python), script, "--stage", "auto-circuit", "--data", str(args.data)], check=True, env=env
         )
     import torch
 
     sys.path.insert(0, str(ROOT))
     stage_ours(torch.load(args.data, weights_only=False))
+
+
+def main() -> None:
+    run_stages(
+        __file__, __doc__.splitlines()[0], Path("/tmp/auto_circuit_eap.pt"), stage_auto_circuit, stage_ours
+    )
 
 
 if __name__ == "__main__":

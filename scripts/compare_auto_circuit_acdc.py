@@ -20,9 +20,6 @@ each threshold; the kept edges, the visit order and each edge's delta side by si
 
 from __future__ import annotations
 
-import argparse
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -143,28 +140,9 @@ def stage_ours(data: dict) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--venv", type=Path, default=Path("/tmp/ac-venv"))
-    parser.add_argument("--stage", choices=["auto-circuit", "ours"], default=None)
-    parser.add_argument("--data", type=Path, default=Path("/tmp/auto_circuit_acdc.pt"))
-    args = parser.parse_args()
-    if args.stage == "auto-circuit":
-        stage_auto_circuit(args.data)
-        return
-    if args.stage is None:
-        python = args.venv / "bin" / "python"
-        if not python.exists():
-            raise SystemExit(
-                f"{python} is missing: run scripts/compare_auto_circuit.py first, it makes the venv"
-            )
-        env = dict(os.environ, PYTHONPATH="")
-        subprocess.run(
-            [str(python), __file__, "--stage", "auto-circuit", "--data", str(args.data)], check=True, env=env
-        )
-    import torch
-
-    sys.path.insert(0, str(base.ROOT))
-    stage_ours(torch.load(args.data, weights_only=False))
+    base.run_stages(
+        __file__, __doc__.splitlines()[0], Path("/tmp/auto_circuit_acdc.pt"), stage_auto_circuit, stage_ours
+    )
 
 
 if __name__ == "__main__":
