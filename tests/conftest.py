@@ -31,12 +31,34 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("CIRCUITS_HYPOTHESIS_PROFILE", "default"))
 
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # pytest -n N: the cores shared among the workers
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 
 GPU_SKIP = "marked gpu: needs CUDA, and torch.cuda.is_available() is False here"
 
 
+#: The longest test files (minutes of the suite), run first: with ``pytest -n auto`` each file runs on
+#: one worker (``--dist loadfile --no-loadscope-reorder`` in pyproject.toml), so a long file started
+#: last would leave the other workers idle at the end.
+LONGEST_FIRST = (
+    "test_notebooks.py",
+    "test_models_tl_families.py",
+    "test_models_conformance.py",
+    "test_real_model.py",
+    "test_patching_grids.py",
+    "test_models_tl_bridge.py",
+    "test_analyses_every_family.py",
+    "test_models_families_2026.py",
+    "test_edges.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` run where CUDA is, and are skipped elsewhere with ``GPU_SKIP``."""
+    """The longest files first (``LONGEST_FIRST``); tests marked ``gpu`` run where CUDA is, and are
+    skipped elsewhere with ``GPU_SKIP``."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason=GPU_SKIP)
