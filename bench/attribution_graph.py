@@ -12,13 +12,22 @@ position.  Ours: ``ex.tracing.attribution_graph`` (every active feature and logi
   tests/data/circuit_tracer/README.md says how to make it): the reference is
   ``circuit_tracer.attribute`` on the same weights, transcoders and prompt.
   ``bench/circuit_tracer_side.py`` builds them there (TransformerLens 3's random initialization,
-  seeded) and saves them; this side reads them (``from_transformer_lens``, ``load_sae``).  Each
-  round runs circuit-tracer (a fresh process; only ``attribute`` is timed) then ours; medians of
-  ``--rounds``, each side timed warm (one untimed call first).  The peaks: torch.profiler's memory events over one more run of each.  The
+  seeded) and saves them; our side reads them (``from_transformer_lens``, ``load_sae``).  The
   adjacencies are compared when they have at most 4096 nodes.
 - Without it: the model is ``build_llama``'s with ``llama_random_weights``, and the reference is 10
-  clean forwards of the same circuit (``cc.evaluate`` of the logits), alternating round by round;
-  the forwards' peak is one forward's.
+  clean forwards of the same circuit (``cc.evaluate`` of the logits).
+
+Each round runs the reference then ours, each side in a fresh process of its own (this script
+with ``--child``, or circuit-tracer's side) that builds its model, calls once warm (lazy imports
+and other one-time costs unmeasured), then measures a second call: its seconds, and its peak as
+the kernel sees it (``benchtools.resident_peak``: the resident high-water mark ``VmHWM``, reset
+just before the call, less the resident set just before; so the call's own peak increment,
+whatever allocated it, and nothing is recorded during the call, so it costs nothing at any size).
+This is the headline peak.  ``--allocations`` (on with ``--quick``) adds torch's own peak
+allocations, by torch.profiler's memory events over a third call: at the issue's sizes the
+profiler's record grows to gigabytes (circuit-tracer's passed 23 GB), so it is off there.  A
+watchdog kills a side whose resident set passes ``--rss-limit-gb`` (18): its peak is then
+reported as more than the limit less its resident set before the call.  Medians of ``--rounds``.
 
 The last line is the headline: ours / the reference, time and peak memory (target <= 1.0 against
 circuit-tracer).
@@ -187,12 +196,19 @@ def peak_text(record: dict) -> str:
 
 
 def compare_adjacencies(folder: Path) -> None:
-    """The largest difference of our adjacency from circuit-tracer's, when both were saved."""
+    """The largest difference of our adjacency from circuit-tracer's, when both were saved and have
+    the same nodes (a feature whose pre-activation lies within rounding of its threshold can be
+    active on one side only: then the counts are printed instead)."""
     if (folder / "adjacency.safetensors").exists() and (folder / "ours.safetensors").exists():
         from safetensors.torch import load_file
 
         theirs = load_file(str(folder / "adjacency.safetensors"))["adjacency_matrix"]
         ours = load_file(str(folder / "ours.safetensors"))["adjacency_matrix"]
+        if ours.shape != theirs.shape:
+            print(
+                f"adjacency: not compared: ours has {ours.shape[0]} nodes, circuit-tracer's {theirs.shape[0]}"
+            )
+            return
         print(f"adjacency: largest difference from circuit-tracer's {float((ours - theirs).abs().max()):.3g}")
 
 
@@ -253,7 +269,8 @@ def main() -> None:
         print(
             f"round {round_}: {what} {theirs[-1].get('seconds', float('nan')):.3f} s, {peak_text(theirs[-1])}; "
             f"ours {ours[-1].get('seconds', float('nan')):.3f} s, {peak_text(ours[-1])} "
-            f"({ours[-1].get('features')} features, {ours[-1].get('logits')} logits, {ours[-1].get('nodes')} nodes; "
+            f"(features: ours {ours[-1].get('features')}, {what}'s {theirs[-1].get('features', '-')}; "
+            f"{ours[-1].get('logits')} logits, {ours[-1].get('nodes')} nodes; "
             f"load {os.getloadavg()[0]:.2f})",
             flush=True,
         )
