@@ -12,13 +12,22 @@ position.  Ours: ``ex.tracing.attribution_graph`` (every active feature and logi
   tests/data/circuit_tracer/README.md says how to make it): the reference is
   ``circuit_tracer.attribute`` on the same weights, transcoders and prompt.
   ``bench/circuit_tracer_side.py`` builds them there (TransformerLens 3's random initialization,
-  seeded) and saves them; this side reads them (``from_transformer_lens``, ``load_sae``).  Each
-  round runs circuit-tracer (a fresh process; only ``attribute`` is timed) then ours; medians of
-  ``--rounds``, each side timed warm (one untimed call first).  The peaks: torch.profiler's memory events over one more run of each.  The
+  seeded) and saves them; our side reads them (``from_transformer_lens``, ``load_sae``).  The
   adjacencies are compared when they have at most 4096 nodes.
 - Without it: the model is ``build_llama``'s with ``llama_random_weights``, and the reference is 10
-  clean forwards of the same circuit (``cc.evaluate`` of the logits), alternating round by round;
-  the forwards' peak is one forward's.
+  clean forwards of the same circuit (``cc.evaluate`` of the logits).
+
+Each round runs the reference then ours, each side in a fresh process of its own (this script
+with ``--child``, or circuit-tracer's side) that builds its model, calls once warm (lazy imports
+and other one-time costs unmeasured), then measures a second call: its seconds, and its peak as
+the kernel sees it (``benchtools.resident_peak``: the resident high-water mark ``VmHWM``, reset
+just before the call, less the resident set just before; so the call's own peak increment,
+whatever allocated it, and nothing is recorded during the call, so it costs nothing at any size).
+This is the headline peak.  ``--allocations`` (on with ``--quick``) adds torch's own peak
+allocations, by torch.profiler's memory events over a third call: at the issue's sizes the
+profiler's record grows to gigabytes (circuit-tracer's passed 23 GB), so it is off there.  A
+watchdog kills a side whose resident set passes ``--rss-limit-gb`` (18): its peak is then
+reported as more than the limit less its resident set before the call.  Medians of ``--rounds``.
 
 The last line is the headline: ours / the reference, time and peak memory (target <= 1.0 against
 circuit-tracer).
@@ -38,24 +47,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchtools import gc_timed, peak_bytes
+from benchtools import peak_bytes, print_json, resident_peak, run_watched
 
 MiB = 2**20
 SMOLLM2 = dict(layers=30, heads=9, kv_heads=3, d_head=64, d_model=576, d_mlp=1536, vocab=49152, seq=64)
 QUICK = dict(layers=4, heads=4, kv_heads=2, d_head=32, d_model=128, d_mlp=256, vocab=2048, seq=16)
 SIDE = Path(__file__).with_name("circuit_tracer_side.py")
-
-
-def side(args, folder: Path, *flags: str) -> dict:
-    """Run ``circuit_tracer_side.py`` with circuit-tracer's Python: its JSON line (``--make``: none)."""
-    sizes = [f"--{key.replace('_', '-')}={value}" for key, value in args.sizes.items()]
-    sizes += [f"--features={args.features}", f"--l0={args.l0}", f"--batch-size={args.batch_size}"]
-    command = [args.circuit_tracer, str(SIDE), str(folder), *sizes, f"--threads={args.threads}", *flags]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        sys.exit(f"circuit-tracer's side failed:\n{done.stderr[-4000:]}")
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    return json.loads(lines[-1]) if lines else {}
+SAVE_LIMIT = 4096  # the most nodes whose adjacencies are saved and compared
 
 
 def circuit_tracer_model(args, folder: Path):
@@ -120,71 +118,166 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="a small model: about a minute")
+    parser.add_argument(
+        "--allocations",
+        action="store_true",
+        help="also torch's peak allocations by its profiler (with --quick: on)",
+    )
+    parser.add_argument(
+        "--rss-limit-gb", type=float, default=18.0, help="the watchdog: a side's resident limit"
+    )
+    parser.add_argument("--child", choices=("ours", "forwards"), help=argparse.SUPPRESS)
+    parser.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.sizes = dict(QUICK if args.quick else SMOLLM2)
     if args.quick:
         args.features = 512
+        args.allocations = True
     return args
 
 
-def main() -> None:
+def child(args) -> None:
+    """One side in this (fresh) process: build, call once warm, then measure a second call
+    (``resident_peak``; ``--allocations``: a third under torch's profiler); print it as JSON."""
     import torch
 
     import circuits as cc
     from circuits import experiments as ex
     from circuits.transformer import names
 
-    args = arguments()
     torch.set_num_threads(args.threads)
-    folder = Path(tempfile.mkdtemp(prefix="attribution_graph_bench_"))
-    if args.circuit_tracer:
-        side(args, folder, "--make")
-        circuit, tcs = circuit_tracer_model(args, folder)
-    else:
-        circuit, tcs = own_model(args)
+    circuit, tcs = circuit_tracer_model(args, args.folder) if args.circuit_tracer else own_model(args)
     logits = circuit.get_unique(names.LOGITS)
 
-    def reference() -> float:
-        if args.circuit_tracer:
-            return side(args, folder)["seconds"]
-        with torch.no_grad():
-            return gc_timed(lambda: [cc.evaluate(logits) for _ in range(10)])[0]
+    @torch.no_grad()
+    def forwards():
+        return [cc.evaluate(logits) for _ in range(10)]
 
     def ours():
         return ex.tracing.attribution_graph(circuit, tcs, batch_size=args.batch_size)
 
-    what = "circuit-tracer" if args.circuit_tracer else "10 clean forwards"
-    ours()  # warm, as circuit-tracer's side is timed: the first call's one-time costs (lazy imports) untimed
-    reference_times, our_times = [], []
-    for _ in range(args.rounds):
-        reference_times.append(reference())
-        seconds, graph = gc_timed(ours)
-        our_times.append(seconds)
-        print(
-            f"round {len(our_times)}: {what} {reference_times[-1]:.3f} s, ours {seconds:.3f} s "
-            f"({graph.n_features} features, {len(graph.logit_tokens)} logits, "
-            f"{graph.adjacency_matrix.shape[0]} nodes; load {os.getloadavg()[0]:.2f})",
-            flush=True,
-        )
-    if args.circuit_tracer:
-        reference_peak = side(args, folder, "--peak")["peak_bytes"]
-    else:
-        reference_peak = peak_bytes(lambda: torch.no_grad()(cc.evaluate)(logits))
-    our_peak = peak_bytes(ours)
-    if (folder / "adjacency.safetensors").exists():
+    action = ours if args.child == "ours" else forwards
+    action()  # warm, as circuit-tracer's side is: the first call's one-time costs (lazy imports) unmeasured
+    result, graph = resident_peak(action, on_start=lambda rss: print_json({"rss_before": rss}))
+    if args.allocations:
+        result["allocated_bytes"] = peak_bytes(action)
+    if args.child == "ours":
+        result |= dict(features=graph.n_features, logits=len(graph.logit_tokens))
+        result["nodes"] = nodes = graph.adjacency_matrix.shape[0]
+        if args.circuit_tracer and nodes <= SAVE_LIMIT:
+            from safetensors.torch import save_file
+
+            save_file(
+                {"adjacency_matrix": graph.adjacency_matrix.contiguous()},
+                str(args.folder / "ours.safetensors"),
+            )
+    print_json(result)
+
+
+def launch(args, command: list[str], what: str) -> dict:
+    """Run one side's process under the watchdog: its JSON record (``killed_rss`` if killed)."""
+    done = run_watched(command, rss_limit=int(args.rss_limit_gb * 2**30))
+    record = done.records()
+    if done.killed_rss is not None:
+        return record | dict(killed_rss=done.killed_rss)
+    if done.returncode != 0 or "seconds" not in record:
+        sys.exit(f"{what}'s side failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+    return record
+
+
+def peak_text(record: dict) -> str:
+    """A side's peak for the report: MiB, or a lower bound when the watchdog killed it."""
+    if "killed_rss" in record and "rss_before" not in record:
+        return f"not measured (killed at {record['killed_rss'] / 2**30:.1f} GB resident while building)"
+    if "killed_rss" in record:
+        bound = record["killed_rss"] - record.get("rss_before", 0)
+        return f"> {bound / MiB:.0f} MiB (killed at {record['killed_rss'] / 2**30:.1f} GB resident)"
+    return f"{record['peak_bytes'] / MiB:.1f} MiB"
+
+
+def compare_adjacencies(folder: Path) -> None:
+    """The largest difference of our adjacency from circuit-tracer's, when both were saved and have
+    the same nodes (a feature whose pre-activation lies within rounding of its threshold can be
+    active on one side only: then the counts are printed instead)."""
+    if (folder / "adjacency.safetensors").exists() and (folder / "ours.safetensors").exists():
         from safetensors.torch import load_file
 
         theirs = load_file(str(folder / "adjacency.safetensors"))["adjacency_matrix"]
-        difference = (graph.adjacency_matrix - theirs).abs().max()
-        print(f"adjacency: largest difference from circuit-tracer's {float(difference):.3g}")
-    reference, attribution = statistics.median(reference_times), statistics.median(our_times)
-    print(f"{what}: median {reference:.3f} s of {[round(t, 3) for t in reference_times]}")
-    print(f"attribution graph: median {attribution:.3f} s of {[round(t, 3) for t in our_times]}")
-    print(f"peak allocated: {what} {reference_peak / MiB:.1f} MiB, ours {our_peak / MiB:.1f} MiB")
-    print(
-        f"attribution graph / {what}: time {attribution / reference:.2f}, "
-        f"peak memory {our_peak / max(reference_peak, 1):.2f}"
+        ours = load_file(str(folder / "ours.safetensors"))["adjacency_matrix"]
+        if ours.shape != theirs.shape:
+            print(
+                f"adjacency: not compared: ours has {ours.shape[0]} nodes, circuit-tracer's {theirs.shape[0]}"
+            )
+            return
+        print(f"adjacency: largest difference from circuit-tracer's {float((ours - theirs).abs().max()):.3g}")
+
+
+def median_peak(records: list[dict]) -> tuple[float, str]:
+    """The median peak (bytes) of the finished runs, or the largest lower bound a killed run gave,
+    and ``""`` or ``">"`` to say which."""
+    finished = [r["peak_bytes"] for r in records if "killed_rss" not in r]
+    if finished:
+        return statistics.median(finished), ""
+    bounds = [r["killed_rss"] - r["rss_before"] for r in records if "rss_before" in r]
+    return (max(bounds), ">") if bounds else (0, "?")
+
+
+def summary(what: str, theirs: list[dict], ours: list[dict]) -> None:
+    """Each side's median time and peaks (torch's allocations too where measured), then the headline."""
+    medians = {}
+    for name, records in ((what, theirs), ("attribution graph", ours)):
+        times = [r["seconds"] for r in records if "killed_rss" not in r]
+        if times:
+            medians[name] = statistics.median(times)
+            print(f"{name}: median {medians[name]:.3f} s of {[round(t, 3) for t in times]}")
+        print(f"{name}: peak resident increment {'; '.join(peak_text(r) for r in records)}")
+        allocated = [f"{r['allocated_bytes'] / MiB:.1f}" for r in records if "allocated_bytes" in r]
+        if allocated:
+            print(f"{name}: peak torch allocations (profiler) {', '.join(allocated)} MiB")
+    (reference, reference_bound), (attribution, our_bound) = median_peak(theirs), median_peak(ours)
+    time_ratio = (
+        f"{medians['attribution graph'] / medians[what]:.2f}"
+        if len(medians) == 2
+        else "not measured (a run was killed)"
     )
+    peak_ratio = f"{attribution / max(reference, 1):.2f}"
+    if reference_bound or our_bound:
+        bound = {(">", ""): "<", ("", ">"): ">"}.get((reference_bound, our_bound), "not measured:")
+        peak_ratio = f"{bound} {peak_ratio}"
+    print(f"attribution graph / {what}: time {time_ratio}, peak memory {peak_ratio}")
+
+
+def main() -> None:
+    args = arguments()
+    if args.child:
+        child(args)
+        return
+    folder = Path(tempfile.mkdtemp(prefix="attribution_graph_bench_"))
+    sizes = [f"--{key.replace('_', '-')}={value}" for key, value in args.sizes.items()]
+    sizes += [f"--features={args.features}", f"--l0={args.l0}", f"--batch-size={args.batch_size}"]
+    sizes += [f"--threads={args.threads}", f"--save-limit={SAVE_LIMIT}"]
+    side = [args.circuit_tracer, str(SIDE), str(folder), *sizes] + ["--allocations"] * args.allocations
+    if args.circuit_tracer and subprocess.run([*side, "--make"], capture_output=True, check=False).returncode:
+        sys.exit(f"circuit-tracer's side failed to build the model: run {' '.join(side)} --make")
+    mine = [sys.executable, __file__, *sys.argv[1:], "--folder", str(folder), "--child"]
+    what = "circuit-tracer" if args.circuit_tracer else "10 clean forwards"
+    reference = side if args.circuit_tracer else [*mine, "forwards"]
+    theirs, ours = [], []
+    for round_ in range(1, args.rounds + 1):
+        theirs.append(launch(args, reference, what))
+        ours.append(launch(args, [*mine, "ours"], "our"))
+        print(
+            f"round {round_}: {what} {theirs[-1].get('seconds', float('nan')):.3f} s, {peak_text(theirs[-1])}; "
+            f"ours {ours[-1].get('seconds', float('nan')):.3f} s, {peak_text(ours[-1])} "
+            f"(features: ours {ours[-1].get('features')}, {what}'s {theirs[-1].get('features', '-')}; "
+            f"{ours[-1].get('logits')} logits, {ours[-1].get('nodes')} nodes; "
+            f"load {os.getloadavg()[0]:.2f})",
+            flush=True,
+        )
+        if "killed_rss" in theirs[-1] or "killed_rss" in ours[-1]:
+            break  # another round would be killed again
+    compare_adjacencies(folder)
+    summary(what, theirs, ours)
 
 
 if __name__ == "__main__":

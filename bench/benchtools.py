@@ -1,12 +1,23 @@
-"""What the benchmark scripts share: timing, and the GPT-2-small size flags.
+"""What the benchmark scripts share: timing, peak memory, and the GPT-2-small size flags.
 
-Scripts run as ``python bench/NAME.py``, so this directory is on the path.
+Scripts run as ``python bench/NAME.py``, so this directory is on the path.  Only the standard
+library is imported at the top: other venvs' scripts (``circuit_tracer_side.py``) import this too.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
+import gc
+import json
+import os
+import signal
+import subprocess
+import tempfile
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
@@ -134,7 +145,11 @@ def tl_gpt2_model(args: argparse.Namespace):
 
 
 def peak_bytes(run) -> int:
-    """The most bytes torch allocated at once during ``run()`` (torch.profiler's memory events)."""
+    """The most bytes torch allocated at once during ``run()`` (torch.profiler's memory events).
+
+    The profiler records every operator's event as well: at large sizes that record itself grows to
+    gigabytes (circuit-tracer's attribution graph at SmolLM2-135M's dimensions passed 23 GB), so
+    large runs use ``resident_peak`` instead."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -147,3 +162,98 @@ def peak_bytes(run) -> int:
         live += nbytes
         peak = max(peak, live)
     return peak
+
+
+def _status_bytes(field: str) -> int:
+    """A ``/proc/self/status`` field in bytes (``VmRSS``: resident now, ``VmHWM``: its high-water mark)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024  # the kernel writes kB
+    raise KeyError(f"/proc/self/status has no {field} field")
+
+
+def release_free_memory() -> None:
+    """Collect garbage and hand the C allocator's freed pages back to the kernel (glibc's
+    ``malloc_trim``), so that memory a warm-up call freed is not counted as resident before the
+    measured call (which would hide that much of its peak)."""
+    gc.collect()
+    libc = ctypes.util.find_library("c")
+    if libc is not None and hasattr(ctypes.CDLL(libc), "malloc_trim"):
+        ctypes.CDLL(libc).malloc_trim(0)
+
+
+def resident_peak(run: Callable[[], Any], on_start: Callable[[int], None] | None = None) -> tuple[dict, Any]:
+    """``run()``'s own peak in resident memory, its seconds, and its result.
+
+    Frees what it can (``release_free_memory``), reads the resident set (``VmRSS``), resets the
+    kernel's high-water mark (writing 5 to ``/proc/self/clear_refs``, Linux 4.0 or later), runs,
+    and reads the mark (``VmHWM``): ``peak_bytes`` is the mark less the resident set before, the
+    most memory the call added at once, whoever allocated it (torch, Python, the C allocator's
+    overhead).  Nothing is recorded during the call, so it costs nothing at any size.
+    ``on_start(rss_before)`` is called just before ``run`` (to report it while the run may yet be
+    killed).  Returns ``({"seconds", "rss_before", "peak_bytes"}, result)``."""
+    release_free_memory()
+    before = _status_bytes("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")
+    if on_start is not None:
+        on_start(before)
+    start = time.perf_counter()
+    result = run()
+    seconds = time.perf_counter() - start
+    high = _status_bytes("VmHWM")
+    return dict(seconds=seconds, rss_before=before, peak_bytes=high - before), result
+
+
+def print_json(record: dict) -> None:
+    """One JSON line on stdout, flushed (how bench children report to their parent)."""
+    print(json.dumps(record), flush=True)
+
+
+@dataclass(frozen=True)
+class Watched:
+    """A child process's end: its exit status, its output, and ``killed_rss`` (bytes) when the
+    watchdog killed it for passing the limit (``None`` otherwise)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    killed_rss: int | None
+
+    def records(self) -> dict:
+        """The child's JSON lines (``print_json``) merged in order: later keys win."""
+        merged = {}
+        for line in self.stdout.splitlines():
+            if line.startswith("{"):
+                merged.update(json.loads(line))
+        return merged
+
+
+def _rss_of(pid: int) -> int:
+    """Process ``pid``'s resident set in bytes (0 once it has gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return 0
+
+
+def run_watched(command: list[str], rss_limit: int, poll_seconds: float = 0.05) -> Watched:
+    """Run ``command`` and kill it (SIGKILL) if its resident set passes ``rss_limit`` bytes: a
+    run that would exhaust the machine's memory is reported as having passed the limit, not left
+    to the kernel's out-of-memory killer.  Its output goes to files (a full pipe cannot stall it)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        child = subprocess.Popen(command, stdout=out, stderr=err, text=True)
+        killed = None
+        while child.poll() is None:
+            rss = _rss_of(child.pid)
+            if rss > rss_limit:
+                os.kill(child.pid, signal.SIGKILL)
+                killed = rss
+                child.wait()
+                break
+            time.sleep(poll_seconds)
+        out.seek(0)
+        err.seek(0)
+        return Watched(child.returncode, out.read(), err.read(), killed)

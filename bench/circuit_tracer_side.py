@@ -10,9 +10,12 @@ layer's threshold the ``1 - l0/features`` quantile of its pre-activations on the
 seeded: every call builds the same).  With ``--make`` it writes ``model.safetensors``,
 ``tl_config.json``, the transcoders in SAELens's format (``transcoders/layer_L``) and the prompt,
 which the project side reads to build the same model; without, it runs ``circuit_tracer.attribute``
-once, timed, and prints ``{"seconds", "features", "nodes"}`` as JSON (``--peak``: then once more
-under torch's profiler, ``"peak_bytes"``, and the adjacency saved as ``adjacency.safetensors`` when
-it has at most ``--save-limit`` nodes).  The project side calls it once per round, alternating.
+twice, the first call warm-up, and prints ``{"seconds", "rss_before", "peak_bytes", "features",
+"nodes"}`` as JSON: the second call's seconds and its own peak in resident memory
+(``benchtools.resident_peak``); ``--allocations`` adds ``"allocated_bytes"``, torch's peak
+allocations over a third call under torch's profiler (costly at large sizes).  The adjacency is
+saved as ``adjacency.safetensors`` when it has at most ``--save-limit`` nodes.  The project side
+calls it once per round, alternating, in a fresh process each time.
 
     /tmp/ct-venv/bin/python bench/circuit_tracer_side.py FOLDER --make --layers 30 --d-model 576 ...
 """
@@ -21,13 +24,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
-from benchtools import peak_bytes
+from benchtools import peak_bytes, print_json, resident_peak
 
 BUFFER_SUFFIXES = ("attn.mask", "attn.IGNORE", "attn.rotary_sin", "attn.rotary_cos")
 
@@ -167,7 +169,11 @@ def main() -> None:
         parser.add_argument(f"--{flag}", type=int, required=True)
     parser.add_argument("--l0", type=float, required=True)
     parser.add_argument("--batch-size", type=int, required=True)
-    parser.add_argument("--peak", action="store_true", help="also one run under the profiler: its peak")
+    parser.add_argument(
+        "--allocations",
+        action="store_true",
+        help="also torch's peak allocations, one more call under its profiler",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--save-limit", type=int, default=4096)
     args = parser.parse_args()
@@ -185,19 +191,21 @@ def main() -> None:
     if args.make:
         save(model, prompt, out)
         return
-    if not args.peak:  # warm, as ours is timed: the first call's one-time costs untimed
-        attribute(prompt, model, batch_size=args.batch_size)
-    start = time.perf_counter()
-    graph = attribute(prompt, model, batch_size=args.batch_size)
-    result = dict(seconds=time.perf_counter() - start, features=int(graph.active_features.shape[0]))
+
+    def run():
+        return attribute(prompt, model, batch_size=args.batch_size)
+
+    run()  # warm, as ours is: the first call's one-time costs unmeasured
+    result, graph = resident_peak(run, on_start=lambda rss: print_json({"rss_before": rss}))
+    result["features"] = int(graph.active_features.shape[0])
     result["nodes"] = nodes = graph.adjacency_matrix.shape[0]
-    if args.peak:
-        result["peak_bytes"] = peak_bytes(lambda: attribute(prompt, model, batch_size=args.batch_size))
-        if nodes <= args.save_limit:
-            save_file(
-                {"adjacency_matrix": graph.adjacency_matrix.contiguous()}, str(out / "adjacency.safetensors")
-            )
-    print(json.dumps(result))
+    if args.allocations:
+        result["allocated_bytes"] = peak_bytes(run)
+    if nodes <= args.save_limit:
+        save_file(
+            {"adjacency_matrix": graph.adjacency_matrix.contiguous()}, str(out / "adjacency.safetensors")
+        )
+    print_json(result)
 
 
 if __name__ == "__main__":
