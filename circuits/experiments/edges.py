@@ -392,8 +392,11 @@ def _rewire_head(branch: Circuit, norm: Circuit, inputs: dict[str, Circuit]) -> 
     shared = Symbol(norm.shape, name="edges.shared_norm")
     cut = replace(branch, {norm: shared})
     role_of = {name: role for role, role_names in _ROLES.items() for name in role_names}
+    # each role reads a placeholder first: the check below walks the head's own nodes, not the
+    # rebuilt model under its inputs (144 walks of the whole model for a GPT-2 small otherwise)
+    slots = {role: Symbol(norm.shape, name=f"edges.{role}_input") for role in inputs}
     below = {
-        node: replace(node, {shared: inputs[role_of[node.name]]}, assert_all_found=False)
+        node: replace(node, {shared: slots[role_of[node.name]]}, assert_all_found=False)
         for node in unique_nodes([cut])
         if node.name in role_of
     }
@@ -403,7 +406,7 @@ def _rewire_head(branch: Circuit, norm: Circuit, inputs: dict[str, Circuit]) -> 
             f"edge_circuit: {branch.describe()} reads its norm {norm.describe()} outside its query, key "
             f"and value nodes {sorted(set().union(*_ROLES.values()))}"
         )
-    return rewired
+    return replace(rewired, {slots[role]: inputs[role] for role in slots}, assert_all_found=False)
 
 
 def _float_dtype(circuit: Circuit) -> torch.dtype:
