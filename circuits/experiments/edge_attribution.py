@@ -36,7 +36,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from circuits.core.nodes import Circuit, Einsum, Index
+from circuits.core.nodes import Circuit, Index
 from circuits.core.traversal import unique_nodes
 from circuits.errors import ExperimentError
 from circuits.evaluation import compile_plan, evaluate_many
@@ -46,10 +46,8 @@ from circuits.experiments.inputs import same_shape_inputs, with_targets_of
 from circuits.experiments.metrics import Metric, find
 from circuits.experiments.norm_vjp import NormVJP
 from circuits.experiments.tables import records_frame
-from circuits.rewriting.matching import Matcher
 from circuits.rewriting.rewrite import replace
 from circuits.transformer import names
-from circuits.transformer.attention import split_layer, unsplit_layers
 
 __all__ = ["EDGE_METHODS", "EdgeScores", "edge_attribution"]
 
@@ -143,8 +141,9 @@ def edge_attribution(
     edges = circuit if isinstance(circuit, EdgeCircuit) else edge_circuit(circuit, masked=False)
     what = "edge_attribution: corrupted_inputs"
     # unmasked, the senders compute what the model's nodes of their names compute, without the
-    # receivers' copies of the norms: the corrupted run is the model's, its heads computed together
-    source = edges.circuit if isinstance(circuit, EdgeCircuit) else _head_outputs(circuit)
+    # receivers' copies of the norms: the corrupted run is the model's (its heads computed together
+    # where edge_circuit kept them so)
+    source = edges.circuit if isinstance(circuit, EdgeCircuit) else edges.model
     corrupted = same_shape_inputs(source, corrupted_inputs, what)
     if corrupted.hash == source.hash:
         raise ExperimentError(f"{what} {list(corrupted_inputs)!r} change nothing: every score would be zero")
@@ -167,20 +166,6 @@ def edge_attribution(
     scores = _scores(edges, diff, grads, per_position)
     return EdgeScores(
         edges.edges, scores, float(clean.metric.detach()), method, 1 if method == "eap" else steps
-    )
-
-
-def _head_outputs(circuit: Circuit) -> Circuit:
-    """``circuit`` with each unsplit layer's ``'b{L}.a'`` the Add of its heads' outputs, each one
-    Einsum over the layer's attention at that head (``split_layer(push_down=False)``): the senders'
-    values with the heads' queries, keys and values computed together, as the model computes them
-    (a third faster than the split heads' one product per head on a CPU)."""
-    layers = {node.name: layer for layer, node in unsplit_layers(circuit).items()}
-    if not layers:
-        return circuit
-    return circuit.update(
-        Matcher(set(layers)) & Einsum,
-        lambda node: split_layer(node, layers[node.name], push_down=False),
     )
 
 
