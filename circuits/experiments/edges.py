@@ -338,7 +338,7 @@ class _Builder:
         n_heads, n_kv = projections["q"][1].shape[0], projections["k"][1].shape[0]
         if projections["v"][1].shape[0] != n_kv or n_heads % n_kv:
             raise _SplitHeads
-        stacks: dict[str, list[Circuit]] = {"q": [], "k": [], "v": []}
+        views: dict[str, list[Circuit]] = {"q": [], "k": [], "v": []}
         for head in range(n_heads):
             kv = head // (n_heads // n_kv)
             kv_label = names.head(layer, head) if n_kv == n_heads else f"{names.attn_out(layer)}.kv{kv}"
@@ -348,12 +348,15 @@ class _Builder:
                 "v": (f"{kv_label}.v", kv),
             }
             for role, (name, index) in roles.items():
-                if len(stacks[role]) == index:
-                    view = self.receiver_norm(norm, name, role, layer, index)
-                    stacks[role].append(Rearrange(view, "... -> 1 ..."))
+                if len(views[role]) == index:
+                    views[role].append(self.receiver_norm(norm, name, role, layer, index))
         rebuilt = {}
-        for role, (einsum, weight, x_axes, w_axes) in projections.items():
-            stacked = Concat(*stacks[role], axis=0, name=f"edges.heads->{names.attn_out(layer)}.{role}")
+        for role, (einsum, weight, operand, x_axes, w_axes) in projections.items():
+            parts = [
+                Rearrange(view if operand == slot else replace(operand, {slot: view}), "... -> 1 ...")
+                for view in views[role]
+            ]
+            stacked = Concat(*parts, axis=0, name=f"edges.heads->{names.attn_out(layer)}.{role}")
             rebuilt[einsum] = Einsum(
                 (stacked, (w_axes[0], *x_axes)), (weight, w_axes), out_axes=einsum.out_axes, name=einsum.name
             )
@@ -424,24 +427,34 @@ class _Builder:
 
 
 def _projections(cut: Circuit, slot: Symbol, layer: int) -> dict[str, tuple]:
-    """Per role (``'q'``, ``'k'``, ``'v'``) the Einsum of ``slot`` (the layer's norm) with the weight
-    ``'a{L}.w.q'`` (``'.k'``, ``'.v'``), heads its leading axis: ``(einsum, weight, slot's axes,
-    weight's axes)``; another form is ``_SplitHeads``."""
+    """Per role (``'q'``, ``'k'``, ``'v'``) the Einsum of the weight ``'a{L}.w.q'`` (``'.k'``,
+    ``'.v'``; heads its leading axis) with one operand that reads ``slot`` (the layer's norm: the
+    norm itself, or the norm plus the position embeddings as the shipped attention-only model's):
+    ``(einsum, weight, the operand, its axes, the weight's axes)``; another form is ``_SplitHeads``."""
     weights = {names.attn_weight(layer, role): role for role in ("q", "k", "v")}
     found: dict[str, tuple] = {}
     for node in unique_nodes([cut]):
-        if not isinstance(node, Einsum) or not any(child == slot for child in node.children):
-            continue
-        if len(node.children) != 2 or node.children[0] != slot:
+        at = [
+            i for i, child in enumerate(node.children) if isinstance(child, Array) and child.name in weights
+        ]
+        if not isinstance(node, Einsum) or not at or not _reads(node, slot):
+            continue  # (a weight read for its shape: GPT-2's head size)
+        if len(node.children) != 2 or node.children[at[0]].rank < 2:
             raise _SplitHeads
-        weight, (x_axes, w_axes) = node.children[1], node.operand_axes
-        role = weights.get(weight.name) if isinstance(weight, Array) and weight.rank >= 2 else None
-        if role is None or role in found or w_axes[0] in x_axes or w_axes[0] not in node.out_axes:
+        weight, w_axes = node.children[at[0]], tuple(node.operand_axes[at[0]])
+        operand, x_axes = node.children[1 - at[0]], tuple(node.operand_axes[1 - at[0]])
+        role = weights[weight.name]
+        if role in found or w_axes[0] in x_axes or w_axes[0] not in node.out_axes:
             raise _SplitHeads
-        found[role] = (node, weight, tuple(x_axes), tuple(w_axes))
+        found[role] = (node, weight, operand, x_axes, w_axes)
     if len(found) != 3:
         raise _SplitHeads
     return found
+
+
+def _reads(node: Circuit, target: Circuit) -> bool:
+    """Whether ``target`` is ``node`` or below it."""
+    return any(found == target for found in unique_nodes([node]))
 
 
 def _head_branches(attn: Circuit, layer: int) -> list[Circuit]:
