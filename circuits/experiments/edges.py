@@ -195,8 +195,12 @@ def edge_circuit(
     per receiver), each norm computed once over it, as the model does, and each receiver reading
     its own view ``'edges.normed->r'`` of that norm's output (``Receiver.input``; the shared norm is
     ``Receiver.norm``).  The gradient at a receiver's input is the norm's vector-Jacobian product of
-    the gradient at its view: the cost of a forward rather than of a norm per receiver.  Its
-    receivers' ``mask`` is None and ``with_masks`` refuses it."""
+    the gradient at its view: the cost of a forward rather than of a norm per receiver.  Heads
+    given unsplit stay one attention per layer, its query, key and value projections over the
+    views stacked on the head axis (``'edges.heads->b1.a.q'``; GQA's keys and values on the
+    key/value heads), each head's output one Einsum over it (``EdgeCircuit.model`` has the same
+    head outputs); an attention of another form is split.  Its receivers' ``mask`` is None and
+    ``with_masks`` refuses it."""
     check_node(circuit, "edge_circuit: circuit", ExperimentError)
     edges = None
     if not masked and unsplit_layers(circuit):
