@@ -94,7 +94,8 @@ class Receiver:
 class EdgeCircuit:
     """The rewritten model (``circuit``, the same root as the model's), its ``senders`` (names, in
     mask order) with their nodes (``sender_nodes``), its ``receivers`` and ``edges``; ``model``: the
-    model circuit it was built from, heads split (its nodes named as the senders compute them)."""
+    model circuit it was built from, each head's output a node (named as the senders compute them:
+    heads split, or in the unmasked form over unsplit heads one Einsum per head over the attention)."""
 
     circuit: Circuit
     senders: tuple[str, ...]
