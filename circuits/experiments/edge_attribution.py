@@ -141,7 +141,8 @@ def edge_attribution(
     edges = circuit if isinstance(circuit, EdgeCircuit) else edge_circuit(circuit, masked=False)
     what = "edge_attribution: corrupted_inputs"
     # unmasked, the senders compute what the model's nodes of their names compute, without the
-    # receivers' copies of the norms: the corrupted run is the model's
+    # receivers' copies of the norms: the corrupted run is the model's (its heads computed together
+    # where edge_circuit kept them so)
     source = edges.circuit if isinstance(circuit, EdgeCircuit) else edges.model
     corrupted = same_shape_inputs(source, corrupted_inputs, what)
     if corrupted.hash == source.hash:

@@ -45,7 +45,8 @@ from circuits.experiments.residual import model_facts
 from circuits.experiments.stream import read_norm
 from circuits.rewriting.rewrite import replace
 from circuits.transformer import names
-from circuits.transformer.attention import split_heads, unsplit_layers
+from circuits.rewriting.matching import Matcher
+from circuits.transformer.attention import split_heads, split_layer, unsplit_layers
 from circuits.transformer.points import resolve_points
 
 __all__ = ["Edge", "EdgeCircuit", "Receiver", "edge_circuit"]
@@ -93,7 +94,8 @@ class Receiver:
 class EdgeCircuit:
     """The rewritten model (``circuit``, the same root as the model's), its ``senders`` (names, in
     mask order) with their nodes (``sender_nodes``), its ``receivers`` and ``edges``; ``model``: the
-    model circuit it was built from, heads split (its nodes named as the senders compute them)."""
+    model circuit it was built from, each head's output a node (named as the senders compute them:
+    heads split, or in the unmasked form over unsplit heads one Einsum per head over the attention)."""
 
     circuit: Circuit
     senders: tuple[str, ...]
@@ -194,19 +196,24 @@ def edge_circuit(
     per receiver), each norm computed once over it, as the model does, and each receiver reading
     its own view ``'edges.normed->r'`` of that norm's output (``Receiver.input``; the shared norm is
     ``Receiver.norm``).  The gradient at a receiver's input is the norm's vector-Jacobian product of
-    the gradient at its view: the cost of a forward rather than of a norm per receiver.  Its
-    receivers' ``mask`` is None and ``with_masks`` refuses it."""
+    the gradient at its view: the cost of a forward rather than of a norm per receiver.  Heads
+    given unsplit stay one attention per layer, its query, key and value projections over the
+    views stacked on the head axis (``'edges.heads->b1.a.q'``; GQA's keys and values on the
+    key/value heads), each head's output one Einsum over it (``EdgeCircuit.model`` has the same
+    head outputs); an attention of another form is split.  Its receivers' ``mask`` is None and
+    ``with_masks`` refuses it."""
     check_node(circuit, "edge_circuit: circuit", ExperimentError)
-    if unsplit_layers(circuit):
-        circuit = split_heads(circuit, sorted(unsplit_layers(circuit)))
-    facts = model_facts(circuit)
-    for layer, writes in enumerate(facts.writes):
-        if writes.attn_norm is not None or writes.mlp_norm is not None:
-            raise ExperimentError(
-                f"edge_circuit: layer {layer} normalizes its writes after the sublayer (a post-norm), so "
-                "its heads are no separate senders of the residual stream"
-            )
-    edges = _Builder(circuit, facts, per_position, masked).build()
+    edges = None
+    if not masked and unsplit_layers(circuit):
+        try:
+            edges = _Builder(circuit, _pre_norm_facts(circuit), per_position, masked, together=True).build()
+            edges = dataclasses.replace(edges, model=_heads_apart(circuit))
+        except _SplitHeads:
+            edges = None
+    if edges is None:
+        if unsplit_layers(circuit):
+            circuit = split_heads(circuit, sorted(unsplit_layers(circuit)))
+        edges = _Builder(circuit, _pre_norm_facts(circuit), per_position, masked).build()
     if ablation == "zero" and corrupted_inputs is None:
         return edges
     if not masked:
@@ -214,12 +221,41 @@ def edge_circuit(
     return edges.with_ablation(ablation, corrupted_inputs)
 
 
+def _pre_norm_facts(circuit: Circuit):
+    """``model_facts(circuit)``; a post-norm over a sublayer's writes is an ``ExperimentError``."""
+    facts = model_facts(circuit)
+    for layer, writes in enumerate(facts.writes):
+        if writes.attn_norm is not None or writes.mlp_norm is not None:
+            raise ExperimentError(
+                f"edge_circuit: layer {layer} normalizes its writes after the sublayer (a post-norm), so "
+                "its heads are no separate senders of the residual stream"
+            )
+    return facts
+
+
+def _heads_apart(circuit: Circuit) -> Circuit:
+    """``circuit`` with each unsplit layer's ``'b{L}.a'`` the Add of its heads' outputs, each one
+    Einsum over the layer's attention at that head (``split_layer(push_down=False)``): the senders
+    named, their queries, keys and values computed together as the model computes them."""
+    layers = {node.name: layer for layer, node in unsplit_layers(circuit).items()}
+    return circuit.update(
+        Matcher(set(layers)) & Einsum, lambda node: split_layer(node, layers[node.name], push_down=False)
+    )
+
+
+class _SplitHeads(Exception):
+    """A layer's attention is not the form the heads-together rewrite takes (``_Builder.together``):
+    the heads are split instead.  Internal, always caught by ``edge_circuit``."""
+
+
 class _Builder:
     """The rewrite, layer by layer from the embeddings up: each receiver's input is built over the
-    senders written so far, then the components reading it are rebuilt over their inputs."""
+    senders written so far, then the components reading it are rebuilt over their inputs.
+    ``together`` (the unmasked form over unsplit heads): each layer's heads stay one attention."""
 
-    def __init__(self, circuit: Circuit, facts, per_position: bool, masked: bool):
+    def __init__(self, circuit: Circuit, facts, per_position: bool, masked: bool, together: bool = False):
         self.circuit, self.facts, self.per_position, self.masked = circuit, facts, per_position, masked
+        self.together = together
         layers = range(facts.n_layers)
         keys = [("resid_pre", layer) for layer in layers] + [("resid_final",)]
         keys += [("ln1", layer) for layer in layers]
@@ -273,6 +309,8 @@ class _Builder:
 
     def attention(self, layer: int, attn: Circuit) -> None:
         """Layer ``layer``'s heads rebuilt, each query, key and value path on its receiver's norm."""
+        if self.together:
+            return self.heads_together(layer, attn)
         norm = self.points[("ln1", layer, None)]
         heads = _head_branches(attn, layer)
         n_kv = _kv_heads(heads[0], layer, len(heads))
@@ -290,6 +328,50 @@ class _Builder:
                     inputs[name] = self.receiver_norm(norm, name, role, layer, index)
             wired = {role: inputs[name] for role, (name, _) in roles.items()}
             self.new_senders.append((names.head(layer, head), _rewire_head(branch, norm, wired)))
+
+    def heads_together(self, layer: int, attn: Circuit) -> None:
+        """Layer ``layer``'s attention kept whole (TransformerLens's ``use_split_qkv_input``): each
+        of its query, key and value projections reads its receivers' views stacked on the weight's
+        head axis (``'edges.heads->b1.a.q'``, ``[heads, ...]``), one product per layer rather than
+        one per head; each head's output, a sender, is one Einsum over the attention at that head."""
+        if not isinstance(attn, Einsum) or attn.name != names.attn_out(layer):
+            raise _SplitHeads
+        norm = self.points[("ln1", layer, None)]
+        slot = Symbol(norm.shape, name="edges.shared_norm")
+        cut = replace(attn, {norm: slot})  # the walks below stay in the attention's own nodes
+        projections = _projections(cut, slot, layer)
+        n_heads, n_kv = projections["q"][1].shape[0], projections["k"][1].shape[0]
+        if projections["v"][1].shape[0] != n_kv or n_heads % n_kv:
+            raise _SplitHeads
+        views: dict[str, list[Circuit]] = {"q": [], "k": [], "v": []}
+        for head in range(n_heads):
+            kv = head // (n_heads // n_kv)
+            kv_label = names.head(layer, head) if n_kv == n_heads else f"{names.attn_out(layer)}.kv{kv}"
+            roles = {
+                "q": (f"{names.head(layer, head)}.q", head),
+                "k": (f"{kv_label}.k", kv),
+                "v": (f"{kv_label}.v", kv),
+            }
+            for role, (name, index) in roles.items():
+                if len(views[role]) == index:
+                    views[role].append(self.receiver_norm(norm, name, role, layer, index))
+        rebuilt = {}
+        for role, (einsum, weight, operand, x_axes, w_axes) in projections.items():
+            parts = [
+                Rearrange(view if operand == slot else replace(operand, {slot: view}), "... -> 1 ...")
+                for view in views[role]
+            ]
+            stacked = Concat(*parts, axis=0, name=f"edges.heads->{names.attn_out(layer)}.{role}")
+            rebuilt[einsum] = Einsum(
+                (stacked, (w_axes[0], *x_axes)), (weight, w_axes), out_axes=einsum.out_axes, name=einsum.name
+            )
+        together = replace(cut, rebuilt)
+        if any(node == slot for node in unique_nodes([together])):
+            raise _SplitHeads  # the norm is read outside the three projections
+        branches = split_layer(together, layer, push_down=False).children
+        if len(branches) != n_heads:
+            raise _SplitHeads
+        self.new_senders += [(names.head(layer, head), branch) for head, branch in enumerate(branches)]
 
     def flush(self, bias: Circuit | None, model_stream: Circuit) -> None:
         """The senders of the sublayer just rebuilt (and its bias) join the stream: what the model's
@@ -349,6 +431,37 @@ class _Builder:
         return self.stacks[n]
 
 
+def _projections(cut: Circuit, slot: Symbol, layer: int) -> dict[str, tuple]:
+    """Per role (``'q'``, ``'k'``, ``'v'``) the Einsum of the weight ``'a{L}.w.q'`` (``'.k'``,
+    ``'.v'``; heads its leading axis) with one operand that reads ``slot`` (the layer's norm: the
+    norm itself, or the norm plus the position embeddings as the shipped attention-only model's):
+    ``(einsum, weight, the operand, its axes, the weight's axes)``; another form is ``_SplitHeads``."""
+    weights = {names.attn_weight(layer, role): role for role in ("q", "k", "v")}
+    found: dict[str, tuple] = {}
+    for node in unique_nodes([cut]):
+        at = [
+            i for i, child in enumerate(node.children) if isinstance(child, Array) and child.name in weights
+        ]
+        if not isinstance(node, Einsum) or not at or not _reads(node, slot):
+            continue  # (a weight read for its shape: GPT-2's head size)
+        if len(node.children) != 2 or node.children[at[0]].rank < 2:
+            raise _SplitHeads
+        weight, w_axes = node.children[at[0]], tuple(node.operand_axes[at[0]])
+        operand, x_axes = node.children[1 - at[0]], tuple(node.operand_axes[1 - at[0]])
+        role = weights[weight.name]
+        if role in found or w_axes[0] in x_axes or w_axes[0] not in node.out_axes:
+            raise _SplitHeads
+        found[role] = (node, weight, operand, x_axes, w_axes)
+    if len(found) != 3:
+        raise _SplitHeads
+    return found
+
+
+def _reads(node: Circuit, target: Circuit) -> bool:
+    """Whether ``target`` is ``node`` or below it."""
+    return any(found == target for found in unique_nodes([node]))
+
+
 def _head_branches(attn: Circuit, layer: int) -> list[Circuit]:
     """Layer ``layer``'s head branches ``'b{L}.a.head{h}'``, in head order."""
     branches = {}
@@ -392,8 +505,11 @@ def _rewire_head(branch: Circuit, norm: Circuit, inputs: dict[str, Circuit]) -> 
     shared = Symbol(norm.shape, name="edges.shared_norm")
     cut = replace(branch, {norm: shared})
     role_of = {name: role for role, role_names in _ROLES.items() for name in role_names}
+    # each role reads a placeholder first: the check below walks the head's own nodes, not the
+    # rebuilt model under its inputs (144 walks of the whole model for a GPT-2 small otherwise)
+    slots = {role: Symbol(norm.shape, name=f"edges.{role}_input") for role in inputs}
     below = {
-        node: replace(node, {shared: inputs[role_of[node.name]]}, assert_all_found=False)
+        node: replace(node, {shared: slots[role_of[node.name]]}, assert_all_found=False)
         for node in unique_nodes([cut])
         if node.name in role_of
     }
@@ -403,7 +519,7 @@ def _rewire_head(branch: Circuit, norm: Circuit, inputs: dict[str, Circuit]) -> 
             f"edge_circuit: {branch.describe()} reads its norm {norm.describe()} outside its query, key "
             f"and value nodes {sorted(set().union(*_ROLES.values()))}"
         )
-    return rewired
+    return replace(rewired, {slots[role]: inputs[role] for role in slots}, assert_all_found=False)
 
 
 def _float_dtype(circuit: Circuit) -> torch.dtype:

@@ -19,7 +19,6 @@ import dataclasses
 import torch
 
 from circuits.core.nodes import Circuit
-from circuits.core.traversal import unique_nodes
 from circuits.errors import ExperimentError
 from circuits.evaluation import evaluate
 from circuits.experiments.stream import read_norm
@@ -52,7 +51,7 @@ class NormVJP:
             return None
         if norm.input.hash != stream.hash:  # a cast between them
             return None
-        if stream.hash not in {node.hash for node in unique_nodes([norm.rsqrt])}:
+        if not _reads(norm.rsqrt, stream):
             return None  # a scale that does not depend on the input (tracr's identity norm, a frozen one)
         weight = evaluate(norm.weight)
         if weight.dtype not in _FULL or weight.dim() != 1 or weight.shape[0] != stream.shape[-1]:
@@ -82,3 +81,18 @@ class NormVJP:
             scaled.sub_(scaled.mean(-1, keepdim=True))
         along = torch.einsum("k...d,...d->k...", scaled, xhat).unsqueeze(-1) / x.shape[-1]
         return scaled.addcmul_(xhat, along, value=-1).mul_(rsqrt)
+
+
+def _reads(node: Circuit, target: Circuit) -> bool:
+    """Whether ``target`` is below ``node``: a walk that does not descend below ``target`` (the
+    stream a norm's scale reads holds the whole model under it)."""
+    seen, stack = {node.hash}, [node]
+    while stack:
+        current = stack.pop()
+        if current.hash == target.hash:
+            return True
+        for child in current.children:
+            if child.hash not in seen:
+                seen.add(child.hash)
+                stack.append(child)
+    return False
