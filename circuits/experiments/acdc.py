@@ -36,14 +36,14 @@ from typing import Any, Mapping
 
 import torch
 
-from circuits.core.nodes import Array, Circuit
+from circuits.core.nodes import Circuit
 from circuits.errors import ExperimentError, NoCircuitError
 from circuits.evaluation.cache import DEFAULT_CACHE_BYTES, Evaluator
 from circuits.experiments.discovery_metric import DiscoveryMetric, check_threshold
 from circuits.experiments.edge_ablation import ABLATIONS
+from circuits.experiments.edge_state import EdgeState, Trial
 from circuits.experiments.edges import EdgeCircuit, edge_circuit
 from circuits.experiments.tables import records_frame
-from circuits.rewriting.rewrite import replace
 from circuits.transformer import names
 
 __all__ = ["ACDCResult", "ACDCStep", "acdc"]
@@ -203,37 +203,31 @@ def _component(receiver: str) -> str | None:
 
 
 class _Search:
-    """ACDC's state: the masks, the metric circuit over them, the steps so far."""
+    """ACDC's state: the masks, the edge circuit held as tensors over them (``EdgeState``), the
+    steps so far."""
 
     def __init__(self, edges: EdgeCircuit, spec: DiscoveryMetric, evaluator, threshold, absolute, batch):
         self.edges, self.spec, self.evaluator = edges, spec, evaluator
         self.threshold, self.absolute, self.batch = threshold, absolute, batch
         self.masks = {r.name: r.mask.value.clone() for r in edges.receivers}
-        self.mask_nodes = {r.name: r.mask for r in edges.receivers}
-        self.root = spec.root(edges.circuit)
         self.readers = {name: 0 for name in edges.senders}  # kept edges out of each sender
         self.steps: list[ACDCStep] = []
-        self.evaluations = 0
-        self.full = self.current = self.evaluate([self.root])[0]
-
-    def evaluate(self, roots: list[Circuit]) -> list[float]:
-        self.evaluations += len(roots)
+        self.evaluations = 1
         with torch.no_grad():
-            values = self.evaluator.evaluate_many(roots)
-        return [self.spec.value(v) for v in values]
+            self.state = EdgeState(edges, spec.root(edges.circuit), self.masks, self._evaluate, spec.value)
+        self.full = self.current = self.state.value
 
-    def variant(self, receiver: str, mask: torch.Tensor) -> tuple[Array, Circuit]:
-        node = Array(mask, name=self.mask_nodes[receiver].name)
-        return node, replace(self.root, {self.mask_nodes[receiver]: node})
+    def _evaluate(self, circuit: Circuit, inputs: dict) -> torch.Tensor:
+        return self.evaluator.evaluate(circuit, inputs)
+
+    def trial(self, changes: dict[str, torch.Tensor]) -> Trial:
+        self.evaluations += 1
+        with torch.no_grad():
+            return self.state.trial(changes)
 
     def check_depends(self) -> None:
         """Refuse a metric that every edge ablated leaves unchanged: ACDC would prune everything."""
-        zeros = {
-            self.mask_nodes[r]: Array(torch.zeros_like(m), name=self.mask_nodes[r].name)
-            for r, m in self.masks.items()
-        }
-        ablated = replace(self.root, zeros)
-        (value,) = self.evaluate([ablated])
+        value = self.trial({r: torch.zeros_like(m) for r, m in self.masks.items()}).value
         if value == self.full:
             raise ExperimentError(
                 f"acdc: metric {self.spec.name!r} is {value:.6g} with every edge ablated as with none: it "
@@ -251,8 +245,9 @@ class _Search:
     def prune(self, receiver) -> None:
         """Every input edge of ``receiver`` removed untested: its component has no path to the logits."""
         mask = torch.zeros_like(self.masks[receiver.name])
-        node, self.root = self.variant(receiver.name, mask)
-        self.masks[receiver.name], self.mask_nodes[receiver.name] = mask, node
+        with torch.no_grad():
+            self.state.commit(self.state.trial({receiver.name: mask}))
+        self.masks[receiver.name] = mask
         for index in reversed(range(receiver.n_senders)):
             sender = self.edges.senders[index]
             self.steps.append(
@@ -262,38 +257,28 @@ class _Search:
             )
 
     def visit(self, receiver) -> None:
-        """Test ``receiver``'s input edges, latest sender first, ``batch`` at a time (speculatively)."""
-        order = list(reversed(range(receiver.n_senders)))
-        done, size = 0, min(self.batch, 2)
-        while done < len(order):
-            chunk = order[done : done + size]
-            variants, mask = [], self.masks[receiver.name]
-            for index in chunk:
-                mask = mask.clone()
-                mask[index] = 0
-                variants.append((mask, *self.variant(receiver.name, mask)))
-            values = self.evaluate([root for _, _, root in variants])
-            for (mask, node, root), index, value in zip(variants, chunk, values):
-                done += 1
-                delta = value - self.current
-                removed = (abs(delta) if self.absolute else delta) < self.threshold
-                if removed:
-                    self.current, self.root = value, root
-                    self.masks[receiver.name], self.mask_nodes[receiver.name] = mask, node
-                else:
-                    self.readers[self.edges.senders[index]] += 1
-                sender = self.edges.senders[index]
-                self.steps.append(
-                    ACDCStep(
-                        f"{sender}->{receiver.name}",
-                        sender,
-                        receiver.name,
-                        True,
-                        delta,
-                        not removed,
-                        self.current,
-                    )
+        """Test ``receiver``'s input edges, latest sender first, one at a time against the state."""
+        for index in reversed(range(receiver.n_senders)):
+            mask = self.masks[receiver.name].clone()
+            mask[index] = 0
+            trial = self.trial({receiver.name: mask})
+            delta = trial.value - self.current
+            removed = (abs(delta) if self.absolute else delta) < self.threshold
+            sender = self.edges.senders[index]
+            if removed:
+                with torch.no_grad():
+                    self.state.commit(trial)
+                self.current, self.masks[receiver.name] = trial.value, mask
+            else:
+                self.readers[sender] += 1
+            self.steps.append(
+                ACDCStep(
+                    f"{sender}->{receiver.name}",
+                    sender,
+                    receiver.name,
+                    True,
+                    delta,
+                    not removed,
+                    self.current,
                 )
-                if not removed:
-                    break
-            size = min(self.batch, 2 * size) if removed else max(1, size // 2)
+            )
