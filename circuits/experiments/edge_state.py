@@ -20,7 +20,8 @@ Positions: the metric may read one position of the logits receiver's input (``"k
 readers read (``push_index`` through its circuit, from the metric down): with KL at the last
 position, the last layer runs on one query position, its MLP on one position, and the logits on one.
 
-Committed inputs are summed again from the sender values (no rounding drift over a run).
+An input is updated by adding the change (one add per flipped sender or changed component), not
+summed again: its rounding differs from a fresh sum's by a few ulps after a run's updates.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import torch
 
 from circuits.core.nodes import Add, Circuit, Index, Symbol
 from circuits.core.traversal import unique_nodes
+from circuits.errors import ExperimentError
 from circuits.evaluation import evaluate
 from circuits.rewriting.passes.push_down import push_index
 from circuits.rewriting.rewrite import replace
@@ -41,10 +43,11 @@ __all__ = ["EdgeState", "Trial"]
 
 class _Part:
     """A component (a sender, or the metric) as a circuit over Symbols bound to its receivers' inputs:
-    ``symbols`` maps each receiver it reads to (its Symbol, the position it reads or None: all)."""
+    ``symbols`` maps each receiver it reads to (its Symbol, the position it reads or None: all);
+    ``at``: the position it is evaluated at (None: all)."""
 
-    def __init__(self, template: Circuit, symbols: dict[str, tuple[Symbol, int | None]]):
-        self.template, self.symbols = template, symbols
+    def __init__(self, template: Circuit, symbols: dict[str, tuple[Symbol, int | None]], at: int | None):
+        self.template, self.symbols, self.at = template, symbols, at
 
 
 class Trial:
@@ -74,62 +77,91 @@ class EdgeState:
             for s in range(r.n_senders):
                 self.readers[s].append(r.name)
         self.reads: dict[str, list[int]] = {r.name: [] for r in edges.receivers}  # parts reading r
-        self.held: dict[str, int | None] = {}  # the position each receiver's input is held at
-        self.sender_at: dict[int, int | None] = {}
         self._build_parts(edges, root, inputs)
+        self.sender_at: dict[int, int | None] = dict.fromkeys(range(self.top))  # None: every position
+        self.held: dict[str, int | None] = dict.fromkeys(self.receivers)  # each input's position
+        self.sender_at, self.held, self.used = self._positions()
         self.ablated = None if edges.ablated is None else edges.ablated.value
+        self.ablated_sums: dict[int, torch.Tensor] = {}
         self.biases = {r.name: self._bias(r) for r in edges.receivers}
         self.senders: dict[int, torch.Tensor] = {}
         self.inputs: dict[str, torch.Tensor] = {}
         embeds = evaluate_fn(edges.sender_nodes[0], {})
         self.senders[0] = _at(embeds, None, self.sender_at[0])
-        for j in range(1, len(edges.senders)):
-            part = self.parts[j]
+        for j in range(1, self.top):
+            part = self._part_of(j)
             for name in part.symbols:
                 if name not in self.inputs:
                     self.inputs[name] = self._summed(name, self.masks[name])
             self.senders[j] = self._run(part, self.inputs)
-        for name in self.parts[self.top].symbols:
+        for name in self._part_of(self.top).symbols:
             self.inputs.setdefault(name, self._summed(name, self.masks[name]))
         self.value = self._metric(self.inputs)
 
     # ------------------------------------------------------------------ building
 
     def _build_parts(self, edges, root: Circuit, inputs: dict[str, str]) -> None:
-        """Each component's circuit over its receivers' inputs, restricted to the positions read,
-        from the metric down (a component's readers are all above it)."""
-        needs: dict[str, set] = {r.name: set() for r in edges.receivers}
-        self.parts[self.top] = self._part(root, inputs, None, needs, self.top)
-        for j in reversed(range(1, len(edges.senders))):
-            at = _one(set().union(*(needs[r] for r in self.readers[j])))
-            self.sender_at[j] = at
-            self.parts[j] = self._part(edges.sender_nodes[j], inputs, at, needs, j)
-        self.sender_at[0] = _one(set().union(*(needs[r] for r in self.readers[0])))
-        self.held = {name: _one(need) for name, need in needs.items()}
+        """Each component's circuit over its receivers' inputs, at every position and, where the
+        metric reads one position of the logits, at that one (``push_index`` through it)."""
+        metric = _part(root, inputs, None)
+        self.parts: dict[int, dict[int | None, _Part]] = {self.top: {None: metric}}
+        self.point = _one({position for _, position in metric.symbols.values()})
+        for j in range(1, self.top):
+            node = edges.sender_nodes[j]
+            self.parts[j] = {None: _part(node, inputs, None)}
+            if self.point is not None:
+                self.parts[j][self.point] = _part(node, inputs, self.point)
+        for key, variants in self.parts.items():
+            for name in variants[None].symbols:
+                self.reads[name].append(key)
 
-    def _part(self, node: Circuit, inputs, at: int | None, needs, key: int) -> _Part:
-        reads = _frontier(node, inputs)
-        full = {name: Symbol(n.shape, name=f"edges.state->{inputs[n.name]}") for name, n in reads.items()}
-        template = replace(node, {reads[name]: full[name] for name in reads}) if reads else node
-        if at is not None:
-            index = (slice(None),) * (template.rank - 2) + (slice(at, at + 1), slice(None))
-            template = push_index(Index(template, index))
-        template, symbols = _restrict_reads(template, {inputs[n]: s for n, s in full.items()})
-        for name, (_, position) in symbols.items():
-            needs[name].add(position)
-            self.reads[name].append(key)
-        return _Part(template, symbols)
+    def _part_of(self, key: int) -> _Part:
+        return self.parts[key][None if key == self.top else self.sender_at[key]]
+
+    def _positions(self):
+        """Where each sender is evaluated and each input held, from the kept edges down: a sender
+        whose kept readers all read one position is evaluated at that one.  Also the receivers
+        whose input some kept path reads (``used``)."""
+        need: dict[str, set] = {name: set() for name in self.receivers}
+        for name, (_, position) in self._part_of(self.top).symbols.items():
+            need[name].add(position)
+        sender_at = dict(self.sender_at)
+        for j in reversed(range(self.top)):
+            wanted = set().union(*(need[r] for r in self.readers[j] if self.masks[r][j] != 0.0))
+            if not wanted:
+                continue  # no kept path reads it: its value changes nothing
+            at = _one(wanted)
+            if at is None and sender_at[j] is not None:
+                raise ExperimentError(
+                    f"EdgeState: sender {j} is read at every position again (masks only go to 0)"
+                )
+            sender_at[j] = at
+            if j:
+                for name, (_, position) in self.parts[j][at].symbols.items():
+                    need[name].add(position)
+        held = {name: _one(wanted) if wanted else self.held[name] for name, wanted in need.items()}
+        return sender_at, held, {name for name, wanted in need.items() if wanted}
+
+    def _narrow(self) -> None:
+        """Hold each value at the positions the kept edges still read (after a commit)."""
+        sender_at, held, self.used = self._positions()
+        for j, at in sender_at.items():
+            if at != self.sender_at[j]:
+                self.senders[j] = _at(self.senders[j], self.sender_at[j], at)
+        for name, at in held.items():
+            if at != self.held[name] and name in self.inputs:
+                self.inputs[name] = _at(self.inputs[name], self.held[name], at)
+        self.sender_at, self.held = sender_at, held
 
     def _bias(self, receiver) -> torch.Tensor | None:
-        """The receiver's constant term (the attention output biases), at its positions; None: none."""
+        """The receiver's constant term (the attention output biases), at every position; None: none."""
         node = receiver.input
         sums = {f"edges.{kind}->{receiver.name}" for kind in ("kept", "ablated", "masked")}
         biases = [c for c in node.children if c.name not in sums] if isinstance(node, Add) else []
         if not biases:
             return None
         total = evaluate(biases[0] if len(biases) == 1 else Add(*biases))
-        total = total.expand(node.shape)
-        return _at(total, None, self.held[receiver.name])
+        return total.expand(node.shape)
 
     # ------------------------------------------------------------------ evaluating
 
@@ -138,25 +170,38 @@ class EdgeState:
             symbol: _at(inputs[name], self.held[name], position)
             for name, (symbol, position) in part.symbols.items()
         }
+        if part.at is not None:  # one position: too small for a cache to pay
+            return evaluate(part.template, bound)
         return self.evaluate_fn(part.template, bound)
 
     def _metric(self, inputs) -> float:
-        return self.value_of(self._run(self.parts[self.top], inputs))
+        return self.value_of(self._run(self._part_of(self.top), inputs))
 
     def _summed(self, name: str, mask: list[float]) -> torch.Tensor:
-        """Receiver ``name``'s input summed from the sender values and ablated values, at its positions."""
+        """Receiver ``name``'s input from the sender values, at its positions: its bias, every
+        sender's ablated value (one cumulative sum), and ``m_s (S_s - A_s)`` for the kept senders."""
         receiver, at = self.receivers[name], self.held[name]
         total = torch.zeros(_shape_at(receiver.input.shape, at), dtype=receiver.mask.value.dtype)
-        if self.biases[name] is not None:
-            total.add_(self.biases[name])
+        for term in (self.biases[name], self._ablated_sum(receiver.n_senders)):
+            if term is not None:
+                total.add_(_at(term, None, at))
         for s, m in enumerate(mask):
             if m != 0.0:
-                term = _at(self.senders[s], self.sender_at[s], at)
-                total.add_(term if m == 1.0 else m * term)
-            if m != 1.0 and self.ablated is not None:
-                term = _at(self.ablated[s], None, at)
-                total.add_(term if m == 0.0 else (1.0 - m) * term)
+                total.add_(m * self._difference(s, at))
         return total
+
+    def _ablated_sum(self, n: int) -> torch.Tensor | None:
+        """The sum of the first ``n`` senders' ablated values, at every position (None: zero ablation)."""
+        if self.ablated is None:
+            return None
+        if n not in self.ablated_sums:
+            self.ablated_sums[n] = self.ablated[:n].sum(0)
+        return self.ablated_sums[n]
+
+    def _difference(self, s: int, at: int | None) -> torch.Tensor:
+        """Sender ``s``'s value less its ablated value, at position ``at``: what its edge adds."""
+        sender = _at(self.senders[s], self.sender_at[s], at)
+        return sender if self.ablated is None else sender - _at(self.ablated[s], None, at)
 
     # ------------------------------------------------------------------ testing
 
@@ -180,11 +225,13 @@ class EdgeState:
             if key == self.top:
                 metric_dirty = True
                 continue
-            live = [r for r in self.readers[key] if masks.get(r, self.masks[r])[key] != 0.0]
+            live = [
+                r for r in self.readers[key] if r in self.used and masks.get(r, self.masks[r])[key] != 0.0
+            ]
             if not live:
                 continue  # no kept edge reads it: its value changes nothing
             merged = {**self.inputs, **inputs}
-            value = self._run(self.parts[key], merged)
+            value = self._run(self._part_of(key), merged)
             delta = value - self.senders[key]
             senders[key] = value
             for r in live:
@@ -198,27 +245,39 @@ class EdgeState:
         return Trial(value, masks, inputs, senders)
 
     def _changed_input(self, name: str, mask: list[float]) -> torch.Tensor:
-        """Receiver ``name``'s input under ``mask``: its held input plus the flipped senders' change."""
+        """Receiver ``name``'s input under ``mask``: its held input plus the flipped senders' change
+        (summed again where most of it changes: ``check_depends``'s every edge at once)."""
+        if name not in self.used:
+            return self.inputs[name]  # no kept path reads it: left as it is
         old = self.masks[name]
         flipped = [s for s, (a, b) in enumerate(zip(old, mask)) if a != b]
-        if len(flipped) > 4:
+        if 2 * len(flipped) > len(mask) + 2:
             return self._summed(name, mask)
-        at = self.held[name]
         total = self.inputs[name].clone()
         for s in flipped:
-            weight = mask[s] - old[s]
-            sender = _at(self.senders[s], self.sender_at[s], at)
-            diff = sender if self.ablated is None else sender - _at(self.ablated[s], None, at)
-            total.add_(weight * diff)
+            total.add_((mask[s] - old[s]) * self._difference(s, self.held[name]))
         return total
 
     def commit(self, trial: Trial) -> None:
-        """Make ``trial`` the state: its masks, sender values, and its inputs summed again."""
+        """Make ``trial`` the state: its masks, inputs and sender values."""
         self.masks.update(trial.masks)
         self.senders.update(trial.senders)
-        for name in trial.inputs:
-            self.inputs[name] = self._summed(name, self.masks[name])
+        self.inputs.update(trial.inputs)
         self.value = trial.value
+        self._narrow()
+
+
+def _part(node: Circuit, inputs: dict[str, str], at: int | None) -> _Part:
+    """``node`` over Symbols where it reads receiver inputs (``inputs``: input name -> receiver),
+    at position ``at`` (None: every position)."""
+    reads = _frontier(node, inputs)
+    full = {name: Symbol(n.shape, name=f"edges.state->{inputs[name]}") for name, n in reads.items()}
+    template = replace(node, {reads[name]: full[name] for name in reads}) if reads else node
+    if at is not None:
+        index = (slice(None),) * (template.rank - 2) + (slice(at, at + 1), slice(None))
+        template = push_index(Index(template, index))
+    template, symbols = _restrict_reads(template, {inputs[n]: s for n, s in full.items()})
+    return _Part(template, symbols, at)
 
 
 def _one(positions: set) -> int | None:
@@ -228,9 +287,11 @@ def _one(positions: set) -> int | None:
 
 def _at(tensor: torch.Tensor, held: int | None, want: int | None) -> torch.Tensor:
     """``tensor`` (held at position ``held``, None: all) at position ``want``."""
-    if want is None or held == want:
+    if held == want:
         return tensor
-    return tensor[..., want : want + 1, :]
+    if held is None:
+        return tensor[..., want : want + 1, :]
+    raise ExperimentError(f"EdgeState: a value held at position {held} was asked for at {want}")
 
 
 def _shape_at(shape, at: int | None) -> tuple:
