@@ -21,11 +21,13 @@ removed without a test, as ACDC prunes it: every receiver reading it reads its a
 its own inputs cannot change the metric.  Such edges are in the result's steps with
 ``tested=False``.
 
-Each test rebinds one mask Array and evaluates through a cached ``cc.Evaluator``: only what lies
-above the receiver is computed again.  Tests are batched speculatively: the next ``batch`` edges of
-a receiver are evaluated together, the ``j``-th with the first ``j`` removed; the results stand as
-long as every edge before was removed (greedy ACDC's order, exactly), and the search resumes after
-the first edge kept.  The batch doubles after a batch fully removed and shrinks after a keep.
+Each test runs against an ``EdgeState`` (``circuits.experiments.edge_state``): the edge circuit
+held as tensors at the current masks, every receiver's input and every sender's value.  Removing
+an edge changes its receiver's input by one add; its component is evaluated again and its change
+added to the later receivers that read it over a kept edge, up to the metric.  Only the components
+on a kept path above the receiver are computed, no masked sum is, and where the metric reads one
+position (``"kl"`` at ``position=-1``) a component whose kept readers read that position alone is
+evaluated at it alone.  Each edge is tested on its own, in greedy ACDC's order.
 """
 
 from __future__ import annotations
@@ -67,8 +69,9 @@ class ACDCResult:
     """What ``acdc`` found: ``kept`` (edge names, in ``EdgeCircuit.edges`` order), ``steps`` (every
     edge in visit order), ``masks`` (per receiver, 1 = kept), ``edges`` (the full ``EdgeCircuit`` it
     searched, masks at 1), the metric's ``name``, ``metric_full`` (0 for KL) and ``metric`` (the
-    discovered circuit's), ``threshold``, ``ablation``; ``evaluations`` (circuits evaluated, the
-    speculated ones included) and ``seconds``.  ``circuit()`` is the discovered circuit."""
+    discovered circuit's), ``threshold``, ``ablation``; ``evaluations`` (metrics computed: the full
+    circuit's, every edge ablated, one per tested edge) and ``seconds`` (from the first test to the
+    last).  ``circuit()`` is the discovered circuit."""
 
     def __init__(self, edges, metric: DiscoveryMetric, masks, steps, settings: dict):
         self.edges, self.metric_spec, self.masks, self.steps = edges, metric, masks, tuple(steps)
@@ -121,7 +124,9 @@ def acdc(
     """ACDC over every edge of ``circuit`` (a model circuit, or an ``EdgeCircuit``); see the module
     docstring.  ``corrupted_inputs`` (``{"toks_int_var": tokens}``) give the ablated values:
     ``"resample"`` their senders' outputs (the shape of the clean inputs), ``"mean"`` their mean over
-    the batch; ``"zero"`` needs none (None).  ``batch``: the most edges tested in one evaluation.
+    the batch; ``"zero"`` needs none (None).  ``batch`` (a positive int) is accepted as before and
+    changes nothing: a test no longer costs an evaluation of the circuit, so none are batched.
+    ``evaluator``: the cache the components evaluated at every position go through.
     A threshold that removes every edge is a ``NoCircuitError`` (an ``ExperimentError``).
 
     >>> result = ex.acdc(c, {"toks_int_var": corrupted}, "kl", threshold=0.01, position=-1)
@@ -139,7 +144,6 @@ def acdc(
         Evaluator(DEFAULT_CACHE_BYTES) if evaluator is None else evaluator,
         threshold,
         absolute,
-        batch,
     )
     start = time.perf_counter()
     search.check_depends()
@@ -206,9 +210,9 @@ class _Search:
     """ACDC's state: the masks, the edge circuit held as tensors over them (``EdgeState``), the
     steps so far."""
 
-    def __init__(self, edges: EdgeCircuit, spec: DiscoveryMetric, evaluator, threshold, absolute, batch):
+    def __init__(self, edges: EdgeCircuit, spec: DiscoveryMetric, evaluator, threshold, absolute):
         self.edges, self.spec, self.evaluator = edges, spec, evaluator
-        self.threshold, self.absolute, self.batch = threshold, absolute, batch
+        self.threshold, self.absolute = threshold, absolute
         self.masks = {r.name: r.mask.value.clone() for r in edges.receivers}
         self.readers = {name: 0 for name in edges.senders}  # kept edges out of each sender
         self.steps: list[ACDCStep] = []
