@@ -21,11 +21,13 @@ removed without a test, as ACDC prunes it: every receiver reading it reads its a
 its own inputs cannot change the metric.  Such edges are in the result's steps with
 ``tested=False``.
 
-Each test rebinds one mask Array and evaluates through a cached ``cc.Evaluator``: only what lies
-above the receiver is computed again.  Tests are batched speculatively: the next ``batch`` edges of
-a receiver are evaluated together, the ``j``-th with the first ``j`` removed; the results stand as
-long as every edge before was removed (greedy ACDC's order, exactly), and the search resumes after
-the first edge kept.  The batch doubles after a batch fully removed and shrinks after a keep.
+Each test runs against an ``EdgeState`` (``circuits.experiments.edge_state``): the edge circuit
+held as tensors at the current masks, every receiver's input and every sender's value.  Removing
+an edge changes its receiver's input by one add; its component is evaluated again and its change
+added to the later receivers that read it over a kept edge, up to the metric.  Only the components
+on a kept path above the receiver are computed, no masked sum is, and where the metric reads one
+position (``"kl"`` at ``position=-1``) a component whose kept readers read that position alone is
+evaluated at it alone.  Each edge is tested on its own, in greedy ACDC's order.
 """
 
 from __future__ import annotations
@@ -36,14 +38,14 @@ from typing import Any, Mapping
 
 import torch
 
-from circuits.core.nodes import Array, Circuit
+from circuits.core.nodes import Circuit
 from circuits.errors import ExperimentError, NoCircuitError
 from circuits.evaluation.cache import DEFAULT_CACHE_BYTES, Evaluator
 from circuits.experiments.discovery_metric import DiscoveryMetric, check_threshold
 from circuits.experiments.edge_ablation import ABLATIONS
+from circuits.experiments.edge_state import EdgeState, Trial
 from circuits.experiments.edges import EdgeCircuit, edge_circuit
 from circuits.experiments.tables import records_frame
-from circuits.rewriting.rewrite import replace
 from circuits.transformer import names
 
 __all__ = ["ACDCResult", "ACDCStep", "acdc"]
@@ -67,8 +69,9 @@ class ACDCResult:
     """What ``acdc`` found: ``kept`` (edge names, in ``EdgeCircuit.edges`` order), ``steps`` (every
     edge in visit order), ``masks`` (per receiver, 1 = kept), ``edges`` (the full ``EdgeCircuit`` it
     searched, masks at 1), the metric's ``name``, ``metric_full`` (0 for KL) and ``metric`` (the
-    discovered circuit's), ``threshold``, ``ablation``; ``evaluations`` (circuits evaluated, the
-    speculated ones included) and ``seconds``.  ``circuit()`` is the discovered circuit."""
+    discovered circuit's), ``threshold``, ``ablation``; ``evaluations`` (metrics computed: the full
+    circuit's, every edge ablated, one per tested edge) and ``seconds`` (from the first test to the
+    last).  ``circuit()`` is the discovered circuit."""
 
     def __init__(self, edges, metric: DiscoveryMetric, masks, steps, settings: dict):
         self.edges, self.metric_spec, self.masks, self.steps = edges, metric, masks, tuple(steps)
@@ -121,7 +124,9 @@ def acdc(
     """ACDC over every edge of ``circuit`` (a model circuit, or an ``EdgeCircuit``); see the module
     docstring.  ``corrupted_inputs`` (``{"toks_int_var": tokens}``) give the ablated values:
     ``"resample"`` their senders' outputs (the shape of the clean inputs), ``"mean"`` their mean over
-    the batch; ``"zero"`` needs none (None).  ``batch``: the most edges tested in one evaluation.
+    the batch; ``"zero"`` needs none (None).  ``batch`` (a positive int) is accepted as before and
+    changes nothing: a test no longer costs an evaluation of the circuit, so none are batched.
+    ``evaluator``: the cache the components evaluated at every position go through.
     A threshold that removes every edge is a ``NoCircuitError`` (an ``ExperimentError``).
 
     >>> result = ex.acdc(c, {"toks_int_var": corrupted}, "kl", threshold=0.01, position=-1)
@@ -139,7 +144,6 @@ def acdc(
         Evaluator(DEFAULT_CACHE_BYTES) if evaluator is None else evaluator,
         threshold,
         absolute,
-        batch,
     )
     start = time.perf_counter()
     search.check_depends()
@@ -203,37 +207,31 @@ def _component(receiver: str) -> str | None:
 
 
 class _Search:
-    """ACDC's state: the masks, the metric circuit over them, the steps so far."""
+    """ACDC's state: the masks, the edge circuit held as tensors over them (``EdgeState``), the
+    steps so far."""
 
-    def __init__(self, edges: EdgeCircuit, spec: DiscoveryMetric, evaluator, threshold, absolute, batch):
+    def __init__(self, edges: EdgeCircuit, spec: DiscoveryMetric, evaluator, threshold, absolute):
         self.edges, self.spec, self.evaluator = edges, spec, evaluator
-        self.threshold, self.absolute, self.batch = threshold, absolute, batch
+        self.threshold, self.absolute = threshold, absolute
         self.masks = {r.name: r.mask.value.clone() for r in edges.receivers}
-        self.mask_nodes = {r.name: r.mask for r in edges.receivers}
-        self.root = spec.root(edges.circuit)
         self.readers = {name: 0 for name in edges.senders}  # kept edges out of each sender
         self.steps: list[ACDCStep] = []
-        self.evaluations = 0
-        self.full = self.current = self.evaluate([self.root])[0]
-
-    def evaluate(self, roots: list[Circuit]) -> list[float]:
-        self.evaluations += len(roots)
+        self.evaluations = 1
         with torch.no_grad():
-            values = self.evaluator.evaluate_many(roots)
-        return [self.spec.value(v) for v in values]
+            self.state = EdgeState(edges, spec.root(edges.circuit), self.masks, self._evaluate, spec.value)
+        self.full = self.current = self.state.value
 
-    def variant(self, receiver: str, mask: torch.Tensor) -> tuple[Array, Circuit]:
-        node = Array(mask, name=self.mask_nodes[receiver].name)
-        return node, replace(self.root, {self.mask_nodes[receiver]: node})
+    def _evaluate(self, circuit: Circuit, inputs: dict) -> torch.Tensor:
+        return self.evaluator.evaluate(circuit, inputs)
+
+    def trial(self, changes: dict[str, torch.Tensor]) -> Trial:
+        self.evaluations += 1
+        with torch.no_grad():
+            return self.state.trial(changes)
 
     def check_depends(self) -> None:
         """Refuse a metric that every edge ablated leaves unchanged: ACDC would prune everything."""
-        zeros = {
-            self.mask_nodes[r]: Array(torch.zeros_like(m), name=self.mask_nodes[r].name)
-            for r, m in self.masks.items()
-        }
-        ablated = replace(self.root, zeros)
-        (value,) = self.evaluate([ablated])
+        value = self.trial({r: torch.zeros_like(m) for r, m in self.masks.items()}).value
         if value == self.full:
             raise ExperimentError(
                 f"acdc: metric {self.spec.name!r} is {value:.6g} with every edge ablated as with none: it "
@@ -251,8 +249,9 @@ class _Search:
     def prune(self, receiver) -> None:
         """Every input edge of ``receiver`` removed untested: its component has no path to the logits."""
         mask = torch.zeros_like(self.masks[receiver.name])
-        node, self.root = self.variant(receiver.name, mask)
-        self.masks[receiver.name], self.mask_nodes[receiver.name] = mask, node
+        with torch.no_grad():
+            self.state.commit(self.state.trial({receiver.name: mask}))
+        self.masks[receiver.name] = mask
         for index in reversed(range(receiver.n_senders)):
             sender = self.edges.senders[index]
             self.steps.append(
@@ -262,38 +261,28 @@ class _Search:
             )
 
     def visit(self, receiver) -> None:
-        """Test ``receiver``'s input edges, latest sender first, ``batch`` at a time (speculatively)."""
-        order = list(reversed(range(receiver.n_senders)))
-        done, size = 0, min(self.batch, 2)
-        while done < len(order):
-            chunk = order[done : done + size]
-            variants, mask = [], self.masks[receiver.name]
-            for index in chunk:
-                mask = mask.clone()
-                mask[index] = 0
-                variants.append((mask, *self.variant(receiver.name, mask)))
-            values = self.evaluate([root for _, _, root in variants])
-            for (mask, node, root), index, value in zip(variants, chunk, values):
-                done += 1
-                delta = value - self.current
-                removed = (abs(delta) if self.absolute else delta) < self.threshold
-                if removed:
-                    self.current, self.root = value, root
-                    self.masks[receiver.name], self.mask_nodes[receiver.name] = mask, node
-                else:
-                    self.readers[self.edges.senders[index]] += 1
-                sender = self.edges.senders[index]
-                self.steps.append(
-                    ACDCStep(
-                        f"{sender}->{receiver.name}",
-                        sender,
-                        receiver.name,
-                        True,
-                        delta,
-                        not removed,
-                        self.current,
-                    )
+        """Test ``receiver``'s input edges, latest sender first, one at a time against the state."""
+        for index in reversed(range(receiver.n_senders)):
+            mask = self.masks[receiver.name].clone()
+            mask[index] = 0
+            trial = self.trial({receiver.name: mask})
+            delta = trial.value - self.current
+            removed = (abs(delta) if self.absolute else delta) < self.threshold
+            sender = self.edges.senders[index]
+            if removed:
+                with torch.no_grad():
+                    self.state.commit(trial)
+                self.current, self.masks[receiver.name] = trial.value, mask
+            else:
+                self.readers[sender] += 1
+            self.steps.append(
+                ACDCStep(
+                    f"{sender}->{receiver.name}",
+                    sender,
+                    receiver.name,
+                    True,
+                    delta,
+                    not removed,
+                    self.current,
                 )
-                if not removed:
-                    break
-            size = min(self.batch, 2 * size) if removed else max(1, size // 2)
+            )
