@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib.util
 import itertools
+from pathlib import Path
 
 import pytest
 import torch
@@ -393,3 +395,21 @@ def test_path_patching_into_queries_equals_transformers_with_the_query_recompute
     print(f"logit difference {clean:.2f}; head 20.0 patched into the queries of 23.3 and 23.0: {ours:.2f}")
     assert abs(ours - expected) < 1e-3, (ours, expected)
     assert ours < clean - 0.3  # the sender matters through these queries
+
+
+def test_the_sae_scripts_activations_on_help_text_equal_transformers_hidden_states(smol, hf):
+    """``scripts/train_sae.py --model smollm2``: its rows (BOS and 64 tokens of the standard library's
+    help topics, every tenth topic held out) and its activations at ``blocks.6.hook_resid_pre``,
+    from the point's node alone, against transformers' hidden state entering layer 6."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / "train_sae.py"
+    spec = importlib.util.spec_from_file_location("train_sae_script", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    rows, held_out = script.text_rows(smol, 64)
+    assert rows.shape[1] == held_out.shape[1] == 65 and rows.shape[0] > 8 * held_out.shape[0] > 0
+    assert (rows[:, 0] == smol.tokenizer.bos_token_id).all() and (rows[:, 1:] > 2).all()
+    found = script.activations(smol.circuit, rows[:2], "blocks.6.hook_resid_pre", batch=1)
+    with torch.no_grad():
+        expected = hf(rows[:2, :-1], output_hidden_states=True).hidden_states[6]
+    assert found.shape == (2 * 64, 576)
+    torch.testing.assert_close(found, expected.reshape(-1, 576), rtol=1e-4, atol=1e-4)
