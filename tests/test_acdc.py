@@ -144,7 +144,7 @@ def test_acdc_recomputes_only_above_the_tested_receiver(model):
     an edge into the logits recomputes no head."""
     _, _, corrupted, c = model
     evaluator = cc_evaluator()
-    ex.acdc(c, {"toks_int_var": corrupted}, "kl", threshold=3e-4, evaluator=evaluator, batch=1)
+    ex.acdc(c, {"toks_int_var": corrupted}, "kl", threshold=3e-4, evaluator=evaluator)
     # the first tested edge (b1.m -> t.call) was evaluated once its masks were cached: a handful of nodes
     assert evaluator.stats.hits > 0
     edges = ex.edge_circuit(c, ablation="resample", corrupted_inputs={"toks_int_var": corrupted})
@@ -157,17 +157,6 @@ def test_acdc_recomputes_only_above_the_tested_receiver(model):
 
 def cc_evaluator():
     return cc.Evaluator(2**30)
-
-
-@pytest.mark.slow
-def test_speculative_batches_decide_as_one_edge_at_a_time(model):
-    _, _, corrupted, c = model
-    inputs = {"toks_int_var": corrupted}
-    one = ex.acdc(c, inputs, "kl", threshold=3e-4, batch=1)
-    many = ex.acdc(c, inputs, "kl", threshold=3e-4, batch=16)
-    assert one.kept == many.kept and [s.delta for s in one.steps] == [s.delta for s in many.steps]
-    assert one.evaluations == one.tested + 2  # the full circuit and every edge ablated, once each
-    assert many.evaluations < 2 * many.tested
 
 
 def test_the_result_as_a_table(model):

@@ -118,15 +118,13 @@ def acdc(
     ablation: str = "resample",
     position: int | None = None,
     absolute: bool = False,
-    batch: int = 8,
     evaluator: Evaluator | None = None,
 ) -> ACDCResult:
     """ACDC over every edge of ``circuit`` (a model circuit, or an ``EdgeCircuit``); see the module
     docstring.  ``corrupted_inputs`` (``{"toks_int_var": tokens}``) give the ablated values:
     ``"resample"`` their senders' outputs (the shape of the clean inputs), ``"mean"`` their mean over
-    the batch; ``"zero"`` needs none (None).  ``batch`` (a positive int) is accepted as before and
-    changes nothing: a test no longer costs an evaluation of the circuit, so none are batched.
-    ``evaluator``: the cache the components evaluated at every position go through.
+    the batch; ``"zero"`` needs none (None).  ``evaluator``: the cache the components evaluated
+    at every position go through.
     A threshold that removes every edge is a ``NoCircuitError`` (an ``ExperimentError``).
 
     >>> result = ex.acdc(c, {"toks_int_var": corrupted}, "kl", threshold=0.01, position=-1)
@@ -134,8 +132,6 @@ def acdc(
     """
     what = "acdc"
     threshold = check_threshold(threshold, what)
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ExperimentError(f"{what}: batch must be a positive int, got {batch!r}")
     edges = _edge_circuit(circuit, corrupted_inputs, ablation, what)
     spec = DiscoveryMetric(metric, edges, position=position, what=what)
     search = _Search(

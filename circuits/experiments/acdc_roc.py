@@ -72,7 +72,6 @@ def acdc_roc(
     ablation: str = "resample",
     position: int | None = None,
     absolute: bool = False,
-    batch: int = 8,
 ) -> ACDCROC:
     """``acdc(circuit, corrupted_inputs, metric, threshold=t, ...)`` at each of ``thresholds``, its
     kept edges against ``true_edges`` (edge names); see the module docstring.  The other arguments
@@ -96,7 +95,7 @@ def acdc_roc(
     n_true, n_false = len(truth), len(names) - len(truth)
     if not n_true or not n_false:
         raise ExperimentError(f"{what}: {n_true} true and {n_false} false edges; the ROC needs one of each")
-    settings = dict(ablation=ablation, position=position, absolute=absolute, batch=batch)
+    settings = dict(ablation=ablation, position=position, absolute=absolute)
     evaluator = Evaluator(DEFAULT_CACHE_BYTES)
     results: list[ACDCResult | None] = []
     runs, last, up_to = 0, None, -math.inf  # the last run stands for thresholds <= up_to
