@@ -32,7 +32,9 @@ settings.register_profile(
 settings.load_profile(os.environ.get("CIRCUITS_HYPOTHESIS_PROFILE", "default"))
 
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # pytest -n N: the cores shared among the workers
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    _SHARE = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    torch.set_num_threads(_SHARE)
+    os.environ.setdefault("OMP_NUM_THREADS", str(_SHARE))  # the subprocesses a test starts, likewise
 
 
 GPU_SKIP = "marked gpu: needs CUDA, and torch.cuda.is_available() is False here"

@@ -7,10 +7,12 @@ from nothing but the imports it makes itself, as in a fresh kernel.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import nbformat
 import pytest
+import torch
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
@@ -55,7 +57,10 @@ del plt
 
 @pytest.fixture(scope="module")
 def kernel():
+    """One kernel for every notebook, its torch on this process's threads (under ``pytest -n``, the
+    worker's share of the cores: more threads than cores make torch's threads wait on each other)."""
     manager = KernelManager(kernel_name="python3")
-    manager.start_kernel(cwd=str(NOTEBOOKS[0].parent))
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    manager.start_kernel(cwd=str(NOTEBOOKS[0].parent), env=env)
     yield manager
     manager.shutdown_kernel(now=True)
