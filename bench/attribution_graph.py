@@ -4,16 +4,20 @@ Issue 33's benchmark (item 6): a Llama of SmolLM2-135M's dimensions (30 layers, 
 heads sharing 3 key/value heads of 64, d_mlp 1536, vocabulary 49152) with random weights on a
 64-token prompt (token 0 first: the special token circuit-tracer skips), CPU float32, with a random
 JumpReLU transcoder per layer (``--features`` wide, reading the MLP's input and writing its
-output) whose threshold is set from the clean run so that about ``--l0`` features fire per
-position.  Ours: ``ex.tracing.attribution_graph`` (every active feature and logit a target,
-``--batch-size`` per backward).
+output) whose threshold is set from the clean run so that ``--l0`` features fire per position on
+average (``benchtools.threshold_between``: halfway between two pre-activations, so none lies
+within rounding of it and both sides find the same features).  Ours:
+``ex.tracing.attribution_graph`` (every active feature and logit a target, ``--batch-size`` per
+backward).
 
 - ``--circuit-tracer PYTHON`` (the Python of circuit-tracer's own venv, e.g. ``/tmp/ct-venv/bin/python``;
   tests/data/circuit_tracer/README.md says how to make it): the reference is
   ``circuit_tracer.attribute`` on the same weights, transcoders and prompt.
   ``bench/circuit_tracer_side.py`` builds them there (TransformerLens 3's random initialization,
-  seeded) and saves them; our side reads them (``from_transformer_lens``, ``load_sae``).  The
-  adjacencies are compared when they have at most 4096 nodes.
+  seeded) and saves them; our side reads them (``from_transformer_lens``, ``load_sae``).  When
+  the graphs have at most 4096 nodes, both sides save them and ``bench/attribution_compare.py``
+  compares them: the feature sets (a feature on one side only, against its threshold and the
+  sides' float32 rounding), the activations, the transcoders' inputs per layer and the adjacency.
 - Without it: the model is ``build_llama``'s with ``llama_random_weights``, and the reference is 10
   clean forwards of the same circuit (``cc.evaluate`` of the logits).
 
@@ -47,7 +51,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchtools import peak_bytes, print_json, resident_peak, run_watched
+from benchtools import peak_bytes, print_json, resident_peak, run_watched, threshold_between
 
 MiB = 2**20
 SMOLLM2 = dict(layers=30, heads=9, kv_heads=3, d_head=64, d_model=576, d_mlp=1536, vocab=49152, seq=64)
@@ -97,12 +101,12 @@ def own_model(args):
         w_enc = torch.randn(d, width, generator=generator) / d**0.5
         b_enc = torch.randn(width, generator=generator) * 0.1
         pre = cache[("ln2", layer)][0] @ w_enc + b_enc
-        threshold = torch.quantile(pre.flatten()[:1_000_000], 1 - args.l0 / width).clamp(min=0)
+        threshold = threshold_between(pre, max(1, round(args.l0 * pre.shape[0])))
         tcs.append(
             SAE(
                 "jumprelu_transcoder", W_enc=w_enc, b_enc=b_enc,
                 W_dec=torch.randn(width, d, generator=generator) / width**0.5, b_dec=torch.zeros(d),
-                threshold=torch.full((width,), float(threshold)), apply_b_dec_to_input=False,
+                threshold=torch.full((width,), threshold), apply_b_dec_to_input=False,
                 hook_name=f"blocks.{layer}.ln2.hook_normalized", hook_name_out=f"blocks.{layer}.hook_mlp_out",
             )
         )  # fmt: skip
@@ -165,13 +169,24 @@ def child(args) -> None:
         result |= dict(features=graph.n_features, logits=len(graph.logit_tokens))
         result["nodes"] = nodes = graph.adjacency_matrix.shape[0]
         if args.circuit_tracer and nodes <= SAVE_LIMIT:
-            from safetensors.torch import save_file
-
-            save_file(
-                {"adjacency_matrix": graph.adjacency_matrix.contiguous()},
-                str(args.folder / "ours.safetensors"),
-            )
+            save_graph(args, circuit, graph)
     print_json(result)
+
+
+def save_graph(args, circuit, graph) -> None:
+    """Our adjacency, and for ``attribution_compare`` the active features, their activations, the
+    logits and the transcoders' inputs (each layer's ``ln2`` output, ``[layers, pos, d_model]``)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from circuits import experiments as ex
+
+    points = [("ln2", layer) for layer in range(args.sizes["layers"])]
+    cache = ex.run_with_cache(circuit, points)
+    saved = dict(adjacency_matrix=graph.adjacency_matrix, active_features=graph.active_features)
+    saved |= dict(activation_values=graph.activation_values, logit_tokens=graph.logit_tokens)
+    saved["inputs"] = torch.stack([cache[point][0] for point in points])
+    save_file({k: v.detach().contiguous() for k, v in saved.items()}, str(args.folder / "ours.safetensors"))
 
 
 def launch(args, command: list[str], what: str) -> dict:
@@ -195,21 +210,15 @@ def peak_text(record: dict) -> str:
     return f"{record['peak_bytes'] / MiB:.1f} MiB"
 
 
-def compare_adjacencies(folder: Path) -> None:
-    """The largest difference of our adjacency from circuit-tracer's, when both were saved and have
-    the same nodes (a feature whose pre-activation lies within rounding of its threshold can be
-    active on one side only: then the counts are printed instead)."""
-    if (folder / "adjacency.safetensors").exists() and (folder / "ours.safetensors").exists():
-        from safetensors.torch import load_file
+def compare_with_circuit_tracer(folder: Path) -> None:
+    """``attribution_compare``'s report on the two graphs, when both were saved (at most
+    ``SAVE_LIMIT`` nodes): the feature sets (any feature on one side only against its threshold and
+    the sides' rounding), the shared features' activations, the transcoders' inputs per layer, and
+    the adjacency over the nodes both graphs have."""
+    from attribution_compare import compare
 
-        theirs = load_file(str(folder / "adjacency.safetensors"))["adjacency_matrix"]
-        ours = load_file(str(folder / "ours.safetensors"))["adjacency_matrix"]
-        if ours.shape != theirs.shape:
-            print(
-                f"adjacency: not compared: ours has {ours.shape[0]} nodes, circuit-tracer's {theirs.shape[0]}"
-            )
-            return
-        print(f"adjacency: largest difference from circuit-tracer's {float((ours - theirs).abs().max()):.3g}")
+    lines = compare(folder)
+    print("\n".join(lines) if lines else f"graphs not compared: over {SAVE_LIMIT} nodes, not saved")
 
 
 def median_peak(records: list[dict]) -> tuple[float, str]:
@@ -276,7 +285,8 @@ def main() -> None:
         )
         if "killed_rss" in theirs[-1] or "killed_rss" in ours[-1]:
             break  # another round would be killed again
-    compare_adjacencies(folder)
+    if args.circuit_tracer:
+        compare_with_circuit_tracer(folder)
     summary(what, theirs, ours)
 
 

@@ -6,16 +6,19 @@ the sizes, this script: builds a Llama-layout ``HookedTransformerConfig`` (RMSNo
 grouped-query attention, gated SiLU MLP) with TransformerLens's random initialization (seed 0) and
 an offline word-level tokenizer (token 0 its special token); makes one random JumpReLU
 ``SingleLayerTranscoder`` per layer reading ``mlp.hook_in`` and writing ``mlp.hook_out``, each
-layer's threshold the ``1 - l0/features`` quantile of its pre-activations on the prompt (all
-seeded: every call builds the same).  With ``--make`` it writes ``model.safetensors``,
-``tl_config.json``, the transcoders in SAELens's format (``transcoders/layer_L``) and the prompt,
-which the project side reads to build the same model; without, it runs ``circuit_tracer.attribute``
-twice, the first call warm-up, and prints ``{"seconds", "rss_before", "peak_bytes", "features",
-"nodes"}`` as JSON: the second call's seconds and its own peak in resident memory
-(``benchtools.resident_peak``); ``--allocations`` adds ``"allocated_bytes"``, torch's peak
-allocations over a third call under torch's profiler (costly at large sizes).  The adjacency is
-saved as ``adjacency.safetensors`` when it has at most ``--save-limit`` nodes.  The project side
-calls it once per round, alternating, in a fresh process each time.
+layer's threshold halfway between its ``l0 x pos``-th largest pre-activation on the prompt and the
+next (``benchtools.threshold_between``; all seeded: every call builds the same).  With ``--make``
+it writes ``model.safetensors``, ``tl_config.json``, the transcoders in SAELens's format
+(``transcoders/layer_L``) and the prompt, which the project side reads to build the same model;
+without, it runs ``circuit_tracer.attribute`` twice, the first call warm-up, and prints
+``{"seconds", "rss_before", "peak_bytes", "features", "nodes"}`` as JSON: the second call's seconds
+and its own peak in resident memory (``benchtools.resident_peak``); ``--allocations`` adds
+``"allocated_bytes"``, torch's peak allocations over a third call under torch's profiler (costly at
+large sizes).  When the graph has at most ``--save-limit`` nodes it saves the adjacency
+(``adjacency.safetensors``) and, for ``bench/attribution_compare.py``, the active features, their
+activations, the logit tokens and the transcoders' inputs (``mlp.hook_in``, from the calibrating
+run: ``theirs_features.safetensors``).  The project side calls it once per round, alternating, in
+a fresh process each time.
 
     /tmp/ct-venv/bin/python bench/circuit_tracer_side.py FOLDER --make --layers 30 --d-model 576 ...
 """
@@ -29,7 +32,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from benchtools import peak_bytes, print_json, resident_peak
+from benchtools import peak_bytes, print_json, resident_peak, threshold_between
 
 BUFFER_SUFFIXES = ("attn.mask", "attn.IGNORE", "attn.rotary_sin", "attn.rotary_cos")
 
@@ -102,8 +105,10 @@ def replacement_model(cfg_fields: dict, args):
     return ReplacementModel.from_config(cfg, transcoder_set)
 
 
-def calibrate(model, prompt: torch.Tensor, l0: float) -> None:
-    """Each layer's threshold: the ``1 - l0/features`` quantile of its pre-activations on ``prompt``."""
+def calibrate(model, prompt: torch.Tensor, l0: float) -> torch.Tensor:
+    """Each layer's threshold: halfway between its ``l0 x pos``-th largest pre-activation on ``prompt``
+    and the next (``threshold_between``: none within rounding of it);
+    returns the transcoders' inputs ``[layers, pos, d_model]`` on it."""
     inputs = {}
     hooks = [
         (f"blocks.{layer}.mlp.hook_in", lambda acts, hook, layer=layer: inputs.__setitem__(layer, acts))
@@ -113,8 +118,9 @@ def calibrate(model, prompt: torch.Tensor, l0: float) -> None:
         model.run_with_hooks(prompt[None], fwd_hooks=hooks)
         for layer, tc in enumerate(model.transcoders):
             pre = tc.encode(inputs[layer][0], apply_activation_function=False)
-            quantile = torch.quantile(pre.flatten()[:1_000_000], 1 - l0 / tc.d_transcoder).clamp(min=0)
-            tc.activation_function.threshold.data = torch.full((tc.d_transcoder,), float(quantile))
+            threshold = threshold_between(pre, max(1, round(l0 * pre.shape[0])))
+            tc.activation_function.threshold.data = torch.full((tc.d_transcoder,), threshold)
+    return torch.stack([inputs[layer][0] for layer in range(model.cfg.n_layers)])
 
 
 def _jsonable(value):
@@ -187,7 +193,7 @@ def main() -> None:
     model = replacement_model(cfg_fields, args)  # the same weights every time: seeded
     prompt = torch.randint(1, args.vocab, (args.seq,), generator=torch.Generator().manual_seed(1))
     prompt[0] = 0  # the special token: circuit-tracer prepends nothing
-    calibrate(model, prompt, args.l0)
+    inputs = calibrate(model, prompt, args.l0)
     if args.make:
         save(model, prompt, out)
         return
@@ -204,6 +210,12 @@ def main() -> None:
     if nodes <= args.save_limit:
         save_file(
             {"adjacency_matrix": graph.adjacency_matrix.contiguous()}, str(out / "adjacency.safetensors")
+        )
+        features = {"active_features": graph.active_features, "activation_values": graph.activation_values}
+        features |= {"inputs": inputs, "logit_tokens": graph.logit_tokens}
+        save_file(
+            {k: v.detach().contiguous() for k, v in features.items()},
+            str(out / "theirs_features.safetensors"),
         )
     print_json(result)
 
