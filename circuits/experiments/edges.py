@@ -34,7 +34,7 @@ edge with its receiver and its index in that receiver's mask.  Heads are split f
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, NamedTuple
 
 import torch
 
@@ -55,10 +55,10 @@ __all__ = ["Edge", "EdgeCircuit", "Receiver", "edge_circuit"]
 _ROLES = {"q": {names.Q}, "k": {names.K, names.K_KV}, "v": {names.V, names.V_KV}}
 
 
-@dataclasses.dataclass(frozen=True)
-class Edge:
+class Edge(NamedTuple):
     """One edge: ``sender`` writes into ``receiver``'s input; ``index`` is its entry in the
-    receiver's mask (and the sender's place in ``EdgeCircuit.senders``)."""
+    receiver's mask (and the sender's place in ``EdgeCircuit.senders``).  A NamedTuple, immutable
+    and cheap to make: GPT-2 small has 32,491 edges, made on every ``EdgeCircuit.edges``."""
 
     sender: str
     receiver: str
