@@ -8,15 +8,20 @@ and a budget below the least a run needs is a CacheError before anything is eval
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import factories
 import pytest
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 import circuits as cc
 import circuits.models as cm
 from circuits import experiments as ex
 from circuits.errors import CacheError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import benchtools  # noqa: E402
 
 VOCAB = 97
 
@@ -31,17 +36,10 @@ def model_and_tokens():
 
 
 def _peak(run):
-    """``(result, the most bytes allocated at once during run())``."""
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        result = run()
-    events = sorted(
-        (e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
-    )
-    live = peak = 0
-    for _, nbytes in events:
-        live += nbytes
-        peak = max(peak, live)
-    return result, peak
+    """``(result, the most bytes torch allocated at once during run())``: the benches' method."""
+    results = []
+    peak = benchtools.peak_bytes(lambda: results.append(run()))
+    return results[0], peak
 
 
 def _least(run) -> int:
